@@ -1,0 +1,189 @@
+"""Local execution: the runner as subprocesses on this machine, one per node.
+
+``nnodes=N`` starts N runner processes (node agents) joined by a real c10d rendezvous on 127.0.0.1, each with
+``nproc_per_node`` workers, so multi-node logic can be rehearsed without a cluster. No Airflow here: the operator
+passes a line logger and maps the :class:`~airflow_provider_torchelastic.outcome.Verdict` to Airflow exceptions.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Final
+
+from airflow_provider_torchelastic.launch import LaunchSpec, runner_command
+from airflow_provider_torchelastic.outcome import NodeReport, Verdict, decide_run, decode_outcome
+
+__all__ = ["LocalRun", "run_locally"]
+
+#: How long the other nodes may keep running after one node failed before they are stopped. They cannot finish
+#: without it (their collectives would block until the gloo/nccl timeout), but a moment lets them report.
+PEER_GRACE_SECONDS: Final = 2.0
+#: SIGTERM first (the agent stops its workers cleanly), SIGKILL after this.
+TERMINATE_TIMEOUT_SECONDS: Final = 30.0
+_POLL_SECONDS: Final = 0.2
+
+# Variables that would make a local runner join a rendezvous of the pod or job Airflow itself runs in.
+_INHERITED_RENDEZVOUS = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "GROUP_RANK")
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _clean_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PET_") and k not in _INHERITED_RENDEZVOUS}
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def node_commands(spec: LaunchSpec, *, workdir: Path, python: str = sys.executable) -> list[list[str]]:
+    """One runner command line per node. Node 0 hosts the rendezvous store, so none of them races for it."""
+    payload = str(workdir / "payload.bin")
+    nodes = spec.max_nodes
+    if nodes == 1:
+        return [runner_command(spec, payload_path=payload, result_file=str(workdir / "node-0.json"), nnodes="1",
+                               python=python)]
+    endpoint = f"127.0.0.1:{_free_port()}"
+    run_id = uuid.uuid4().hex
+    commands = []
+    for index in range(nodes):
+        node_spec = replace(spec, rdzv_configs={**spec.rdzv_configs, "is_host": int(index == 0)})
+        command = runner_command(
+            node_spec, payload_path=payload, result_file=str(workdir / f"node-{index}.json"), nnodes=spec.nnodes,
+            python=python,
+        )
+        command += ["--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--rdzv-id", run_id]
+        commands.append(command)
+    return commands
+
+
+@dataclass
+class LocalRun:
+    """Running node processes; :meth:`stop` is safe to call from another thread (``on_kill``)."""
+
+    processes: list[subprocess.Popen[str]] = field(default_factory=list)
+    _stopped: threading.Event = field(default_factory=threading.Event)
+
+    def stop(self, reason: str = "stopped") -> None:
+        self._stopped.set()
+        _terminate(self.processes)
+
+    @property
+    def stopped(self) -> bool:
+        return self._stopped.is_set()
+
+
+def _terminate(processes: list[subprocess.Popen[str]]) -> None:
+    alive = [p for p in processes if p.poll() is None]
+    for proc in alive:
+        # Each node runs in its own session: signal the group, so its workers go too.
+        _signal_group(proc, signal.SIGTERM)
+    deadline = time.monotonic() + TERMINATE_TIMEOUT_SECONDS
+    for proc in alive:
+        try:
+            proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            _signal_group(proc, signal.SIGKILL)
+            proc.wait()
+    for proc in processes:
+        # Workers that outlived their agent (a SIGKILLed agent cannot stop them) must not linger either.
+        _signal_group(proc, signal.SIGKILL)
+
+
+def _signal_group(proc: subprocess.Popen[str], signum: int) -> None:
+    try:
+        os.killpg(proc.pid, signum)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _pump(proc: subprocess.Popen[str], prefix: str, log_line: Callable[[str], None]) -> None:
+    assert proc.stdout is not None  # started with stdout=PIPE
+    for line in proc.stdout:
+        log_line(prefix + line.rstrip("\n"))
+
+
+def run_locally(
+    payload: bytes,
+    spec: LaunchSpec,
+    *,
+    log_line: Callable[[str], None],
+    run: LocalRun | None = None,
+    python: str = sys.executable,
+) -> Verdict:
+    """Run the payload on this machine and decide the outcome. Every process is gone when this returns."""
+    run = run or LocalRun()
+    with tempfile.TemporaryDirectory(prefix="torchelastic-local-") as tmp:
+        workdir = Path(tmp)
+        (workdir / "payload.bin").write_bytes(payload)
+        commands = node_commands(spec, workdir=workdir, python=python)
+        env = _clean_env()
+        pumps: list[threading.Thread] = []
+        try:
+            for index, command in enumerate(commands):
+                if run.stopped:
+                    break
+                proc = subprocess.Popen(
+                    command,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
+                    text=True,
+                    env=env,
+                    start_new_session=True,
+                )
+                run.processes.append(proc)
+                prefix = f"[node{index}] " if len(commands) > 1 else ""
+                pump = threading.Thread(target=_pump, args=(proc, prefix, log_line), daemon=True)
+                pump.start()
+                pumps.append(pump)
+            _wait(run, log_line)
+        finally:
+            _terminate(run.processes)
+            for pump in pumps:
+                pump.join(timeout=5)
+        reports = [
+            NodeReport(
+                name=f"node {index}" if len(commands) > 1 else "runner",
+                exit_code=proc.returncode,
+                outcome=_read_outcome(workdir / f"node-{index}.json"),
+            )
+            for index, proc in enumerate(run.processes)
+        ]
+    if run.stopped:
+        return Verdict(succeeded=False, detail="the run was stopped before it finished")
+    return decide_run(reports)
+
+
+def _wait(run: LocalRun, log_line: Callable[[str], None]) -> None:
+    failed_at: float | None = None
+    while True:
+        codes = [p.poll() for p in run.processes]
+        if all(code is not None for code in codes) or run.stopped:
+            return
+        if failed_at is None and any(code not in (None, 0) for code in codes):
+            failed_at = time.monotonic()
+        if failed_at is not None and time.monotonic() - failed_at > PEER_GRACE_SECONDS:
+            log_line("a node failed; stopping the other nodes, which cannot finish without it")
+            _terminate(run.processes)
+            return
+        time.sleep(_POLL_SECONDS)
+
+
+def _read_outcome(path: Path) -> object:
+    try:
+        return decode_outcome(path.read_text())
+    except OSError:
+        return None

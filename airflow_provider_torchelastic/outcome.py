@@ -1,0 +1,189 @@
+"""What one node (a pod, or a local runner process) reports when it ends, and how it is read back.
+
+The runner writes a small JSON document to its result file; on Kubernetes that file is the container's termination
+message, read from the pod status with a plain GET. It is JSON, never a pickle: nothing that comes from a pod is
+unpickled on the Airflow side. Standard library only (the runner and the Airflow side share it).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from typing import Any, Final
+
+__all__ = [
+    "NodeOutcome",
+    "ResultTooLargeError",
+    "WorkerFailure",
+    "decode_outcome",
+    "encode_failure",
+    "encode_success",
+]
+
+#: Marks our documents, so that a log tail (``FallbackToLogsOnError``) is never mistaken for an outcome.
+SCHEMA: Final = "torchelastic.outcome/v1"
+#: Kubernetes keeps at most 4096 bytes of a container's termination message.
+TERMINATION_MESSAGE_LIMIT: Final = 4096
+
+
+class ResultTooLargeError(ValueError):
+    """Rank 0's result does not fit where it has to travel."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class WorkerFailure:
+    """The root cause of a failed node: the earliest worker failure it saw."""
+
+    #: Global rank of the failing worker (-1 when the node failed before any worker started).
+    rank: int
+    exception: str
+    message: str
+    traceback: str = ""
+    recoverable: bool = False
+    exitcode: int = 1
+    #: Unix time of the failure, to find the earliest failure across nodes.
+    timestamp: float = 0.0
+    hostname: str = ""
+
+    def summary(self) -> str:
+        where = f"rank {self.rank}" if self.rank >= 0 else "the runner"
+        host = f" on {self.hostname}" if self.hostname else ""
+        return f"{where}{host} failed with {self.exception}: {self.message}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class NodeOutcome:
+    succeeded: bool
+    #: True on the one node whose workers included global rank 0.
+    holds_rank0: bool = False
+    #: Rank 0's return value, already decoded from JSON.
+    result: Any = None
+    failure: WorkerFailure | None = None
+
+
+def encode_success(result_json: str | None, *, max_bytes: int | None = None) -> str:
+    """The document for a node that finished; ``result_json`` is rank 0's value if this node held it."""
+    if result_json is None:
+        return json.dumps({"schema": SCHEMA, "succeeded": True, "holds_rank0": False})
+    # Splice the already-encoded value instead of decoding and encoding it again.
+    text = f'{{"schema": "{SCHEMA}", "succeeded": true, "holds_rank0": true, "result": {result_json}}}'
+    size = len(text.encode())
+    if max_bytes is not None and size > max_bytes:
+        raise ResultTooLargeError(
+            f"rank 0's return value is {size} bytes as JSON (with its envelope), more than the limit of {max_bytes} "
+            "bytes for a Kubernetes termination message; return a smaller value (metrics, a path), and put large "
+            "artifacts in object storage"
+        )
+    return text
+
+
+def encode_failure(failure: WorkerFailure, *, max_bytes: int | None = None) -> str:
+    """The document for a failed node, trimmed to ``max_bytes`` by shortening the traceback, then the message."""
+    fields = asdict(failure)
+    text = json.dumps({"schema": SCHEMA, "succeeded": False, "failure": fields})
+    if max_bytes is None:
+        return text
+    for key in ("traceback", "message"):
+        excess = len(text.encode()) - max_bytes
+        if excess <= 0:
+            break
+        value: str = fields[key]
+        # Keep the end of a traceback (where the error is) and the start of a message.
+        cut = max(0, len(value) - excess - 16)
+        fields[key] = "..." + value[len(value) - cut :] if key == "traceback" else value[:cut] + "..."
+        text = json.dumps({"schema": SCHEMA, "succeeded": False, "failure": fields})
+    return text
+
+
+def decode_outcome(text: str | bytes | None) -> NodeOutcome | None:
+    """Parse a node's document; ``None`` for anything else (an empty file, a log tail, another program's output)."""
+    if not text:
+        return None
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
+        return None
+    if doc.get("succeeded"):
+        return NodeOutcome(succeeded=True, holds_rank0=bool(doc.get("holds_rank0")), result=doc.get("result"))
+    raw = doc.get("failure") or {}
+    known = {k: raw[k] for k in WorkerFailure.__dataclass_fields__ if k in raw}
+    known.setdefault("rank", -1)
+    known.setdefault("exception", "UnknownError")
+    known.setdefault("message", "")
+    return NodeOutcome(succeeded=False, failure=WorkerFailure(**known))
+
+
+# --- deciding a whole run from its nodes (shared by local execution and Kubernetes) --------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class NodeReport:
+    """What is known of one node once it ended: its name (a pod, ``node 1``), exit code and outcome document."""
+
+    name: str
+    exit_code: int | None
+    outcome: NodeOutcome | None
+    #: Why the node ended, where something outside the runner says so (``OOMKilled``, ``Evicted``).
+    reason: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Verdict:
+    succeeded: bool
+    result: Any = None
+    #: Whether a retry may help; meaningful only when not succeeded.
+    recoverable: bool = False
+    #: The node holding the root cause, and its failure, when one reported it.
+    node: str | None = None
+    failure: WorkerFailure | None = None
+    detail: str = ""
+
+
+#: Exit codes >= 128 without a failure report mean the runner was killed by a signal: OOM killer (137), eviction or
+#: preemption (143). Infrastructure, so a retry may help.
+_SIGNAL_EXIT = 128
+
+
+def decide_run(reports: list[NodeReport]) -> Verdict:
+    """The outcome of a run from its ended nodes: rank 0's result, or the root cause of the failure.
+
+    The root cause is the earliest failure any node reported: once one worker fails, its peers fail too (closed
+    connections) or are stopped, and those later failures are consequences, not causes.
+    """
+    failures = [(r, r.outcome.failure) for r in reports if r.outcome is not None and r.outcome.failure is not None]
+    if failures:
+        node, failure = min(failures, key=lambda item: item[1].timestamp)
+        kind = "recoverable" if failure.recoverable else "non-recoverable"
+        return Verdict(
+            succeeded=False,
+            recoverable=failure.recoverable,
+            node=node.name,
+            failure=failure,
+            detail=f"{node.name}: {failure.summary()} ({kind})",
+        )
+    unexplained = [r for r in reports if r.exit_code not in (0, None)]
+    if unexplained:
+        node = unexplained[0]
+        assert node.exit_code is not None  # filtered above
+        killed = node.exit_code >= _SIGNAL_EXIT or node.reason in ("OOMKilled", "Evicted", "Preempted")
+        reason = f" ({node.reason})" if node.reason else ""
+        return Verdict(
+            succeeded=False,
+            recoverable=killed,
+            node=node.name,
+            detail=f"{node.name} exited with code {node.exit_code}{reason} without a failure report; "
+            + (
+                "it was killed from outside (out of memory, eviction, preemption), so a retry may help"
+                if killed
+                else "see its log"
+            ),
+        )
+    holders = [r for r in reports if r.outcome is not None and r.outcome.holds_rank0]
+    if holders:
+        return Verdict(succeeded=True, result=holders[0].outcome.result, node=holders[0].name)  # type: ignore[union-attr]
+    return Verdict(
+        succeeded=False,
+        detail="the run ended but no node reported rank 0's result (was the result file written?)",
+    )

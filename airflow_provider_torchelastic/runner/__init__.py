@@ -1,0 +1,405 @@
+"""The runner: ``python -m airflow_provider_torchelastic.runner``, one torch elastic agent per node.
+
+The same runner runs in every pod and in local execution. It needs only the standard library, torch and
+cloudpickle (no Airflow, no kubernetes client), so the training image can be built without Airflow.
+
+Settings come from the command line; where an option is not given, from the ``PET_*`` variables that the Kubeflow
+training operator injects (the same defaults torchrun takes); failing both, a standalone rendezvous on
+``localhost:0`` for one node.
+
+Exit codes (see :mod:`airflow_provider_torchelastic.errors`): 0 success; 1 a worker failed permanently; 2 the
+runner could not start (arguments, payload, Python version); 200 a worker raised ``RecoverableError`` (>= 128, so
+the PyTorchJob ``ExitCode`` policy restarts it); 128 + N when the runner itself got signal N, in which case it
+writes no failure report, because it is not the root cause.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import shutil
+import socket
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+from airflow_provider_torchelastic.errors import (
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_RECOVERABLE,
+    EXIT_USAGE,
+    RecoverableError,
+)
+from airflow_provider_torchelastic.outcome import (
+    ResultTooLargeError,
+    WorkerFailure,
+    encode_failure,
+    encode_success,
+)
+from airflow_provider_torchelastic.payload import PayloadError, check_compatible, load_payload, read_header
+
+log = logging.getLogger("airflow_provider_torchelastic.runner")
+
+#: Beside a worker's ``TORCHELASTIC_ERROR_FILE``: the worker's exception was a ``RecoverableError``. A file, not the
+#: exception's class name, because the agent only sees the exception as text, and a name would miss subclasses.
+RECOVERABLE_MARKER: Final = "recoverable_error"
+#: Beside the error file: the precise time of the failure.
+FAILED_AT_MARKER: Final = "failed_at"
+#: Prefix of every worker output line; ``${rank}`` is the global rank (local ranks repeat across nodes).
+LOG_LINE_PREFIX: Final = "[rank${rank}]:"
+STANDALONE_ENDPOINT: Final = "localhost:0"
+
+
+class RunnerUsageError(ValueError):
+    """The runner was started with settings it cannot use."""
+
+
+class ResultNotSerializableError(TypeError):
+    """Rank 0 returned a value that cannot travel as JSON."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunnerSettings:
+    payload: str
+    result_file: str | None
+    max_result_bytes: int | None
+    min_nodes: int
+    max_nodes: int
+    nproc_per_node: str
+    start_method: str
+    monitor_interval: float
+    max_restarts: int
+    rdzv_backend: str
+    rdzv_endpoint: str
+    rdzv_id: str
+    rdzv_configs: Mapping[str, Any] = field(default_factory=dict)
+
+
+# --- settings (pure) --------------------------------------------------------------------------------------------
+
+
+def _parse_nnodes(value: str) -> tuple[int, int]:
+    low, _, high = value.partition(":")
+    try:
+        lo, hi = int(low), int(high or low)
+    except ValueError:
+        raise RunnerUsageError(f"--nnodes: expected N or MIN:MAX, got {value!r}") from None
+    if not 1 <= lo <= hi:
+        raise RunnerUsageError(f"--nnodes: expected 1 <= MIN <= MAX, got {value!r}")
+    return lo, hi
+
+
+def _parse_rdzv_conf(value: str) -> dict[str, Any]:
+    """``"timeout=900,is_host=1"`` -> ``{"timeout": 900, "is_host": 1}`` (torchrun's ``--rdzv-conf`` syntax)."""
+    configs: dict[str, Any] = {}
+    for item in filter(None, (part.strip() for part in value.split(","))):
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise RunnerUsageError(f"--rdzv-conf: expected key=value pairs separated by commas, got {value!r}")
+        configs[key] = int(raw) if raw.lstrip("-").isdigit() else raw
+    return configs
+
+
+def _build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m airflow_provider_torchelastic.runner", description=__doc__)
+
+    def env_default(name: str, default: str | None) -> str | None:
+        return env.get(f"PET_{name}", default)
+
+    parser.add_argument("--payload", default=env.get("TORCHELASTIC_PAYLOAD"), help="path of the payload file")
+    parser.add_argument(
+        "--result-file",
+        default=env.get("TORCHELASTIC_RESULT_FILE"),
+        help="where this node writes its outcome (rank 0's result, or the failure); a pod's terminationMessagePath",
+    )
+    parser.add_argument("--max-result-bytes", type=int, default=None, help="refuse a larger outcome document")
+    parser.add_argument("--nnodes", default=env_default("NNODES", "1"), help="N or MIN:MAX (env PET_NNODES)")
+    parser.add_argument("--nproc-per-node", default=env_default("NPROC_PER_NODE", "1"), help="N, auto, cpu or gpu")
+    parser.add_argument("--start-method", default=env.get("PET_START_METHOD", "spawn"), choices=["spawn", "fork"])
+    parser.add_argument("--monitor-interval", type=float, default=float(env_default("MONITOR_INTERVAL", "5") or 5))
+    parser.add_argument("--max-restarts", type=int, default=int(env_default("MAX_RESTARTS", "0") or 0))
+    parser.add_argument("--rdzv-backend", default=env_default("RDZV_BACKEND", None))
+    parser.add_argument("--rdzv-endpoint", default=env_default("RDZV_ENDPOINT", None))
+    parser.add_argument("--rdzv-id", default=env_default("RDZV_ID", None))
+    parser.add_argument("--rdzv-conf", default=env_default("RDZV_CONF", ""))
+    return parser
+
+
+def parse_settings(argv: Sequence[str] | None, env: Mapping[str, str]) -> RunnerSettings:
+    """Command line first, then ``PET_*``, then a standalone single-node rendezvous."""
+    parser = _build_parser(env)
+    args = parser.parse_args(argv)
+    if not args.payload:
+        raise RunnerUsageError("--payload: expected the path of the payload file (or env TORCHELASTIC_PAYLOAD)")
+    min_nodes, max_nodes = _parse_nnodes(str(args.nnodes))
+    configs = _parse_rdzv_conf(args.rdzv_conf or "")
+    backend, endpoint, run_id = args.rdzv_backend, args.rdzv_endpoint, args.rdzv_id
+
+    master_addr = env.get("PET_MASTER_ADDR") or env.get("MASTER_ADDR")
+    if master_addr and not endpoint and "PET_NODE_RANK" in env:
+        # PyTorchJob with a Master: the operator gives every pod a static node rank and the Master's address.
+        port = env.get("PET_MASTER_PORT") or env.get("MASTER_PORT") or "23456"
+        backend, endpoint = "static", f"{master_addr}:{port}"
+        configs["rank"] = int(env["PET_NODE_RANK"])
+    elif endpoint:
+        backend = backend or "c10d"
+    elif max_nodes > 1:
+        raise RunnerUsageError(
+            f"--nnodes {args.nnodes}: a multi-node run needs a rendezvous endpoint; pass --rdzv-endpoint "
+            "HOST:PORT or set PET_RDZV_ENDPOINT (the Kubeflow training operator sets it for elastic PyTorchJobs)"
+        )
+    else:
+        # One node: torchrun's --standalone. Port 0 lets the OS pick, so parallel runs never collide.
+        backend, endpoint, run_id = "c10d", STANDALONE_ENDPOINT, run_id or str(uuid.uuid4())
+
+    if args.max_result_bytes is not None and args.max_result_bytes < 1:
+        raise RunnerUsageError(f"--max-result-bytes: expected a positive int, got {args.max_result_bytes}")
+    if args.monitor_interval <= 0:
+        raise RunnerUsageError(f"--monitor-interval: expected seconds > 0, got {args.monitor_interval}")
+    if args.max_restarts < 0:
+        raise RunnerUsageError(f"--max-restarts: expected an int >= 0, got {args.max_restarts}")
+    return RunnerSettings(
+        payload=args.payload,
+        result_file=args.result_file,
+        max_result_bytes=args.max_result_bytes,
+        min_nodes=min_nodes,
+        max_nodes=max_nodes,
+        nproc_per_node=str(args.nproc_per_node),
+        start_method=args.start_method,
+        monitor_interval=args.monitor_interval,
+        max_restarts=args.max_restarts,
+        rdzv_backend=backend,
+        rdzv_endpoint=endpoint,
+        # Every node of a job must use the same id; "none" is torchrun's default too.
+        rdzv_id=run_id or "none",
+        rdzv_configs=configs,
+    )
+
+
+def resolve_nproc_per_node(value: str) -> int:
+    """torchrun's rules: ``gpu`` = visible GPUs, ``cpu`` = CPU count, ``auto`` = GPUs if any, else CPUs."""
+    if value.isdigit() and int(value) >= 1:
+        return int(value)
+    if value not in ("auto", "cpu", "gpu"):
+        raise RunnerUsageError(f"--nproc-per-node: expected an int >= 1, 'auto', 'cpu' or 'gpu', got {value!r}")
+    import torch
+
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if value == "gpu" and gpus == 0:
+        raise RunnerUsageError("--nproc-per-node gpu: no CUDA device is visible on this node")
+    if value == "gpu" or (value == "auto" and gpus > 0):
+        return gpus
+    return os.cpu_count() or 1
+
+
+# --- the worker side: runs in each training process -----------------------------------------------------------
+
+
+def _leave_failure_markers(exc: BaseException) -> None:
+    """Leave, beside the worker's error file, when it failed and whether the failure is recoverable."""
+    error_file = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not error_file:
+        # Without the error file's directory the agent cannot see the marker; the failure then counts as permanent.
+        print("warning: TORCHELASTIC_ERROR_FILE is not set; cannot mark the failure recoverable", file=sys.stderr)
+        return
+    folder = Path(error_file).parent
+    folder.mkdir(parents=True, exist_ok=True)
+    # torch records whole seconds; sibling workers that fail a moment later (a peer closed the connection) must
+    # not tie with the root cause, across nodes too.
+    folder.joinpath(FAILED_AT_MARKER).write_text(repr(time.time()))
+    if isinstance(exc, RecoverableError):
+        folder.joinpath(RECOVERABLE_MARKER).touch()
+
+
+def encode_result(value: Any) -> str:
+    try:
+        return json.dumps(value)
+    except (TypeError, ValueError) as e:
+        raise ResultNotSerializableError(
+            f"rank 0 returned a value of type {type(value).__module__}.{type(value).__qualname__}, which is not "
+            f"JSON-serializable ({e}); return dicts, lists, strings, numbers, booleans or None "
+            "(for a tensor use .item() or .tolist())"
+        ) from None
+
+
+def call_training_function(fn: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any]) -> str | None:
+    """Run the user's function in a worker; rank 0 returns its value as JSON, the others None."""
+    try:
+        value = fn(*args, **kwargs)
+    except Exception as e:
+        _leave_failure_markers(e)
+        raise
+    if int(os.environ.get("RANK", "0")) != 0:
+        return None
+    # Encode in the worker, so that a bad value fails with rank 0's traceback instead of a pickling error later.
+    return encode_result(value)
+
+
+def _spawn_entrypoint(payload_path: str) -> str | None:
+    """Module-level, so that spawned workers can import it; each child unpickles the function itself."""
+    payload = load_payload(Path(payload_path).read_bytes())
+    return call_training_function(payload.fn, payload.args, payload.kwargs)
+
+
+# --- the agent side -----------------------------------------------------------------------------------------------
+
+
+def _split_message(message: str) -> tuple[str, str]:
+    """torch records ``"<ExceptionType>: <message>"``."""
+    name, sep, rest = message.partition(": ")
+    if sep and name.replace(".", "").replace("_", "").isalnum():
+        return name, rest
+    return "WorkerError", message
+
+
+def failure_from_child_failed(error: Any) -> WorkerFailure:
+    """The root cause of a ``ChildFailedError``: its earliest failure, with the recoverable marker checked."""
+    rank, failure = error.get_first_failure()
+    data = failure.error_file_data or {}
+    message_block = data.get("message", {}) if isinstance(data, dict) else {}
+    traceback = ""
+    if isinstance(message_block, dict):
+        traceback = message_block.get("extraInfo", {}).get("py_callstack", "") or ""
+    folder = Path(failure.error_file).parent if failure.error_file else None
+    recoverable = folder is not None and folder.joinpath(RECOVERABLE_MARKER).exists()
+    timestamp = float(failure.timestamp)
+    if folder is not None and folder.joinpath(FAILED_AT_MARKER).exists():
+        timestamp = float(folder.joinpath(FAILED_AT_MARKER).read_text())
+    if failure.exitcode < 0 and not failure.error_file_data:
+        # A worker killed by a signal left no exception. SIGKILL is almost always the OOM killer or a node going
+        # away, SIGTERM a preemption: infrastructure, worth a retry. A segfault or abort is not.
+        import signal
+
+        signum = -failure.exitcode
+        recoverable = signum in (signal.SIGKILL, signal.SIGTERM)
+        exception = f"Signal{signal.Signals(signum).name}" if signum in signal.valid_signals() else "Signal"
+        message = str(failure.message)
+    else:
+        raw = failure.message
+        # torch keeps either the recorded "Type: message" string or the whole record dict here.
+        text = raw.get("message", "") if isinstance(raw, dict) else str(raw)
+        exception, message = _split_message(text)
+    return WorkerFailure(
+        rank=int(rank),
+        exception=exception,
+        message=message,
+        traceback=traceback,
+        recoverable=recoverable,
+        exitcode=int(failure.exitcode),
+        timestamp=timestamp,
+        hostname=socket.gethostname(),
+    )
+
+
+def _write_outcome(settings: RunnerSettings, text: str) -> None:
+    if settings.result_file:
+        Path(settings.result_file).parent.mkdir(parents=True, exist_ok=True)
+        Path(settings.result_file).write_text(text)
+
+
+def _report_failure(settings: RunnerSettings, failure: WorkerFailure) -> int:
+    kind = "recoverable" if failure.recoverable else "non-recoverable"
+    print(f"torchelastic runner: {kind} failure: {failure.summary()}", file=sys.stderr)
+    if failure.traceback:
+        print(failure.traceback, file=sys.stderr)
+    _write_outcome(settings, encode_failure(failure, max_bytes=settings.max_result_bytes))
+    return EXIT_RECOVERABLE if failure.recoverable else EXIT_FAILED
+
+
+def _runner_failure(exc: BaseException, *, rank: int) -> WorkerFailure:
+    return WorkerFailure(
+        rank=rank,
+        exception=type(exc).__name__,
+        message=str(exc),
+        timestamp=time.time(),
+        hostname=socket.gethostname(),
+    )
+
+
+def run(settings: RunnerSettings) -> int:
+    """Launch this node's workers and report the outcome; returns the process exit code."""
+    try:
+        data = Path(settings.payload).read_bytes()
+        header, _ = read_header(data)
+        check_compatible(header)
+        nproc = resolve_nproc_per_node(settings.nproc_per_node)
+    except (OSError, PayloadError, RunnerUsageError) as e:
+        _report_failure(settings, _runner_failure(e, rank=-1))
+        return EXIT_USAGE
+
+    # Import torch only now: argument errors above are reported without paying for it.
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    if nproc > 1 and "OMP_NUM_THREADS" not in os.environ:
+        # As torchrun does: N workers each spawning a thread per core would oversubscribe the node.
+        os.environ["OMP_NUM_THREADS"] = "1"
+
+    entrypoint: Callable[..., str | None]
+    entry_args: tuple[Any, ...]
+    if settings.start_method == "spawn":
+        entrypoint, entry_args = _spawn_entrypoint, (settings.payload,)
+    else:
+        # fork: the children inherit the unpickled function, so a closure is enough and nothing is pickled again.
+        payload = load_payload(data)
+
+        def entrypoint() -> str | None:
+            return call_training_function(payload.fn, payload.args, payload.kwargs)
+
+        entry_args = ()
+
+    # A real log dir, not os.devnull: torch only gives workers a TORCHELASTIC_ERROR_FILE (where exceptions and the
+    # recoverable marker land) when it has somewhere to put it.
+    log_dir = tempfile.mkdtemp(prefix="torchelastic-")
+    config = LaunchConfig(
+        min_nodes=settings.min_nodes,
+        max_nodes=settings.max_nodes,
+        nproc_per_node=nproc,
+        run_id=settings.rdzv_id,
+        rdzv_backend=settings.rdzv_backend,
+        rdzv_endpoint=settings.rdzv_endpoint,
+        rdzv_configs=dict(settings.rdzv_configs),
+        max_restarts=settings.max_restarts,
+        monitor_interval=settings.monitor_interval,
+        start_method=settings.start_method,
+        logs_specs=DefaultLogsSpecs(log_dir=log_dir, tee=Std.ALL),
+        log_line_prefix_template=LOG_LINE_PREFIX,
+    )
+    try:
+        returns = elastic_launch(config, entrypoint)(*entry_args)
+    except ChildFailedError as e:
+        return _report_failure(settings, failure_from_child_failed(e))
+    except SignalException as e:
+        # Someone stopped this node (pod deleted, preempted, a sibling failed): say so, but publish no failure, so
+        # that the node whose worker really failed stays the root cause.
+        print(f"torchelastic runner: stopped by {e.sigval.name}", file=sys.stderr)
+        return 128 + int(e.sigval)
+    finally:
+        shutil.rmtree(log_dir, ignore_errors=True)
+
+    rank0_json = next((value for value in returns.values() if value is not None), None)
+    try:
+        _write_outcome(settings, encode_success(rank0_json, max_bytes=settings.max_result_bytes))
+    except ResultTooLargeError as e:
+        # Only the node holding rank 0 carries a value, so the failure is rank 0's.
+        return _report_failure(settings, _runner_failure(e, rank=0))
+    return EXIT_OK
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="[torchelastic runner] %(levelname)s %(name)s: %(message)s")
+    try:
+        settings = parse_settings(argv, os.environ)
+    except RunnerUsageError as e:
+        print(f"torchelastic runner: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    return run(settings)
