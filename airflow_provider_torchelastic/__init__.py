@@ -62,7 +62,7 @@ def get_provider_info() -> dict[str, Any]:
         # Must equal the distribution name: a mismatch makes Airflow abort discovery of *every* provider.
         "package-name": "airflow-provider-torchelastic",
         "name": "Torch Elastic",
-        "description": "Run distributed PyTorch training (torch elastic / torchrun) locally or as Kubeflow PyTorchJobs.",
+        "description": "Run distributed PyTorch training (torch elastic / torchrun) locally or as PyTorchJobs.",
         "versions": [__version__],
         "task-decorators": [
             {"name": "torch_elastic", "class-name": "airflow_provider_torchelastic.decorators.torch_elastic_task"}

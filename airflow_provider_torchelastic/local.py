@@ -7,6 +7,7 @@ passes a line logger and maps the :class:`~airflow_provider_torchelastic.outcome
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -22,7 +23,7 @@ from pathlib import Path
 from typing import Final
 
 from airflow_provider_torchelastic.launch import LaunchSpec, runner_command
-from airflow_provider_torchelastic.outcome import NodeReport, Verdict, decide_run, decode_outcome
+from airflow_provider_torchelastic.outcome import NodeOutcome, NodeReport, Verdict, decide_run, decode_outcome
 
 __all__ = ["LocalRun", "run_locally"]
 
@@ -54,15 +55,21 @@ def node_commands(spec: LaunchSpec, *, workdir: Path, python: str = sys.executab
     payload = str(workdir / "payload.bin")
     nodes = spec.max_nodes
     if nodes == 1:
-        return [runner_command(spec, payload_path=payload, result_file=str(workdir / "node-0.json"), nnodes="1",
-                               python=python)]
+        return [
+            runner_command(
+                spec, payload_path=payload, result_file=str(workdir / "node-0.json"), nnodes="1", python=python
+            )
+        ]
     endpoint = f"127.0.0.1:{_free_port()}"
     run_id = uuid.uuid4().hex
     commands = []
     for index in range(nodes):
         node_spec = replace(spec, rdzv_configs={**spec.rdzv_configs, "is_host": int(index == 0)})
         command = runner_command(
-            node_spec, payload_path=payload, result_file=str(workdir / f"node-{index}.json"), nnodes=spec.nnodes,
+            node_spec,
+            payload_path=payload,
+            result_file=str(workdir / f"node-{index}.json"),
+            nnodes=spec.nnodes,
             python=python,
         )
         command += ["--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--rdzv-id", run_id]
@@ -77,7 +84,7 @@ class LocalRun:
     processes: list[subprocess.Popen[str]] = field(default_factory=list)
     _stopped: threading.Event = field(default_factory=threading.Event)
 
-    def stop(self, reason: str = "stopped") -> None:
+    def stop(self) -> None:
         self._stopped.set()
         _terminate(self.processes)
 
@@ -104,10 +111,8 @@ def _terminate(processes: list[subprocess.Popen[str]]) -> None:
 
 
 def _signal_group(proc: subprocess.Popen[str], signum: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signum)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def _pump(proc: subprocess.Popen[str], prefix: str, log_line: Callable[[str], None]) -> None:
@@ -182,7 +187,7 @@ def _wait(run: LocalRun, log_line: Callable[[str], None]) -> None:
         time.sleep(_POLL_SECONDS)
 
 
-def _read_outcome(path: Path) -> object:
+def _read_outcome(path: Path) -> NodeOutcome | None:
     try:
         return decode_outcome(path.read_text())
     except OSError:

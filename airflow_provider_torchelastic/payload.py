@@ -13,11 +13,12 @@ Standard library, installed packages and this provider stay by reference: the ru
 from __future__ import annotations
 
 import json
+import pickle
 import site
 import sys
 import sysconfig
 import types
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -59,12 +60,15 @@ def _python_version() -> str:
     return f"{sys.version_info.major}.{sys.version_info.minor}"
 
 
-def dump_payload(fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: Mapping[str, Any] | None = None) -> bytes:
+def dump_payload(
+    fn: Callable[..., Any], args: Iterable[Any] = (), kwargs: Mapping[str, Any] | None = None
+) -> bytes:
     """Pickle ``fn(*args, **kwargs)`` so that it can run where the DAG file does not exist."""
     if not callable(fn):
         raise TypeError(f"python_callable: expected a callable, got {fn!r}")
-    body = {"fn": fn, "args": tuple(args), "kwargs": dict(kwargs or {})}
-    modules = _modules_to_pickle_by_value(fn, body["args"], body["kwargs"])
+    call_args, call_kwargs = tuple(args), dict(kwargs or {})
+    body = {"fn": fn, "args": call_args, "kwargs": call_kwargs}
+    modules = _modules_to_pickle_by_value(fn, call_args, call_kwargs)
     registered: list[types.ModuleType] = []
     try:
         for module in modules:
@@ -118,7 +122,11 @@ def load_payload(data: bytes) -> Payload:
             f"note: payload pickled with cloudpickle {header.cloudpickle}, loading with {cloudpickle.__version__}",
             file=sys.stderr,
         )
-    content = cloudpickle.loads(body)
+    try:
+        content = cloudpickle.loads(body)
+    except (pickle.UnpicklingError, EOFError) as e:
+        # Damaged in transit or storage; a missing module (ModuleNotFoundError) is left as it is: it names the module.
+        raise PayloadError(f"corrupt payload: the pickled body ({len(body)} bytes) cannot be read: {e}") from e
     return Payload(fn=content["fn"], args=tuple(content["args"]), kwargs=content["kwargs"], header=header)
 
 

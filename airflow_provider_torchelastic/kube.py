@@ -1,0 +1,345 @@
+"""Thin Kubernetes I/O: create, get, list, read logs, delete; sync and async twins that decide nothing.
+
+Objects travel as the API's own JSON dicts (what :mod:`render` produces and :mod:`status` reads). API errors are
+translated once, here, into :class:`KubeError` carrying the HTTP status and the Status reason, chained ``from``
+the client's exception; callers test ``status``/``reason``, never message text.
+
+The kubernetes clients are imported lazily: importing this module must stay cheap for the DAG parse path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import time
+from collections.abc import Awaitable, Callable, Generator, Mapping
+from dataclasses import dataclass
+from typing import Any, Final, TypeVar
+
+from airflow_provider_torchelastic.status import (
+    EmitLog,
+    FetchJob,
+    JobRef,
+    ReadLog,
+    Request,
+    Sleep,
+    Snapshot,
+    WaitDecision,
+)
+
+__all__ = ["AsyncKube", "KubeError", "SyncKube", "drive_async", "drive_sync"]
+
+PYTORCHJOB: Final = ("kubeflow.org", "v1", "pytorchjobs")
+#: Statuses worth retrying: throttled, server trouble, gateway trouble.
+TRANSIENT_STATUSES: Final = frozenset({429, 500, 502, 503, 504})
+_REQUEST_TIMEOUT: Final = 60  # seconds: a half-open connection must not hang a poll forever
+
+T = TypeVar("T")
+
+
+class KubeError(Exception):
+    """An API call failed. ``status`` is the HTTP status (0 when the connection itself failed)."""
+
+    def __init__(self, status: int, reason: str, message: str) -> None:
+        super().__init__(f"{status} {reason}: {message}".strip())
+        self.status = status
+        self.reason = reason
+
+    @property
+    def transient(self) -> bool:
+        return self.status == 0 or self.status in TRANSIENT_STATUSES
+
+    @property
+    def not_found(self) -> bool:
+        return self.status == 404
+
+    @property
+    def conflict(self) -> bool:
+        return self.status == 409
+
+
+def _from_api_exception(exc: Any) -> KubeError:
+    status = int(getattr(exc, "status", 0) or 0)
+    body = getattr(exc, "body", None)
+    reason, message = str(getattr(exc, "reason", "") or ""), ""
+    if body:
+        try:
+            doc = json.loads(body)
+            reason, message = doc.get("reason", reason) or reason, doc.get("message", "")
+        except (ValueError, TypeError, AttributeError):
+            message = str(body)[:500]
+    return KubeError(status, reason, message)
+
+
+@dataclass(frozen=True)
+class _Target:
+    """Where an object of a given kind lives in the API."""
+
+    kind: str
+    namespace: str
+    name: str
+
+
+def _retry_after(attempt: int) -> float:
+    # Bounded exponential backoff with jitter: 1, 2, 4, 8, 16, 30, 30... seconds.
+    return min(30.0, 2.0**attempt) * (0.5 + random.random() / 2)
+
+
+class SyncKube:
+    """Blocking calls through the ``kubernetes`` client of a cncf.kubernetes ``KubernetesHook``."""
+
+    def __init__(self, api_client: Any) -> None:
+        from kubernetes import client
+
+        self._api_client = api_client
+        self._core = client.CoreV1Api(api_client)
+        self._custom = client.CustomObjectsApi(api_client)
+
+    def _call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        from kubernetes.client.exceptions import ApiException
+        from urllib3.exceptions import HTTPError
+
+        try:
+            return fn(*args, _request_timeout=_REQUEST_TIMEOUT, **kwargs)
+        except ApiException as e:
+            raise _from_api_exception(e) from e
+        except (HTTPError, OSError) as e:
+            raise KubeError(0, type(e).__name__, str(e)) from e
+
+    def _raw(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        response = self._call(fn, *args, _preload_content=False, **kwargs)
+        return json.loads(response.data)
+
+    def create(self, obj: Mapping[str, Any]) -> dict[str, Any]:
+        namespace = obj["metadata"]["namespace"]
+        kind = obj["kind"]
+        if kind == "ConfigMap":
+            return self._raw(self._core.create_namespaced_config_map, namespace, obj)
+        if kind == "Pod":
+            return self._raw(self._core.create_namespaced_pod, namespace, obj)
+        return self._call(self._custom.create_namespaced_custom_object, *PYTORCHJOB[:2], namespace, PYTORCHJOB[2], obj)
+
+    def get(self, kind: str, name: str, namespace: str) -> dict[str, Any] | None:
+        try:
+            if kind == "Pod":
+                return self._raw(self._core.read_namespaced_pod, name, namespace)
+            if kind == "ConfigMap":
+                return self._raw(self._core.read_namespaced_config_map, name, namespace)
+            return self._call(
+                self._custom.get_namespaced_custom_object, *PYTORCHJOB[:2], namespace, PYTORCHJOB[2], name
+            )
+        except KubeError as e:
+            if e.not_found:
+                return None
+            raise
+
+    def patch_configmap(self, name: str, namespace: str, body: Mapping[str, Any]) -> None:
+        self._call(self._core.patch_namespaced_config_map, name, namespace, body)
+
+    def list_pods(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
+        doc = self._raw(self._core.list_namespaced_pod, namespace, label_selector=label_selector)
+        return list(doc.get("items", []))
+
+    def snapshot(self, ref: JobRef) -> Snapshot:
+        job = self.get(ref.kind, ref.name, ref.namespace)
+        pods = self.list_pods(ref.namespace, ref.label_selector) if ref.kind == "PyTorchJob" and job else []
+        return Snapshot(job=job, pods=pods, now=time.time())
+
+    def read_log(self, request: ReadLog) -> str:
+        kwargs: dict[str, Any] = {"container": "pytorch", "timestamps": True}
+        if request.since_seconds is not None:
+            kwargs["since_seconds"] = request.since_seconds
+        # _preload_content=False: kubernetes 36.0.x returns the repr of bytes otherwise (kubernetes-client #2596).
+        response = self._call(
+            self._core.read_namespaced_pod_log, request.pod, request.namespace, _preload_content=False, **kwargs
+        )
+        return bytes(response.data).decode("utf-8", errors="replace")
+
+    def delete(self, kind: str, name: str, namespace: str) -> bool:
+        """Delete an object and, through the API's garbage collection, what it owns. False if it was gone."""
+        body = {"propagationPolicy": "Background"}
+        try:
+            if kind == "Pod":
+                self._call(self._core.delete_namespaced_pod, name, namespace, body=body)
+            elif kind == "ConfigMap":
+                self._call(self._core.delete_namespaced_config_map, name, namespace, body=body)
+            else:
+                self._call(
+                    self._custom.delete_namespaced_custom_object,
+                    *PYTORCHJOB[:2],
+                    namespace,
+                    PYTORCHJOB[2],
+                    name,
+                    body=body,
+                )
+        except KubeError as e:
+            if e.not_found:
+                return False
+            raise
+        return True
+
+
+class AsyncKube:
+    """The same calls through ``kubernetes_asyncio`` (inside ``async with AsyncKubernetesHook.get_conn()``)."""
+
+    def __init__(self, api_client: Any) -> None:
+        from kubernetes_asyncio import client
+
+        self._core = client.CoreV1Api(api_client)
+        self._custom = client.CustomObjectsApi(api_client)
+
+    async def _call(self, fn: Callable[..., Awaitable[Any]], *args: Any, **kwargs: Any) -> Any:
+        from aiohttp import ClientError
+        from kubernetes_asyncio.client.exceptions import ApiException
+
+        try:
+            return await fn(*args, _request_timeout=_REQUEST_TIMEOUT, **kwargs)
+        except ApiException as e:
+            raise _from_api_exception(e) from e
+        except (TimeoutError, ClientError, OSError) as e:
+            raise KubeError(0, type(e).__name__, str(e)) from e
+
+    async def get(self, kind: str, name: str, namespace: str) -> dict[str, Any] | None:
+        try:
+            if kind == "Pod":
+                response = await self._call(self._core.read_namespaced_pod, name, namespace, _preload_content=False)
+                return json.loads(await response.read())
+            return await self._call(
+                self._custom.get_namespaced_custom_object, *PYTORCHJOB[:2], namespace, PYTORCHJOB[2], name
+            )
+        except KubeError as e:
+            if e.not_found:
+                return None
+            raise
+
+    async def list_pods(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
+        response = await self._call(
+            self._core.list_namespaced_pod, namespace, label_selector=label_selector, _preload_content=False
+        )
+        return list(json.loads(await response.read()).get("items", []))
+
+    async def snapshot(self, ref: JobRef) -> Snapshot:
+        job = await self.get(ref.kind, ref.name, ref.namespace)
+        pods = await self.list_pods(ref.namespace, ref.label_selector) if ref.kind == "PyTorchJob" and job else []
+        return Snapshot(job=job, pods=pods, now=time.time())
+
+    async def read_log(self, request: ReadLog) -> str:
+        kwargs: dict[str, Any] = {"container": "pytorch", "timestamps": True}
+        if request.since_seconds is not None:
+            kwargs["since_seconds"] = request.since_seconds
+        response = await self._call(
+            self._core.read_namespaced_pod_log, request.pod, request.namespace, _preload_content=False, **kwargs
+        )
+        return (await response.read()).decode("utf-8", errors="replace")
+
+    async def delete(self, kind: str, name: str, namespace: str) -> bool:
+        body = {"propagationPolicy": "Background"}
+        try:
+            if kind == "Pod":
+                await self._call(self._core.delete_namespaced_pod, name, namespace, body=body)
+            else:
+                await self._call(
+                    self._custom.delete_namespaced_custom_object,
+                    *PYTORCHJOB[:2],
+                    namespace,
+                    PYTORCHJOB[2],
+                    name,
+                    body=body,
+                )
+        except KubeError as e:
+            if e.not_found:
+                return False
+            raise
+        return True
+
+
+# --- drivers: carry out the requests of status.watch_job -----------------------------------------------------------
+
+#: Consecutive transient failures tolerated while fetching the job before giving up (about 5 minutes of backoff).
+MAX_TRANSIENT_FAILURES: Final = 12
+
+
+def drive_sync(
+    flow: Generator[Request, Any, WaitDecision],
+    kube: SyncKube,
+    log: Callable[[str], None],
+    *,
+    sleep: Callable[[float], None] = time.sleep,
+) -> WaitDecision:
+    answer: Any = None
+    failures = 0
+    while True:
+        try:
+            request = flow.send(answer)
+        except StopIteration as stop:
+            return stop.value
+        answer = None
+        if isinstance(request, FetchJob):
+            while True:
+                try:
+                    answer = kube.snapshot(request.ref)
+                    failures = 0
+                    break
+                except KubeError as e:
+                    failures += 1
+                    if not e.transient or failures > MAX_TRANSIENT_FAILURES:
+                        raise
+                    delay = _retry_after(failures)
+                    log(f"Kubernetes API error ({e}); retrying in {delay:.0f} s")
+                    sleep(delay)
+        elif isinstance(request, ReadLog):
+            answer = _read_log_or_empty(lambda r=request: kube.read_log(r), log)  # type: ignore[misc]
+        elif isinstance(request, Sleep):
+            sleep(request.seconds)
+        elif isinstance(request, EmitLog):
+            log(request.line)
+
+
+def _read_log_or_empty(read: Callable[[], str], log: Callable[[str], None]) -> str:
+    try:
+        return read()
+    except KubeError as e:
+        # Logs are best effort: a pod being created or deleted answers 400/404; try again at the next poll.
+        if e.status not in (400, 404) and not e.transient:
+            log(f"could not read logs: {e}")
+        return ""
+
+
+async def drive_async(
+    flow: Generator[Request, Any, WaitDecision],
+    kube: AsyncKube,
+    log: Callable[[str], None],
+) -> WaitDecision:
+    answer: Any = None
+    failures = 0
+    while True:
+        try:
+            request = flow.send(answer)
+        except StopIteration as stop:
+            return stop.value
+        answer = None
+        if isinstance(request, FetchJob):
+            while True:
+                try:
+                    answer = await kube.snapshot(request.ref)
+                    failures = 0
+                    break
+                except KubeError as e:
+                    failures += 1
+                    if not e.transient or failures > MAX_TRANSIENT_FAILURES:
+                        raise
+                    delay = _retry_after(failures)
+                    log(f"Kubernetes API error ({e}); retrying in {delay:.0f} s")
+                    await asyncio.sleep(delay)
+        elif isinstance(request, ReadLog):
+            try:
+                answer = await kube.read_log(request)
+            except KubeError as e:
+                if e.status not in (400, 404) and not e.transient:
+                    log(f"could not read logs: {e}")
+                answer = ""
+        elif isinstance(request, Sleep):
+            await asyncio.sleep(request.seconds)
+        elif isinstance(request, EmitLog):
+            log(request.line)
