@@ -67,6 +67,16 @@ def get_provider_info() -> dict[str, Any]:
         "task-decorators": [
             {"name": "torch_elastic", "class-name": "airflow_provider_torchelastic.decorators.torch_elastic_task"}
         ],
+        "triggers": [
+            {
+                "integration-name": "Torch Elastic",
+                "python-modules": ["airflow_provider_torchelastic.triggers"],
+            }
+        ],
+        "extra-links": [
+            "airflow_provider_torchelastic.operators.TorchElasticJobLink",
+            "airflow_provider_torchelastic.operators.TorchElasticLogsLink",
+        ],
         "config": {
             "torch_elastic": {
                 "description": "Defaults of TorchElasticOperator and @task.torch_elastic.",
@@ -85,6 +95,22 @@ def get_provider_info() -> dict[str, Any]:
                         "type": "boolean",
                         "example": "False",
                         "default": "True",
+                    },
+                    "dashboard_url_template": {
+                        "description": "URL of a job in your Kubernetes dashboard, for the task's extra link; "
+                        "{namespace}, {name} and {kind} are filled in. Empty: no link.",
+                        "version_added": "0.1.0",
+                        "type": "string",
+                        "example": "https://dashboard.example.com/#/pytorchjob/{namespace}/{name}",
+                        "default": "",
+                    },
+                    "logs_url_template": {
+                        "description": "URL of a job's pod logs in your log system, for the task's extra link; "
+                        "{namespace}, {name} and {kind} are filled in. Empty: no link.",
+                        "version_added": "0.1.0",
+                        "type": "string",
+                        "example": "https://logs.example.com/?q=kubernetes.labels.training_kubeflow_org_job-name:{name}",
+                        "default": "",
                     },
                 },
             }

@@ -94,7 +94,7 @@ class TorchElasticLogsLink(BaseOperatorLink):
 
 def _check_execution(value: object) -> str | None:
     if value is None or value in EXECUTIONS:
-        return value  # type: ignore[return-value]
+        return value
     raise ValueError(
         f"execution: expected 'kubernetes' or 'local' (or None for [torch_elastic] execution), got {value!r}"
     )

@@ -83,16 +83,36 @@ def encode_failure(failure: WorkerFailure, *, max_bytes: int | None = None) -> s
     text = json.dumps({"schema": SCHEMA, "succeeded": False, "failure": fields})
     if max_bytes is None:
         return text
-    for key in ("traceback", "message"):
+    # Keep the end of a traceback (where the error is) and the start of a message.
+    for key, keep_end in (("traceback", True), ("message", False)):
         excess = len(text.encode()) - max_bytes
         if excess <= 0:
             break
         value: str = fields[key]
-        # Keep the end of a traceback (where the error is) and the start of a message.
-        cut = max(0, len(value) - excess - 16)
-        fields[key] = "..." + value[len(value) - cut :] if key == "traceback" else value[:cut] + "..."
-        text = json.dumps({"schema": SCHEMA, "succeeded": False, "failure": fields})
+        if value:
+            fields[key] = _trim_to_encoded_size(value, _json_size(value) - excess, keep_end=keep_end)
+            text = json.dumps({"schema": SCHEMA, "succeeded": False, "failure": fields})
     return text
+
+
+def _json_size(value: str) -> int:
+    # json.dumps escapes to ASCII, so characters are bytes; a newline or quote takes 2, a non-ASCII character 6 or 12.
+    return len(json.dumps(value)) - 2
+
+
+def _trim_to_encoded_size(value: str, budget: int, *, keep_end: bool) -> str:
+    """The longest end (or start) of ``value``, marked with ``...``, whose JSON encoding fits in ``budget`` bytes."""
+    marker = "..."
+    used, kept = len(marker), 0
+    for char in reversed(value) if keep_end else value:
+        size = _json_size(char)
+        if used + size > budget:
+            break
+        used += size
+        kept += 1
+    if used > budget:  # not even the marker fits
+        return ""
+    return marker + value[len(value) - kept :] if keep_end else value[:kept] + marker
 
 
 def decode_outcome(text: str | bytes | None) -> NodeOutcome | None:
@@ -144,6 +164,8 @@ class Verdict:
 #: Exit codes >= 128 without a failure report mean the runner was killed by a signal: OOM killer (137), eviction or
 #: preemption (143). Infrastructure, so a retry may help.
 _SIGNAL_EXIT = 128
+#: Reasons (from the pod or container status) that mean the node or the cluster ended the pod, not the code.
+INFRASTRUCTURE_REASONS: Final = frozenset({"Evicted", "OOMKilled", "Preempted", "NodeLost", "Shutdown", "Terminated"})
 
 
 def decide_run(reports: list[NodeReport]) -> Verdict:
@@ -163,17 +185,18 @@ def decide_run(reports: list[NodeReport]) -> Verdict:
             failure=failure,
             detail=f"{node.name}: {failure.summary()} ({kind})",
         )
-    unexplained = [r for r in reports if r.exit_code not in (0, None)]
+    # A node that ended badly without a report: its exit code, or (evicted before exiting) only a reason.
+    unexplained = [r for r in reports if r.exit_code not in (0, None) or (r.exit_code is None and r.reason)]
     if unexplained:
         node = unexplained[0]
-        assert node.exit_code is not None  # filtered above
-        killed = node.exit_code >= _SIGNAL_EXIT or node.reason in ("OOMKilled", "Evicted", "Preempted")
+        killed = (node.exit_code or 0) >= _SIGNAL_EXIT or node.reason in INFRASTRUCTURE_REASONS
         reason = f" ({node.reason})" if node.reason else ""
+        code = f"exited with code {node.exit_code}" if node.exit_code is not None else "ended"
         return Verdict(
             succeeded=False,
             recoverable=killed,
             node=node.name,
-            detail=f"{node.name} exited with code {node.exit_code}{reason} without a failure report; "
+            detail=f"{node.name} {code}{reason} without a failure report; "
             + (
                 "it was killed from outside (out of memory, eviction, preemption), so a retry may help"
                 if killed

@@ -38,8 +38,6 @@ STUCK_WAITING_REASONS: Final = frozenset(
 )
 #: Of those, the ones where a retry could help (capacity may free up); a wrong image or config will not.
 _RETRYABLE_STUCK_REASONS: Final = frozenset({"Unschedulable"})
-#: Pod-level reasons that mean the node or the cluster ended the pod, not the training code.
-INFRASTRUCTURE_REASONS: Final = frozenset({"Evicted", "OOMKilled", "Preempted", "NodeLost", "Shutdown", "Terminated"})
 
 
 class Phase(str, Enum):
@@ -252,9 +250,12 @@ def decide(ref: JobRef, snapshot: Snapshot, policy: WaitPolicy) -> WaitDecision:
     failed = _condition(job, "Failed")
     if failed is not None:
         verdict = decide_run(reports)
-        if verdict.succeeded or (verdict.failure is None and not verdict.node):
-            # No pod tells why (deleted by cleanPodPolicy, never started): the job's own condition does.
-            verdict = _failed_condition_verdict(job, failed)
+        if verdict.failure is None:
+            # No worker reported an exception: the job's own condition says why (deadline, backoff limit), and
+            # pods stopped because of it (exit 143) are consequences, not causes.
+            by_condition = _failed_condition_verdict(job, failed)
+            if verdict.succeeded or not verdict.node or by_condition.detail.startswith(_DEADLINE_PREFIX):
+                verdict = by_condition
         return WaitDecision(phase=Phase.FAILED, progress=progress("Failed"), verdict=verdict)
 
     if _condition(job, "Succeeded") is not None:
@@ -277,13 +278,16 @@ def _phase_of(verdict: Verdict) -> Phase:
     return Phase.SUCCEEDED if verdict.succeeded else Phase.FAILED
 
 
+_DEADLINE_PREFIX: Final = "the job ran longer than run_policy.active_deadline_seconds"
+
+
 def _failed_condition_verdict(job: Mapping[str, Any], condition: Mapping[str, Any]) -> Verdict:
     message = condition.get("message", "") or condition.get("reason", "")
     deadline = job.get("spec", {}).get("runPolicy", {}).get("activeDeadlineSeconds")
     if deadline is not None and "deadline" in message.lower():
         return Verdict(
             succeeded=False,
-            detail=f"the job ran longer than run_policy.active_deadline_seconds={deadline} and was stopped ({message})",
+            detail=f"{_DEADLINE_PREFIX}={deadline} and was stopped ({message})",
         )
     return Verdict(succeeded=False, recoverable=False, detail=f"the PyTorchJob failed: {message}")
 

@@ -1,0 +1,229 @@
+"""The wait state machine: decisions from job and pod JSON, with a fake clock; no I/O."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from airflow_provider_torchelastic.outcome import WorkerFailure, encode_failure, encode_success
+from airflow_provider_torchelastic.status import (
+    EmitLog,
+    FetchJob,
+    JobRef,
+    LogCursor,
+    Phase,
+    ReadLog,
+    Sleep,
+    Snapshot,
+    WaitDecision,
+    WaitPolicy,
+    decide,
+    new_log_lines,
+    watch_job,
+)
+
+T0 = 1_800_000_000.0
+STAMP0 = "2027-01-15T08:00:00Z"  # == T0
+JOB = JobRef(kind="PyTorchJob", name="train-abc", namespace="ml")
+POD = JobRef(kind="Pod", name="train-abc", namespace="ml")
+POLICY = WaitPolicy(poll_interval=5, pending_grace_seconds=60)
+
+
+def make_job(
+    *conditions: str, replicas: dict[str, int] | None = None, deadline: int | None = None, failed_message: str = ""
+) -> dict[str, Any]:
+    specs = {kind: {"replicas": n} for kind, n in (replicas or {"Worker": 2}).items()}
+    job: dict[str, Any] = {
+        "kind": "PyTorchJob",
+        "metadata": {"name": JOB.name, "namespace": "ml", "creationTimestamp": STAMP0},
+        "spec": {"pytorchReplicaSpecs": specs},
+        "status": {
+            "conditions": [
+                {"type": c, "status": "True", "message": failed_message if c == "Failed" else ""} for c in conditions
+            ]
+        },
+    }
+    if deadline is not None:
+        job["spec"]["runPolicy"] = {"activeDeadlineSeconds": deadline}
+    return job
+
+
+def make_pod(
+    name: str,
+    phase: str = "Running",
+    *,
+    exit_code: int | None = None,
+    message: str | None = None,
+    waiting: str | None = None,
+    unschedulable: bool = False,
+    reason: str | None = None,
+) -> dict[str, Any]:
+    container: dict[str, Any] = {"name": "pytorch", "state": {}}
+    if exit_code is not None:
+        container["state"]["terminated"] = {
+            "exitCode": exit_code,
+            "message": message,
+            "reason": reason or ("Completed" if exit_code == 0 else "Error"),
+        }
+    elif waiting:
+        container["state"]["waiting"] = {"reason": waiting, "message": f"Back-off pulling image: {waiting}"}
+    else:
+        container["state"]["running"] = {}
+    status: dict[str, Any] = {"phase": phase, "containerStatuses": [container]}
+    if unschedulable:
+        status = {
+            "phase": "Pending",
+            "conditions": [
+                {
+                    "type": "PodScheduled",
+                    "status": "False",
+                    "reason": "Unschedulable",
+                    "message": "0/3 nodes are available: 3 Insufficient nvidia.com/gpu.",
+                }
+            ],
+        }
+    if reason and exit_code is None:
+        status["reason"] = reason
+    return {"metadata": {"name": name, "creationTimestamp": STAMP0}, "status": status}
+
+
+def failure(rank: int, ts: float, *, recoverable: bool = False, exc: str = "ValueError") -> str:
+    return encode_failure(
+        WorkerFailure(rank=rank, exception=exc, message="boom", recoverable=recoverable, timestamp=ts)
+    )
+
+
+def test_pending_then_running_progress_counts_pods() -> None:
+    d = decide(JOB, Snapshot(job=make_job("Created"), pods=[make_pod("w0", "Pending")], now=T0 + 5), POLICY)
+    assert d.phase is Phase.PENDING and "Created" in d.progress and "0/2" in d.progress
+    d = decide(
+        JOB, Snapshot(job=make_job("Created", "Running"), pods=[make_pod("w0"), make_pod("w1")], now=T0 + 75), POLICY
+    )
+    assert d.phase is Phase.RUNNING and "2/2" in d.progress and "1m15s" in d.progress
+
+
+def test_elastic_succeeded_waits_for_the_pod_holding_rank0() -> None:
+    # worker-0 finished first without rank 0; the job is already Succeeded (any worker succeeds an elastic job).
+    pods = [make_pod("w0", "Succeeded", exit_code=0, message=encode_success(None)), make_pod("w1")]
+    d = decide(JOB, Snapshot(job=make_job("Running", "Succeeded"), pods=pods, now=T0 + 10), POLICY)
+    assert d.phase is Phase.RUNNING and d.verdict is None
+    pods[1] = make_pod("w1", "Succeeded", exit_code=0, message=encode_success('{"loss": 0.1}'))
+    d = decide(JOB, Snapshot(job=make_job("Running", "Succeeded"), pods=pods, now=T0 + 12), POLICY)
+    assert d.phase is Phase.SUCCEEDED and d.verdict is not None
+    assert d.verdict.result == {"loss": 0.1} and d.verdict.node == "w1"
+
+
+def test_failed_job_root_cause_is_the_earliest_failure_across_pods() -> None:
+    pods = [
+        make_pod("w0", "Failed", exit_code=1, message=failure(0, T0 + 9.5)),  # a consequence
+        make_pod("w1", "Failed", exit_code=1, message=failure(3, T0 + 9.1, exc="KeyError")),  # the cause
+        make_pod("w2", "Failed", exit_code=143),  # stopped, published nothing
+    ]
+    d = decide(JOB, Snapshot(job=make_job("Failed"), pods=pods, now=T0 + 20), POLICY)
+    assert d.phase is Phase.FAILED and d.verdict is not None
+    assert d.verdict.node == "w1" and d.verdict.failure is not None and d.verdict.failure.rank == 3
+    assert d.verdict.failure.exception == "KeyError" and not d.verdict.recoverable
+
+
+def test_recoverable_failure_and_oom_are_retryable() -> None:
+    pods = [make_pod("w0", "Failed", exit_code=200, message=failure(1, T0 + 1, recoverable=True))]
+    d = decide(JOB, Snapshot(job=make_job("Failed"), pods=pods, now=T0 + 5), POLICY)
+    assert d.verdict is not None and d.verdict.recoverable
+    pods = [make_pod("w0", "Failed", exit_code=137, reason="OOMKilled", message="")]
+    d = decide(JOB, Snapshot(job=make_job("Failed"), pods=pods, now=T0 + 5), POLICY)
+    assert d.verdict is not None and d.verdict.recoverable and "OOMKilled" in d.verdict.detail
+
+
+def test_evicted_pod_without_exit_code_is_retryable() -> None:
+    pod = make_pod("train-abc", "Failed", reason="Evicted")
+    pod["status"]["containerStatuses"] = []
+    d = decide(POD, Snapshot(job=pod, now=T0 + 5), POLICY)
+    assert d.phase is Phase.FAILED and d.verdict is not None and d.verdict.recoverable
+    assert "Evicted" in d.verdict.detail
+
+
+@pytest.mark.parametrize("waiting", ["ImagePullBackOff", "ErrImagePull", "CreateContainerConfigError"])
+def test_stuck_pod_fails_fast_after_the_grace_only(waiting: str) -> None:
+    pods = [make_pod("w0", "Pending", waiting=waiting)]
+    early = decide(JOB, Snapshot(job=make_job("Created"), pods=pods, now=T0 + 59), POLICY)
+    assert early.phase is Phase.PENDING
+    late = decide(JOB, Snapshot(job=make_job("Created"), pods=pods, now=T0 + 61), POLICY)
+    assert late.phase is Phase.FAILED and late.verdict is not None
+    assert waiting in late.verdict.detail and "w0" in late.verdict.detail and not late.verdict.recoverable
+
+
+def test_unschedulable_fails_fast_with_kubernetes_message_and_may_retry() -> None:
+    pod = make_pod("train-abc", unschedulable=True)
+    d = decide(POD, Snapshot(job=pod, now=T0 + 61), POLICY)
+    assert d.phase is Phase.FAILED and d.verdict is not None and d.verdict.recoverable
+    assert "Insufficient nvidia.com/gpu" in d.verdict.detail
+
+
+def test_deadline_failure_names_the_deadline() -> None:
+    job = make_job(
+        "Failed",
+        deadline=600,
+        failed_message="PyTorchJob train-abc has failed because it was active longer than specified deadline",
+    )
+    pods = [make_pod("w0", "Failed", exit_code=143)]
+    d = decide(JOB, Snapshot(job=job, pods=pods, now=T0 + 700), POLICY)
+    assert d.verdict is not None and "active_deadline_seconds=600" in d.verdict.detail
+
+
+def test_job_gone_is_a_retryable_failure() -> None:
+    d = decide(JOB, Snapshot(job=None, now=T0), POLICY)
+    assert d.phase is Phase.FAILED and d.verdict is not None and d.verdict.recoverable
+
+
+def test_master_job_single_pod_success() -> None:
+    pod = make_pod("train-abc", "Succeeded", exit_code=0, message=encode_success("[1, 2]"))
+    d = decide(POD, Snapshot(job=pod, now=T0 + 30), POLICY)
+    assert d.phase is Phase.SUCCEEDED and d.verdict is not None and d.verdict.result == [1, 2]
+
+
+def test_decision_round_trips_through_a_trigger_event() -> None:
+    pods = [make_pod("w0", "Failed", exit_code=1, message=failure(2, T0))]
+    d = decide(JOB, Snapshot(job=make_job("Failed"), pods=pods, now=T0 + 5), POLICY)
+    assert WaitDecision.from_event(d.to_event()) == d
+
+
+def test_log_lines_are_never_printed_twice_across_overlapping_reads() -> None:
+    first = "2027-01-15T08:00:00.1Z a\n2027-01-15T08:00:01.5Z b\n2027-01-15T08:00:01.5Z b\n"
+    lines, cursor = new_log_lines(LogCursor(), first)
+    assert lines == ["a", "b", "b"]
+    # The next read restarts a little earlier (whole seconds) and brings one new line at the same instant.
+    second = "2027-01-15T08:00:01.5Z b\n2027-01-15T08:00:01.5Z b\n2027-01-15T08:00:01.5Z b\n2027-01-15T08:00:02Z c\n"
+    lines, cursor = new_log_lines(cursor, second)
+    assert lines == ["b", "c"]
+    lines, cursor = new_log_lines(cursor, second)
+    assert lines == []
+
+
+def test_log_fractions_compare_numerically_not_as_text() -> None:
+    _, cursor = new_log_lines(LogCursor(), "2027-01-15T08:00:00.12345Z x\n")
+    lines, _ = new_log_lines(cursor, "2027-01-15T08:00:00.12345Z x\n2027-01-15T08:00:00.1235Z y\n")
+    assert lines == ["y"]  # .1235 is later than .12345 although "5Z" < "Z" as text
+
+
+def test_watch_job_protocol_logs_progress_streams_logs_and_returns() -> None:
+    flow = watch_job(POD, POLICY)
+    request = next(flow)
+    assert request == FetchJob(POD)
+    running = make_pod("train-abc")
+    request = flow.send(Snapshot(job=running, now=T0 + 1))
+    assert isinstance(request, EmitLog) and "Running" in request.line
+    request = flow.send(None)
+    assert isinstance(request, ReadLog) and request.pod == "train-abc" and request.since_seconds is None
+    request = flow.send("2027-01-15T08:00:01Z [rank0]:epoch 1\n")
+    assert request == EmitLog("[train-abc] [rank0]:epoch 1")
+    assert flow.send(None) == Sleep(5)
+    assert flow.send(None) == FetchJob(POD)
+    done = make_pod("train-abc", "Succeeded", exit_code=0, message=encode_success("7"))
+    request = flow.send(Snapshot(job=done, now=T0 + 3))
+    assert isinstance(request, EmitLog) and "Succeeded" in request.line
+    request = flow.send(None)
+    assert isinstance(request, ReadLog) and request.since_seconds is not None
+    with pytest.raises(StopIteration) as stop:
+        flow.send("2027-01-15T08:00:01Z [rank0]:epoch 1\n")  # the same line again: not re-printed
+    assert stop.value.value.verdict.result == 7
