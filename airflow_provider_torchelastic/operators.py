@@ -20,7 +20,7 @@ from airflow_provider_torchelastic.naming import RunIdentity, placeholder_identi
 from airflow_provider_torchelastic.outcome import Verdict
 from airflow_provider_torchelastic.payload import dump_payload
 from airflow_provider_torchelastic.pod import JobOptions, PodOptions
-from airflow_provider_torchelastic.render import check_renderable, render_manifests, summarize_for_ui
+from airflow_provider_torchelastic.render import check_renderable, elide_payload, render_manifests, summarize_for_ui
 from airflow_provider_torchelastic.status import JobRef, WaitDecision, WaitPolicy, watch_job
 
 if TYPE_CHECKING:
@@ -316,11 +316,7 @@ class TorchElasticOperator(BaseOperator):
 
     @staticmethod
     def _elided(manifests: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        out = json.loads(json.dumps(manifests))
-        for manifest in out:
-            for key, value in (manifest.get("binaryData") or {}).items():
-                manifest["binaryData"][key] = f"<{len(value) * 3 // 4} bytes, cloudpickle payload>"
-        return out
+        return [elide_payload(manifest) for manifest in manifests]
 
     def _manifests_for_log(self, manifests: list[dict[str, Any]]) -> str:
         return json.dumps(self._elided(manifests), indent=2)
@@ -349,8 +345,9 @@ class TorchElasticOperator(BaseOperator):
         except KubeError as e:
             if not e.conflict:
                 raise
-            # Left by a try that crashed before creating its job: replace its payload with this one.
-            kube.patch_configmap(name, ref.namespace, {"binaryData": configmap["binaryData"]})
+            # Left by this try's earlier attempt that crashed before creating its job. The ConfigMap is immutable
+            # and holds the same function and arguments (same try, same rendered templates): use it.
+            self.log.info("Payload ConfigMap %s/%s exists already; using it", ref.namespace, name)
         try:
             created = kube.create(workload)
         except KubeError as e:
