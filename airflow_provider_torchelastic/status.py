@@ -75,6 +75,8 @@ class WaitPolicy:
     pending_grace_seconds: float = 120.0
     #: Stream the training container's log of at most this many pods into the task log (0: none).
     log_pods: int = 8
+    #: Seconds between progress lines while nothing changes.
+    progress_interval: float = 60.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -185,6 +187,9 @@ def _total_replicas(job: Mapping[str, Any]) -> int:
     return sum(int(spec.get("replicas", 1)) for spec in specs.values()) or 1
 
 
+_ELAPSED: Final = "; elapsed "
+
+
 def _format_elapsed(seconds: float) -> str:
     seconds = max(0, int(seconds))
     minutes, secs = divmod(seconds, 60)
@@ -215,7 +220,7 @@ def decide(ref: JobRef, snapshot: Snapshot, policy: WaitPolicy) -> WaitDecision:
     running = sum(1 for pod in pods if pod.get("status", {}).get("phase") == "Running")
 
     def progress(state: str) -> str:
-        return f"{ref.kind} {ref.name}: {state}; pods running {running}/{total}; elapsed {elapsed}"
+        return f"{ref.kind} {ref.name}: {state}; pods running {running}/{total}{_ELAPSED}{elapsed}"
 
     reports = [report for pod in pods if (report := pod_report(pod)) is not None]
 
@@ -378,7 +383,9 @@ def _split_stamp(raw: str, previous: str) -> tuple[str, str]:
 
 @dataclass(kw_only=True)
 class _WatchState:
-    last_progress: str = ""
+    #: The progress line without its elapsed time: a change of phase or of running pods is logged at once.
+    last_state: str = ""
+    last_logged: float = 0.0
     cursors: dict[str, LogCursor] = field(default_factory=dict)
 
 
@@ -392,9 +399,11 @@ def watch_job(ref: JobRef, policy: WaitPolicy) -> Generator[Request, Any, WaitDe
     while True:
         snapshot = yield FetchJob(ref)
         decision = decide(ref, snapshot, policy)
-        if decision.progress != state.last_progress:
+        current = decision.progress.split(_ELAPSED)[0]
+        if current != state.last_state or snapshot.now - state.last_logged >= policy.progress_interval:
+            # On change, and as a heartbeat every progress_interval: a long quiet job still shows it is alive.
             yield EmitLog(decision.progress)
-            state.last_progress = decision.progress
+            state.last_state, state.last_logged = current, snapshot.now
         yield from _stream_logs(ref, snapshot, policy, state)
         if decision.phase.is_terminal:
             return decision
