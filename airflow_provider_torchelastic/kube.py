@@ -238,6 +238,8 @@ class AsyncKube:
         try:
             if kind == "Pod":
                 await self._call(self._core.delete_namespaced_pod, name, namespace, body=body)
+            elif kind == "ConfigMap":
+                await self._call(self._core.delete_namespaced_config_map, name, namespace, body=body)
             else:
                 await self._call(
                     self._custom.delete_namespaced_custom_object,

@@ -6,7 +6,9 @@ kubernetes client: those are imported inside ``execute``.
 
 from __future__ import annotations
 
+import datetime
 import json
+import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any, ClassVar, Final
@@ -310,7 +312,8 @@ class TorchElasticOperator(BaseOperator):
         ti.xcom_push(key=XCOM_MANIFESTS, value=self._elided(manifests))
 
         if self._resolve_deferrable():
-            self._defer(hook, ref)
+            self._defer(hook, ref, context)
+        # Waiting here: an execution_timeout (AirflowTaskTimeout) or SIGTERM reaches on_kill, which deletes the job.
         decision = drive_sync(watch_job(ref, self._policy()), kube, self.log.info)
         return self._finish(kube, ref, decision)
 
@@ -361,7 +364,7 @@ class TorchElasticOperator(BaseOperator):
         )
         kube.patch_configmap(name, ref.namespace, owner)
 
-    def _defer(self, hook: Any, ref: JobRef) -> None:
+    def _defer(self, hook: Any, ref: JobRef, context: Context) -> None:
         from airflow_provider_torchelastic.triggers import TorchElasticJobTrigger, WatchArgs
 
         try:
@@ -376,9 +379,24 @@ class TorchElasticOperator(BaseOperator):
             connection_extras=extras,
             poll_interval=self.poll_interval,
             pending_grace_seconds=self.pending_grace_seconds,
+            deadline=self._deadline(context),
         )
+        # The trigger enforces the deadline (and deletes the job); Airflow's own timeout is only a backstop after it.
+        backstop = None
+        if args.deadline is not None:
+            backstop = datetime.timedelta(
+                seconds=max(0.0, args.deadline - time.time()) + max(60.0, 2 * self.poll_interval)
+            )
         self.log.info("Deferring: the triggerer waits for %s %s/%s", ref.kind, ref.namespace, ref.name)
-        self.defer(trigger=TorchElasticJobTrigger(**asdict(args)), method_name="execute_complete")
+        self.defer(trigger=TorchElasticJobTrigger(**asdict(args)), method_name="execute_complete", timeout=backstop)
+
+    def _deadline(self, context: Context) -> float | None:
+        """``execution_timeout`` as a Unix time, anchored on the try's start (stable across re-deferrals)."""
+        if self.execution_timeout is None:
+            return None
+        start = getattr(context["ti"], "start_date", None)
+        started = start.timestamp() if start is not None else time.time()
+        return started + self.execution_timeout.total_seconds()
 
     def execute_complete(self, context: Context, event: dict[str, Any]) -> Any:
         """Resume after the trigger fired: a fresh operator instance, so everything comes from the event and XCom."""

@@ -7,6 +7,8 @@ from ``__init__``, and they carry the connection as resolved on the worker (the 
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Final
@@ -39,6 +41,9 @@ class WatchArgs:
     log_pods: int = 8
     #: Delete the job when a user kills the deferred task (mark failed / clear).
     delete_on_kill: bool = True
+    #: Unix time by which the task must end (its ``execution_timeout``); the trigger then deletes the job and
+    #: fails the task. Airflow does not enforce ``execution_timeout`` while a task is deferred.
+    deadline: float | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     @property
@@ -78,9 +83,17 @@ class TorchElasticJobTrigger(BaseTrigger):
     async def run(self) -> AsyncIterator[TriggerEvent]:
         from airflow_provider_torchelastic.kube import AsyncKube, drive_async
 
+        args = self.args
         try:
             async with self._hook().get_conn() as api:
-                decision = await drive_async(watch_job(self.args.ref, self.args.policy), AsyncKube(api), self.log.info)
+                waiting = drive_async(watch_job(args.ref, args.policy), AsyncKube(api), self.log.info)
+                remaining = None if args.deadline is None else max(0.0, args.deadline - time.time())
+                decision = await asyncio.wait_for(waiting, timeout=remaining)
+        except TimeoutError:
+            self.log.error("execution_timeout reached: deleting %s %s/%s", args.kind, args.namespace, args.name)
+            await self._delete()
+            yield TriggerEvent({"status": EVENT_ERROR, "message": "execution_timeout reached; the job was deleted"})
+            return
         except Exception as e:  # the event carries it to the worker, which fails the task with it
             self.log.exception("Waiting for %s %s failed", self.args.kind, self.args.name)
             yield TriggerEvent({"status": EVENT_ERROR, "message": f"{type(e).__name__}: {e}"})
@@ -89,10 +102,17 @@ class TorchElasticJobTrigger(BaseTrigger):
 
     async def on_kill(self) -> None:
         """A user marked the deferred task failed or cleared it: the job must not keep the GPUs."""
-        if not self.args.delete_on_kill:
-            return
-        from airflow_provider_torchelastic.kube import AsyncKube
+        if self.args.delete_on_kill:
+            await self._delete()
 
+    async def _delete(self) -> None:
+        from airflow_provider_torchelastic.kube import AsyncKube
+        from airflow_provider_torchelastic.render import payload_configmap_name
+
+        args = self.args
         async with self._hook().get_conn() as api:
-            deleted = await AsyncKube(api).delete(self.args.kind, self.args.name, self.args.namespace)
-        self.log.info("Task killed: %s %s/%s deleted=%s", self.args.kind, self.args.namespace, self.args.name, deleted)
+            kube = AsyncKube(api)
+            deleted = await kube.delete(args.kind, args.name, args.namespace)
+            # Owned by the job and garbage-collected with it; explicit where no garbage collector runs.
+            await kube.delete("ConfigMap", payload_configmap_name(args.name), args.namespace)
+        self.log.info("Deleted %s %s/%s (existed: %s)", args.kind, args.namespace, args.name, deleted)
