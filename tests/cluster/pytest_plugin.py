@@ -1,0 +1,176 @@
+"""pytest plugin for tests that need the local cluster. Load with ``pytest_plugins = ["tests.cluster.pytest_plugin"]``.
+
+Fixtures:
+- ``kube_apiserver_binary`` (session): the cached apiserver binary, built on first use.
+- ``kube_cluster`` (session): a fresh cluster (etcd, kube-apiserver, CRD, RBAC, simulators) in a temporary dir, torn
+  down at the end of the session, which also checks that no process survived.
+- ``fault_proxy`` (function): a started :class:`~tests.cluster.proxy.FaultProxy` in front of that cluster.
+- ``kubernetes_default_connection`` (function): ``AIRFLOW_CONN_KUBERNETES_DEFAULT`` pointing at the admin kubeconfig
+  and the test namespace.
+
+Mark tests that use the cluster with ``@pytest.mark.cluster``. If the apiserver cannot be built or started, the
+fixture errors with the reason; set ``TORCHELASTIC_SKIP_CLUSTER=1`` to skip cluster tests instead (without trying).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.cluster import control_plane as cp
+from tests.cluster.proxy import FaultProxy
+
+SKIP_ENV = "TORCHELASTIC_SKIP_CLUSTER"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class KubeCluster:
+    """A running local cluster, as seen by a test."""
+
+    info: cp.ClusterInfo
+
+    @property
+    def kubeconfig(self) -> Path:
+        """Admin (system:masters) kubeconfig; no context namespace."""
+        return self.info.kubeconfig
+
+    @property
+    def sa_kubeconfig(self) -> Path:
+        """The ``system:serviceaccount:torchelastic-test:airflow-torchelastic`` identity; no permissions until a test
+        binds a Role to ServiceAccount ``airflow-torchelastic``. Context namespace: torchelastic-test."""
+        return self.info.sa_kubeconfig
+
+    @property
+    def state_dir(self) -> Path:
+        return self.info.state_dir
+
+    @property
+    def namespace(self) -> str:
+        return self.info.namespace
+
+    @property
+    def api_url(self) -> str:
+        return self.info.api_url
+
+    @property
+    def ca_file(self) -> Path:
+        return self.info.ca_file
+
+    @property
+    def admin_token(self) -> str:
+        return self.info.admin_token
+
+    @property
+    def sa_token(self) -> str:
+        return self.info.sa_token
+
+    @property
+    def operator_token(self) -> str:
+        return self.info.operator_token
+
+    @property
+    def kubelet_token(self) -> str:
+        return self.info.kubelet_token
+
+    @property
+    def sa_name(self) -> str:
+        return cp.SA_NAME
+
+    def start_fault_proxy(self) -> FaultProxy:
+        """A started fault proxy in front of this cluster; stop it (or use it as a context manager) when done."""
+        return FaultProxy.for_cluster(self.info).start()
+
+    def proxied_kubeconfig(
+        self, proxy: FaultProxy, path: Path, *, identity: str = "admin", namespace: str | None = None
+    ) -> Path:
+        """A kubeconfig for ``identity`` (``admin`` or ``sa``) that goes through ``proxy``."""
+        tokens = {"admin": self.admin_token, "sa": self.sa_token}
+        if identity not in tokens:
+            raise ValueError(f"identity must be one of {sorted(tokens)}, got {identity!r}")
+        if identity == "sa" and namespace is None:
+            namespace = self.namespace
+        return proxy.write_kubeconfig(path, token=tokens[identity], user=f"{identity}-via-proxy", namespace=namespace)
+
+
+def airflow_connection_json(kubeconfig: Path, namespace: str) -> str:
+    """An Airflow ``kubernetes`` connection in the JSON form accepted by ``AIRFLOW_CONN_*`` variables.
+
+    The cncf.kubernetes KubernetesHook reads the extras ``kube_config_path``, ``namespace``, ``cluster_context`` and
+    ``in_cluster``.
+    """
+    return json.dumps(
+        {
+            "conn_type": "kubernetes",
+            "extra": {"kube_config_path": str(kubeconfig), "namespace": namespace},
+        }
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "cluster: needs the local kube-apiserver cluster (tests/cluster); ~10 s to start per session"
+    )
+
+
+def _skip_if_disabled() -> None:
+    if os.environ.get(SKIP_ENV) == "1":
+        pytest.skip(f"{SKIP_ENV}=1: local cluster tests skipped")
+
+
+@pytest.fixture(scope="session")
+def kube_apiserver_binary() -> Path:
+    """The cached kube-apiserver binary, built on first use (~5-9 min, once per machine; Debian packages only)."""
+    _skip_if_disabled()
+    cached = cp.cached_apiserver_path()
+
+    def log(msg: str) -> None:  # the one slow step: say so outside pytest's output capture
+        print(f"\n[kube_cluster] {msg}", file=sys.__stderr__, flush=True)
+
+    try:
+        return cp.ensure_apiserver_binary(log=log)
+    except cp.ClusterError as e:
+        pytest.fail(
+            f"kube-apiserver is not available at {cached} and could not be built: {e}\n"
+            f"Set {SKIP_ENV}=1 to skip cluster tests on a machine without the Debian mirror.",
+            pytrace=False,
+        )
+
+
+@pytest.fixture(scope="session")
+def kube_cluster(kube_apiserver_binary: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[KubeCluster]:
+    state_dir = tmp_path_factory.mktemp("kube-cluster")
+    progress: list[str] = []
+    plane = cp.ControlPlane(state_dir, log=progress.append)
+    try:
+        info = plane.start()
+    except cp.ClusterError as e:
+        pytest.fail(f"local cluster could not start: {e}\n(progress: {'; '.join(progress)})", pytrace=False)
+    try:
+        yield KubeCluster(info=info)
+    finally:
+        survivors = plane.stop()
+        # The etcd data dir (~60 MB of preallocated WAL) is not worth keeping in pytest's kept tmp dirs; logs are.
+        shutil.rmtree(state_dir / "etcd", ignore_errors=True)
+    assert not survivors, f"cluster processes survived teardown: {survivors}"
+
+
+@pytest.fixture
+def fault_proxy(kube_cluster: KubeCluster) -> Iterator[FaultProxy]:
+    with kube_cluster.start_fault_proxy() as proxy:
+        yield proxy
+
+
+@pytest.fixture
+def kubernetes_default_connection(kube_cluster: KubeCluster, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Points Airflow's ``kubernetes_default`` connection at the cluster (admin identity, test namespace)."""
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_KUBERNETES_DEFAULT", airflow_connection_json(kube_cluster.kubeconfig, kube_cluster.namespace)
+    )
+    return "kubernetes_default"
