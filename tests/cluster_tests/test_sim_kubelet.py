@@ -1,0 +1,685 @@
+"""The simulated kubelet: pure rules, then real pods through a real kube-apiserver (``@pytest.mark.cluster``).
+
+The cluster tests create bare Pods (no operator involved) and check what a client sees: pod status in the shape a
+real kubelet writes (validated against the 1.33 Pod schema), logs through the apiserver's pods/log proxy with both
+Python clients, restarts, termination messages, deletion, and the injected faults.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+
+from tests.cluster import sim_kubelet as sk
+
+T = TypeVar("T")
+
+PY = "python"  # the kubelet runs container Pythons with the test interpreter
+IMAGE = "registry.example/torchelastic-test:1"
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Pure rules
+# ----------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ("$(A)-$(B)", "1-two"),
+        ("$$(A)", "$(A)"),  # escaped
+        ("$(MISSING)", "$(MISSING)"),  # unknown references stay
+        ("cost $5", "cost $5"),
+        ("$(A", "$(A"),
+    ],
+)
+def test_expand_vars_follows_kubernetes(value: str, expected: str) -> None:
+    assert sk.expand_vars(value, {"A": "1", "B": "two"}) == expected
+
+
+def test_rewrite_path_value_maps_mounts_flags_and_lists() -> None:
+    mounts = [("/etc/payload", "/w/ns/p/volumes/payload"), ("/dev/termination-log", "/w/ns/p/termination/pytorch")]
+    assert sk.rewrite_path_value("/etc/payload/run.py", mounts, split_colons=False) == "/w/ns/p/volumes/payload/run.py"
+    assert sk.rewrite_path_value("/etc/payload", mounts, split_colons=False) == "/w/ns/p/volumes/payload"
+    assert sk.rewrite_path_value("/etc/payloadx", mounts, split_colons=False) == "/etc/payloadx"
+    assert (
+        sk.rewrite_path_value("--result=/dev/termination-log", mounts, False) == "--result=/w/ns/p/termination/pytorch"
+    )
+    assert (
+        sk.rewrite_path_value("/etc/payload:/usr/lib", mounts, split_colons=True) == "/w/ns/p/volumes/payload:/usr/lib"
+    )
+
+
+def test_rewrite_hosts_maps_cluster_names_only() -> None:
+    known = {"job-worker-0": ("ns", "job-worker-0"), "job-master-0.ns.svc.cluster.local": ("ns", "job-master-0")}
+    ports = {("ns", "job-worker-0", 23456): 20001, ("ns", "job-master-0", 23456): 20002}
+
+    def resolve(host: str) -> tuple[str, str] | None:
+        return known.get(host)
+
+    def map_port(ns: str, name: str, port: int) -> int:
+        return ports[(ns, name, port)]
+
+    assert sk.rewrite_hosts("job-worker-0:23456", resolve, map_port, bare=False) == "127.0.0.1:20001"
+    assert sk.rewrite_hosts("tcp://job-master-0.ns.svc.cluster.local:23456", resolve, map_port, False) == (
+        "tcp://127.0.0.1:20002"
+    )
+    assert sk.rewrite_hosts("job-worker-0", resolve, map_port, bare=True) == "127.0.0.1"
+    assert sk.rewrite_hosts("job-worker-0", resolve, map_port, bare=False) == "job-worker-0"
+    assert sk.rewrite_hosts("2:2", resolve, map_port, bare=False) == "2:2"  # PET_NNODES is no host:port
+    assert sk.rewrite_hosts("elsewhere:80", resolve, map_port, bare=False) == "elsewhere:80"
+
+
+@pytest.mark.parametrize(
+    ("host", "expected"),
+    [
+        ("a-0", ("ns", "a-0")),
+        ("a-0.other", ("other", "a-0")),
+        ("a-0.other.svc", ("other", "a-0")),
+        ("a-0.other.svc.cluster.local", ("other", "a-0")),
+        ("example.com.au.x", None),
+        ("127.0.0.1", None),
+        ("Upper", None),
+    ],
+)
+def test_split_cluster_host(host: str, expected: tuple[str, str] | None) -> None:
+    assert sk.split_cluster_host(host, "ns") == expected
+
+
+@pytest.mark.parametrize(
+    ("policy", "codes", "pending_restart", "phase"),
+    [
+        ("Never", [0, 0], False, "Succeeded"),
+        ("Never", [0, 1], False, "Failed"),
+        ("Never", [None, 1], False, "Running"),
+        ("OnFailure", [0], False, "Succeeded"),
+        ("OnFailure", [1], True, "Running"),
+        ("Always", [0], True, "Running"),
+    ],
+)
+def test_decide_pod_phase(policy: str, codes: list[int | None], pending_restart: bool, phase: str) -> None:
+    assert sk.decide_pod_phase(policy, codes, pending_restart) == phase
+
+
+def test_python_argv_uses_this_interpreter() -> None:
+    import sys
+
+    assert sk.python_argv(["python3.11", "-c", "x"]) == [sys.executable, "-c", "x"]
+    assert sk.python_argv(["/usr/bin/python", "m.py"]) == [sys.executable, "m.py"]
+    assert sk.python_argv(["torchrun", "t.py"]) == [sys.executable, "-m", "torch.distributed.run", "t.py"]
+    assert sk.python_argv(["sh", "-c", "true"]) == ["sh", "-c", "true"]
+
+
+def test_select_log_lines_applies_since_then_tail() -> None:
+    lines = [b"2024-01-01T00:00:00.000000001Z a", b"2024-01-01T00:00:05.5Z b", b"2024-01-01T00:00:09.000000000Z c"]
+    since = sk.parse_timestamp("2024-01-01T00:00:05Z")
+    assert sk.select_log_lines(lines, sk.LogQuery(since=since)) == [b"b", b"c"]
+    assert sk.select_log_lines(lines, sk.LogQuery(tail_lines=1, timestamps=True)) == [lines[2]]
+    assert sk.select_log_lines(lines, sk.LogQuery(tail_lines=0)) == []
+
+
+def test_qos_class() -> None:
+    def pod(resources: dict[str, Any]) -> dict[str, Any]:
+        return {"spec": {"containers": [{"name": "c", "resources": resources}]}}
+
+    assert sk.qos_class(pod({})) == "BestEffort"
+    assert sk.qos_class(pod({"limits": {"cpu": "1", "memory": "1Gi"}})) == "Guaranteed"
+    assert sk.qos_class(pod({"requests": {"cpu": "1"}})) == "Burstable"
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Cluster helpers
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def wait_for(check: Callable[[], T | None], timeout: float, what: str, interval: float = 0.25) -> T:
+    """Poll ``check`` until it returns something truthy."""
+    deadline = time.monotonic() + timeout
+    last: T | None = None
+    while time.monotonic() < deadline:
+        last = check()
+        if last:
+            return last
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}; last value: {last!r}")
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:6]}"
+
+
+def container(command: list[str], name: str = "main", **extra: Any) -> dict[str, Any]:
+    return {"name": name, "image": IMAGE, "command": command, **extra}
+
+
+def pod_manifest(
+    name: str,
+    containers: list[dict[str, Any]],
+    *,
+    restart_policy: str = "Never",
+    annotations: dict[str, str] | None = None,
+    volumes: list[dict[str, Any]] | None = None,
+    init_containers: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "containers": containers,
+        "restartPolicy": restart_policy,
+        "terminationGracePeriodSeconds": 3,
+    }
+    if volumes:
+        spec["volumes"] = volumes
+    if init_containers:
+        spec["initContainers"] = init_containers
+    meta: dict[str, Any] = {"name": name, "labels": {"app": "sim-kubelet-test"}}
+    if annotations:
+        meta["annotations"] = annotations
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}
+
+
+class Pods:
+    """Creates pods in the test namespace and deletes what it created when the test ends."""
+
+    def __init__(self, core: Any, namespace: str) -> None:
+        self.core = core
+        self.namespace = namespace
+        self.created: list[str] = []
+
+    def create(self, manifest: dict[str, Any]) -> str:
+        self.core.create_namespaced_pod(self.namespace, manifest, _preload_content=False)
+        self.created.append(manifest["metadata"]["name"])
+        return str(manifest["metadata"]["name"])
+
+    def get(self, name: str) -> dict[str, Any]:
+        return json.loads(self.core.read_namespaced_pod(name, self.namespace, _preload_content=False).data)
+
+    def status(self, name: str) -> dict[str, Any]:
+        return self.get(name).get("status") or {}
+
+    def phase(self, name: str) -> str | None:
+        return self.status(name).get("phase")
+
+    def wait_phase(self, name: str, phases: tuple[str, ...], timeout: float = 60) -> dict[str, Any]:
+        def check() -> dict[str, Any] | None:
+            status = self.status(name)
+            return status if status.get("phase") in phases else None
+
+        return wait_for(check, timeout, f"{name} in {phases}")
+
+    def container_status(self, name: str, container_name: str = "main") -> dict[str, Any]:
+        for cs in self.status(name).get("containerStatuses") or []:
+            if cs["name"] == container_name:
+                return dict(cs)
+        return {}
+
+    def waiting_reason(self, name: str, container_name: str = "main") -> str | None:
+        state = self.container_status(name, container_name).get("state") or {}
+        return (state.get("waiting") or {}).get("reason")
+
+    def log(self, name: str, **kwargs: Any) -> str:
+        resp = self.core.read_namespaced_pod_log(name, self.namespace, _preload_content=False, **kwargs)
+        return str(resp.data.decode())
+
+    def exists(self, name: str) -> bool:
+        from kubernetes.client.rest import ApiException
+
+        try:
+            self.core.read_namespaced_pod(name, self.namespace, _preload_content=False)
+            return True
+        except ApiException as err:
+            if err.status == 404:
+                return False
+            raise
+
+    def cleanup(self) -> None:
+        from kubernetes.client.rest import ApiException
+
+        for name in self.created:
+            with contextlib.suppress(ApiException):
+                self.core.delete_namespaced_pod(name, self.namespace, grace_period_seconds=0, _preload_content=False)
+
+
+@pytest.fixture(scope="module")
+def api(kube_cluster: Any) -> Iterator[Any]:
+    from kubernetes import client, config
+
+    cfg = client.Configuration()
+    config.load_kube_config(config_file=str(kube_cluster.kubeconfig), client_configuration=cfg)
+    with client.ApiClient(cfg) as api_client:
+        yield api_client
+
+
+@pytest.fixture
+def core(api: Any) -> Any:
+    from kubernetes import client
+
+    return client.CoreV1Api(api)
+
+
+@pytest.fixture
+def pods(core: Any, kube_cluster: Any) -> Iterator[Pods]:
+    helper = Pods(core, kube_cluster.namespace)
+    yield helper
+    helper.cleanup()
+
+
+def validate_pod(pod: dict[str, Any]) -> None:
+    """The whole object, as read from the apiserver, against the 1.33 Pod schema (no unknown fields)."""
+    kubernetes_validate = pytest.importorskip("kubernetes_validate")
+    kubernetes_validate.validate(pod, "1.33", strict=True)
+
+
+def pgid_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Running containers
+# ----------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.cluster
+def test_pod_runs_and_reports_a_real_kubelet_status(pods: Pods, core: Any) -> None:
+    script = (
+        "import os, sys\n"
+        "print('hello from', os.environ['POD_NAME'], sys.argv[1], flush=True)\n"
+        "open(os.environ['RESULT'], 'w').write('{\"ok\": true}')\n"
+    )
+    name = unique("basic")
+    pods.create(
+        pod_manifest(
+            name,
+            [
+                container(
+                    [PY, "-c", script],
+                    args=["$(GREETING)-$(POD_NAME)"],
+                    env=[
+                        {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+                        {"name": "GREETING", "value": "hi"},
+                        {"name": "RESULT", "value": "/dev/termination-log"},
+                    ],
+                )
+            ],
+        )
+    )
+    pods.wait_phase(name, ("Succeeded", "Failed"))
+    pod = pods.get(name)
+    status = pod["status"]
+    assert status["phase"] == "Succeeded"
+    assert status["hostIP"] == status["podIP"] == "127.0.0.1"
+    assert pod["spec"]["nodeName"] == sk.NODE_NAME  # bound through pods/binding
+    assert {c["type"]: c["status"] for c in status["conditions"]} == {
+        "Initialized": "True",
+        "Ready": "False",
+        "ContainersReady": "False",
+        "PodScheduled": "True",
+    }
+    (cs,) = status["containerStatuses"]
+    term = cs["state"]["terminated"]
+    assert (term["exitCode"], term["reason"]) == (0, "Completed")
+    assert term["message"] == '{"ok": true}'  # read from the mapped terminationMessagePath
+    assert cs["imageID"].startswith(f"docker-pullable://{IMAGE.split(':')[0]}") and cs["containerID"].startswith(
+        "docker://"
+    )
+    assert pods.log(name) == f"hello from {name} hi-{name}\n"
+    validate_pod(pod)
+    # The typed client deserializes it (it refuses e.g. a missing imageID).
+    assert core.read_namespaced_pod(name, pods.namespace).status.container_statuses[0].state.terminated.exit_code == 0
+
+
+@pytest.mark.cluster
+def test_configmap_volume_env_sources_and_python_path(pods: Pods, core: Any) -> None:
+    cm = unique("cm")
+    core.create_namespaced_config_map(
+        pods.namespace,
+        {
+            "metadata": {"name": cm},
+            "data": {
+                "script.py": "import os\nprint(os.environ['FROM_KEY'], os.environ['P_greeting'])\n",
+                "greeting": "hey",
+            },
+            "binaryData": {"blob.bin": "AAEC"},  # bytes 0, 1, 2
+        },
+    )
+    try:
+        check = (
+            "import os, sys, runpy\n"
+            "d = '/opt/payload'\n"
+            "print(sorted(os.listdir(d)), open(d + '/data/blob', 'rb').read(), 'tests' in os.listdir('.'))\n"
+            "runpy.run_path(d + '/script.py')\n"
+        )
+        name = unique("cmvol")
+        pods.create(
+            pod_manifest(
+                name,
+                [
+                    container(
+                        [PY, "-c", check.replace("/opt/payload", "$(PAYLOAD)")],
+                        env=[
+                            {"name": "PAYLOAD", "value": "/opt/payload"},
+                            {"name": "FROM_KEY", "valueFrom": {"configMapKeyRef": {"name": cm, "key": "greeting"}}},
+                        ],
+                        envFrom=[{"prefix": "P_", "configMapRef": {"name": cm}}],
+                        volumeMounts=[{"name": "payload", "mountPath": "/opt/payload"}],
+                    )
+                ],
+                volumes=[
+                    {
+                        "name": "payload",
+                        "configMap": {
+                            "name": cm,
+                            "items": [
+                                {"key": "script.py", "path": "script.py"},
+                                {"key": "blob.bin", "path": "data/blob"},
+                            ],
+                        },
+                    }
+                ],
+            )
+        )
+        pods.wait_phase(name, ("Succeeded", "Failed"))
+        assert pods.log(name) == "['data', 'script.py'] b'\\x00\\x01\\x02' True\nhey hey\n"
+    finally:
+        core.delete_namespaced_config_map(cm, pods.namespace)
+
+
+@pytest.mark.cluster
+def test_missing_configmap_key_is_a_create_container_config_error(pods: Pods) -> None:
+    name = unique("nokey")
+    pods.create(
+        pod_manifest(
+            name,
+            [
+                container(
+                    [PY, "-c", "pass"],
+                    env=[{"name": "X", "valueFrom": {"configMapKeyRef": {"name": "does-not-exist", "key": "k"}}}],
+                )
+            ],
+        )
+    )
+    wait_for(lambda: pods.waiting_reason(name) == "CreateContainerConfigError", 30, "CreateContainerConfigError")
+    cs = pods.container_status(name)
+    assert cs["state"]["waiting"]["message"] == 'configmap "does-not-exist" not found'
+    assert pods.phase(name) == "Pending"
+    validate_pod(pods.get(name))
+
+
+@pytest.mark.cluster
+def test_restart_on_failure_restarts_in_place(pods: Pods) -> None:
+    # Fails on the first run (no marker yet in the emptyDir), succeeds on the second.
+    script = (
+        "import os, sys\n"
+        "m = os.path.join(os.environ['SCRATCH'], 'ran')\n"
+        "first = not os.path.exists(m)\n"
+        "open(m, 'w').close()\n"
+        "print('first run' if first else 'second run', flush=True)\n"
+        "sys.exit(2 if first else 0)\n"
+    )
+    name = unique("restart")
+    pods.create(
+        pod_manifest(
+            name,
+            [
+                container(
+                    [PY, "-c", script],
+                    env=[{"name": "SCRATCH", "value": "/scratch"}],
+                    volumeMounts=[{"name": "scratch", "mountPath": "/scratch"}],
+                )
+            ],
+            restart_policy="OnFailure",
+            volumes=[{"name": "scratch", "emptyDir": {"medium": "Memory"}}],
+        )
+    )
+    pods.wait_phase(name, ("Succeeded", "Failed"), timeout=60)
+    cs = pods.container_status(name)
+    assert cs["restartCount"] == 1
+    assert cs["lastState"]["terminated"]["exitCode"] == 2
+    assert cs["lastState"]["terminated"]["reason"] == "Error"
+    assert pods.phase(name) == "Succeeded"
+    assert pods.log(name) == "second run\n"
+    assert pods.log(name, previous=True) == "first run\n"
+    validate_pod(pods.get(name))
+
+
+@pytest.mark.cluster
+def test_fallback_to_logs_on_error_uses_the_log_tail(pods: Pods) -> None:
+    name = unique("fallback")
+    script = "import sys\nfor i in range(100): print('line', i)\nsys.exit(3)\n"
+    pods.create(pod_manifest(name, [container([PY, "-c", script], terminationMessagePolicy="FallbackToLogsOnError")]))
+    status = pods.wait_phase(name, ("Succeeded", "Failed"))
+    term = status["containerStatuses"][0]["state"]["terminated"]
+    assert (status["phase"], term["exitCode"], term["reason"]) == ("Failed", 3, "Error")
+    lines = term["message"].splitlines()
+    assert len(lines) == 80 and lines[-1] == "line 99" and lines[0] == "line 20"
+
+
+@pytest.mark.cluster
+def test_missing_executable_is_a_start_error(pods: Pods) -> None:
+    name = unique("noexec")
+    pods.create(pod_manifest(name, [container(["/definitely/not/here"])]))
+    status = pods.wait_phase(name, ("Succeeded", "Failed"))
+    term = status["containerStatuses"][0]["state"]["terminated"]
+    assert (term["exitCode"], term["reason"]) == (128, "StartError")
+    validate_pod(pods.get(name))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Logs through the apiserver
+# ----------------------------------------------------------------------------------------------------------------
+
+SLOW_PRINTER = "import time\nfor i in range(6):\n    print('tick', i, flush=True)\n    time.sleep(0.4)\n"
+
+
+@pytest.mark.cluster
+def test_log_options_through_the_apiserver(pods: Pods) -> None:
+    name = unique("logs")
+    pods.create(pod_manifest(name, [container([PY, "-c", SLOW_PRINTER])]))
+    wait_for(lambda: pods.phase(name) == "Running", 30, "Running")
+    # follow streams until the container exits, chunk by chunk
+    resp = pods.core.read_namespaced_pod_log(name, pods.namespace, follow=True, _preload_content=False)
+    streamed = b"".join(resp.stream(amt=None, decode_content=False)).decode()
+    assert streamed == "".join(f"tick {i}\n" for i in range(6))
+    pods.wait_phase(name, ("Succeeded",))
+    assert pods.log(name, tail_lines=2) == "tick 4\ntick 5\n"
+    assert pods.log(name, limit_bytes=9) == "tick 0\nti"
+    stamped = pods.log(name, timestamps=True).splitlines()
+    assert len(stamped) == 6 and stamped[0].endswith("Z tick 0")
+    sk.parse_timestamp(stamped[0].split(" ")[0])
+    assert pods.log(name, since_seconds=3600).count("tick") == 6
+
+
+@pytest.mark.cluster
+def test_logs_with_the_async_client(pods: Pods, kube_cluster: Any) -> None:
+    kubernetes_asyncio = pytest.importorskip("kubernetes_asyncio")
+    name = unique("alogs")
+    pods.create(pod_manifest(name, [container([PY, "-c", SLOW_PRINTER])]))
+    wait_for(lambda: pods.phase(name) == "Running", 30, "Running")
+
+    async def read() -> tuple[str, str]:
+        from kubernetes_asyncio import client, config
+
+        api = await config.new_client_from_config(config_file=str(kube_cluster.kubeconfig))
+        async with api:
+            core = client.CoreV1Api(api)
+            resp: Any = await core.read_namespaced_pod_log(name, pods.namespace, follow=True, _preload_content=False)
+            chunks = []
+            async for line in resp.content:
+                chunks.append(line.decode())
+            whole = await core.read_namespaced_pod_log(name, pods.namespace, tail_lines=1)
+            return "".join(chunks), whole
+
+    followed, last = asyncio.run(read())
+    assert kubernetes_asyncio is not None
+    assert followed == "".join(f"tick {i}\n" for i in range(6))
+    assert last == "tick 5\n"
+
+
+@pytest.mark.cluster
+def test_logs_of_a_container_that_has_not_started(pods: Pods) -> None:
+    from kubernetes.client.rest import ApiException
+
+    name = unique("waitlog")
+    pods.create(pod_manifest(name, [container([PY, "-c", "pass"])], annotations={sk.ANN_FAIL: "ImagePullBackOff"}))
+    wait_for(lambda: pods.container_status(name).get("state", {}).get("waiting"), 30, "waiting state")
+    with pytest.raises(ApiException) as err:
+        pods.log(name)
+    assert err.value.status == 400
+    assert "is waiting to start" in json.loads(err.value.body)["message"]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Deletion
+# ----------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.cluster
+def test_deleting_a_pod_kills_its_process_group(pods: Pods) -> None:
+    # The container forks a child that ignores nothing: both must die with the pod.
+    script = (
+        "import os, subprocess, sys, time\n"
+        "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)'])\n"
+        "print(os.getpgid(0), flush=True)\n"
+        "time.sleep(300)\n"
+    )
+    name = unique("kill")
+    pods.create(pod_manifest(name, [container([PY, "-c", script])]))
+    pgid = int(wait_for(lambda: pods.log(name).strip() if pods.phase(name) == "Running" else None, 30, "the pgid"))
+    assert pgid_alive(pgid)
+    start = time.monotonic()
+    pods.core.delete_namespaced_pod(name, pods.namespace, _preload_content=False)  # default grace (capped at 10 s)
+    wait_for(lambda: not pods.exists(name), 20, "the pod object to go")
+    assert time.monotonic() - start < 15
+    wait_for(lambda: not pgid_alive(pgid), 5, "the process group to die")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Injected faults
+# ----------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.cluster
+def test_image_pull_backoff(pods: Pods) -> None:
+    name = unique("pull")
+    pods.create(pod_manifest(name, [container([PY, "-c", "pass"])], annotations={sk.ANN_FAIL: "ImagePullBackOff"}))
+    wait_for(lambda: pods.waiting_reason(name) == "ImagePullBackOff", 30, "ImagePullBackOff")
+    cs = pods.container_status(name)
+    assert cs["state"]["waiting"]["message"] == f'Back-off pulling image "{IMAGE}"'
+    assert (cs["ready"], cs["restartCount"], cs["imageID"]) == (False, 0, "")
+    status = pods.status(name)
+    assert status["phase"] == "Pending"
+    ready = next(c for c in status["conditions"] if c["type"] == "Ready")
+    assert (ready["status"], ready["reason"]) == ("False", "ContainersNotReady")
+    validate_pod(pods.get(name))
+
+
+@pytest.mark.cluster
+def test_unschedulable(pods: Pods) -> None:
+    name = unique("unsched")
+    pods.create(pod_manifest(name, [container([PY, "-c", "pass"])], annotations={sk.ANN_FAIL: "Unschedulable"}))
+    status = wait_for(lambda: (s := pods.status(name)).get("conditions") and s, 30, "a condition")
+    (cond,) = status["conditions"]
+    assert (cond["type"], cond["status"], cond["reason"]) == ("PodScheduled", "False", "Unschedulable")
+    assert cond["message"].startswith("0/1 nodes are available")
+    assert status["phase"] == "Pending" and "containerStatuses" not in status
+    assert not pods.get(name)["spec"].get("nodeName")
+    validate_pod(pods.get(name))
+
+
+@pytest.mark.cluster
+def test_create_container_config_error_injection(pods: Pods) -> None:
+    name = unique("ccce")
+    pods.create(
+        pod_manifest(name, [container([PY, "-c", "pass"])], annotations={sk.ANN_FAIL: "CreateContainerConfigError"})
+    )
+    cs = wait_for(lambda: pods.container_status(name).get("state", {}).get("waiting"), 30, "waiting")
+    assert cs["reason"] == "CreateContainerConfigError" and "not found" in cs["message"]
+
+
+@pytest.mark.cluster
+def test_oom_killed(pods: Pods) -> None:
+    name = unique("oom")
+    pods.create(
+        pod_manifest(
+            name,
+            [container([PY, "-c", "import time; print('up', flush=True); time.sleep(60)"])],
+            annotations={sk.ANN_FAIL: "OOMKilled", sk.ANN_FAIL_AFTER: "0.5"},
+        )
+    )
+    status = pods.wait_phase(name, ("Succeeded", "Failed"), timeout=30)
+    term = status["containerStatuses"][0]["state"]["terminated"]
+    assert (status["phase"], term["exitCode"], term["reason"]) == ("Failed", 137, "OOMKilled")
+    validate_pod(pods.get(name))
+
+
+@pytest.mark.cluster
+def test_eviction(pods: Pods) -> None:
+    name = unique("evict")
+    pods.create(
+        pod_manifest(
+            name,
+            [container([PY, "-c", "import time; time.sleep(60)"])],
+            restart_policy="OnFailure",
+            annotations={sk.ANN_EVICT_AFTER: "1"},
+        )
+    )
+    status = pods.wait_phase(name, ("Failed",), timeout=30)
+    assert status["reason"] == "Evicted"
+    assert status["message"].startswith("The node was low on resource: memory.")
+    disruption = next(c for c in status["conditions"] if c["type"] == "DisruptionTarget")
+    assert (disruption["status"], disruption["reason"]) == ("True", "TerminationByKubelet")
+    term = status["containerStatuses"][0]["state"]["terminated"]
+    assert term["exitCode"] == 143  # SIGTERM; evicted pods are not restarted even under OnFailure
+    assert status["containerStatuses"][0]["restartCount"] == 0
+    validate_pod(pods.get(name))
+
+
+@pytest.mark.cluster
+def test_start_delay_keeps_the_pod_creating(pods: Pods) -> None:
+    name = unique("delay")
+    pods.create(pod_manifest(name, [container([PY, "-c", "pass"])], annotations={sk.ANN_START_DELAY: "2"}))
+    cs = wait_for(lambda: pods.container_status(name), 10, "a container status")
+    assert cs["state"]["waiting"]["reason"] == "ContainerCreating"
+    assert pods.phase(name) == "Pending"
+    start = time.monotonic()
+    pods.wait_phase(name, ("Succeeded",), timeout=30)
+    assert time.monotonic() - start >= 1.0
+
+
+@pytest.mark.cluster
+def test_fail_times_limits_injection_per_pod_name(pods: Pods) -> None:
+    annotations = {sk.ANN_FAIL: "OOMKilled", sk.ANN_FAIL_AFTER: "0.3", sk.ANN_FAIL_TIMES: "1"}
+    name = unique("once")
+    script = "import time; time.sleep(1.0); print('done', flush=True)"
+    pods.create(
+        pod_manifest(name, [container([PY, "-c", script])], restart_policy="OnFailure", annotations=annotations)
+    )
+    pods.wait_phase(name, ("Succeeded",), timeout=40)
+    cs = pods.container_status(name)
+    assert cs["restartCount"] == 1
+    assert (cs["lastState"]["terminated"]["exitCode"], cs["lastState"]["terminated"]["reason"]) == (137, "OOMKilled")
+
+
+def test_workdir_paths_are_documented() -> None:
+    doc = sk.__doc__ or ""
+    for key in (
+        sk.ANN_FAIL,
+        sk.ANN_FAIL_AFTER,
+        sk.ANN_FAIL_CONTAINER,
+        sk.ANN_FAIL_TIMES,
+        sk.ANN_EVICT_AFTER,
+        sk.ANN_START_DELAY,
+    ):
+        assert key in doc, key
+    assert Path(sk.__file__).name == "sim_kubelet.py"
