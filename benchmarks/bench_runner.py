@@ -69,7 +69,9 @@ def bench_imports(repeat: int) -> dict[str, float]:
 
     baseline = timed("pass")
     sdk = timed("from airflow.sdk import BaseOperator")
-    provider = timed("import airflow_provider_torchelastic; from airflow_provider_torchelastic import TorchElasticOperator")
+    provider = timed(
+        "import airflow_provider_torchelastic; from airflow_provider_torchelastic import TorchElasticOperator"
+    )
     torch = timed("import torch")
     return {
         "python -c pass": baseline,
@@ -113,16 +115,41 @@ def bench_launch(repeat: int) -> dict[str, tuple[float, float]]:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     commands = {
         "torchrun --standalone (baseline)": [
-            sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-            "--monitor-interval", "0.5", str(script),
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            "--monitor-interval",
+            "0.5",
+            str(script),
         ],
         "runner, spawn": [
-            sys.executable, "-m", "airflow_provider_torchelastic.runner", "--payload", str(payload),
-            "--nproc-per-node", "2", "--monitor-interval", "0.5", "--start-method", "spawn",
+            sys.executable,
+            "-m",
+            "airflow_provider_torchelastic.runner",
+            "--payload",
+            str(payload),
+            "--nproc-per-node",
+            "2",
+            "--monitor-interval",
+            "0.5",
+            "--start-method",
+            "spawn",
         ],
         "runner, fork": [
-            sys.executable, "-m", "airflow_provider_torchelastic.runner", "--payload", str(payload),
-            "--nproc-per-node", "2", "--monitor-interval", "0.5", "--start-method", "fork",
+            sys.executable,
+            "-m",
+            "airflow_provider_torchelastic.runner",
+            "--payload",
+            str(payload),
+            "--nproc-per-node",
+            "2",
+            "--monitor-interval",
+            "0.5",
+            "--start-method",
+            "fork",
         ],
     }
     results: dict[str, tuple[float, float]] = {}

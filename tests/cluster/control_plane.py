@@ -21,6 +21,7 @@ Everything listens on 127.0.0.1 only.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -335,10 +336,8 @@ class ControlPlane:
         """Stop everything; returns descriptions of processes that survived (empty on success)."""
         survivors = stop_cluster(self.state_dir, timeout=timeout, log=self._log)
         for popen in self._popen.values():  # reap our children so they do not linger as zombies
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 popen.wait(timeout=1)
-            except subprocess.TimeoutExpired:
-                pass
         return survivors
 
     # -- steps --------------------------------------------------------------------------------------------------
@@ -594,17 +593,13 @@ def _kill_groups(pgids: list[int], timeout: float, say: Any) -> None:
         return
     say(f"stopping {len(members)} pod process(es) in {len(pgids)} process group(s)")
     for pgid in pgids:
-        try:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pgid, signal.SIGTERM)
-        except (ProcessLookupError, PermissionError):
-            pass
     alive = _wait_gone(members, timeout)
     for group in {_pgid(p) for p in alive}:
         if group is not None:
-            try:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(group, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
     _wait_gone(alive, 5)
 
 
@@ -642,10 +637,8 @@ def _signal_group(pid: int, sig: int, proc: psutil.Process) -> None:
 
 
 def _signal_proc(proc: psutil.Process, sig: int) -> None:
-    try:
+    with contextlib.suppress(psutil.Error):
         proc.send_signal(sig)
-    except psutil.Error:
-        pass
 
 
 def _processes_inside(state_dir: Path) -> Iterator[psutil.Process]:

@@ -26,6 +26,7 @@ Design, chosen for being hard to get wrong rather than fast:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import http
 import json
@@ -426,10 +427,8 @@ async def _discard_body(reader: asyncio.StreamReader, headers: list[tuple[str, s
     # Read a declared body before answering, so a client still sending it does not get a reset instead of our status.
     length = _header(headers, "content-length")
     if length and length.isdigit() and int(length) > 0:
-        try:
+        with contextlib.suppress(TimeoutError, asyncio.IncompleteReadError, ConnectionError):
             await asyncio.wait_for(reader.readexactly(int(length)), timeout=10)
-        except (TimeoutError, asyncio.IncompleteReadError, ConnectionError):
-            pass
 
 
 def _status(code: int, message: str) -> dict[str, object]:
