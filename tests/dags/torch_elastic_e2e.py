@@ -1,0 +1,140 @@
+"""DAGs for the end-to-end tests (tests/e2e): local execution through ``dag.test()``.
+
+Training functions are tiny (a gloo all_reduce of a scalar) and workers few, so that every run stays cheap on a small
+machine; a short monitor interval makes failures surface fast.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+from pathlib import Path
+
+import pendulum
+from airflow.sdk import DAG, task
+
+from airflow_provider_torchelastic import Elastic, RecoverableError, TorchElasticOperator
+
+START = pendulum.datetime(2026, 1, 1, tz="UTC")
+#: Where the tests read what the failure callbacks saw (set by the test, read when a task fails).
+OUT_DIR_ENV = "TORCHELASTIC_E2E_OUT"
+
+
+def small(**overrides: object) -> Elastic:
+    values: dict = {"nproc_per_node": 2, "start_method": "fork", "monitor_interval": 0.5}
+    values.update(overrides)
+    return Elastic(**values)
+
+
+def all_reduce_ranks(offset: float = 0.0) -> dict:
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    value = torch.tensor([rank + offset])
+    dist.all_reduce(value)
+    result = {"rank": rank, "world_size": dist.get_world_size(), "sum": value.item()}
+    dist.destroy_process_group()
+    return result
+
+
+class TransientStorageError(RecoverableError):
+    """A recoverable error of the DAG author's own."""
+
+
+def flaky_on_first_try(try_number: str) -> dict:
+    if int(try_number) == 1:
+        raise TransientStorageError(f"object store unavailable on try {try_number}")
+    return {"try_number": int(try_number), "rank": int(os.environ["RANK"])}
+
+
+def fail_on_rank_1() -> str:
+    if os.environ["RANK"] == "1":
+        raise ValueError("shard 3 has a corrupt header")
+    return "rank 0 done"
+
+
+def world_size() -> int:
+    return int(os.environ["WORLD_SIZE"])
+
+
+def record_failure(context) -> None:
+    """Keep the task's exception where the test can read it (the callback runs in the task's process)."""
+    out = os.environ.get(OUT_DIR_ENV)
+    if not out:
+        return
+    ti, error = context["ti"], context.get("exception")
+    path = Path(out) / f"{ti.dag_id}.{ti.task_id}.try{ti.try_number}.txt"
+    path.write_text(f"{type(error).__module__}.{type(error).__qualname__}: {error}")
+
+
+with DAG("te_two_nodes", schedule=None, start_date=START, catchup=False):
+    TorchElasticOperator(
+        task_id="train",
+        python_callable=all_reduce_ranks,
+        op_kwargs={"offset": 1.0},
+        task_config=small(nnodes=2),
+        execution="local",
+    )
+
+
+with DAG("te_mapped_decorator", schedule=None, start_date=START, catchup=False):
+
+    @task.torch_elastic(task_config=small(), execution="local", multiple_outputs=True)
+    def scaled_sum(factor: int) -> dict:
+        import torch
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo")
+        value = torch.tensor([dist.get_rank() + 1.0])
+        dist.all_reduce(value)  # 1 + 2
+        result = {"factor": factor, "total": value.item() * factor, "world_size": dist.get_world_size()}
+        dist.destroy_process_group()
+        return result
+
+    scaled_sum.expand(factor=[2, 5])
+
+
+with DAG(
+    "te_recoverable_retry",
+    schedule=None,
+    start_date=START,
+    catchup=False,
+    default_args={"retries": 1, "retry_delay": timedelta(0), "on_failure_callback": record_failure},
+):
+    TorchElasticOperator(
+        task_id="train",
+        python_callable=flaky_on_first_try,
+        op_kwargs={"try_number": "{{ ti.try_number }}"},
+        task_config=small(nproc_per_node=1),
+        execution="local",
+        on_retry_callback=record_failure,
+    )
+
+
+with DAG(
+    "te_permanent_failure",
+    schedule=None,
+    start_date=START,
+    catchup=False,
+    default_args={"retries": 2, "retry_delay": timedelta(0), "on_failure_callback": record_failure},
+):
+    TorchElasticOperator(
+        task_id="train",
+        python_callable=fail_on_rank_1,
+        task_config=small(),
+        execution="local",
+        on_retry_callback=record_failure,
+    )
+
+
+with DAG(
+    "te_execution_from_config",
+    schedule=None,
+    start_date=START,
+    catchup=False,
+    default_args={"on_failure_callback": record_failure},
+):
+    # execution is not set: [torch_elastic] execution decides, when the task runs.
+    TorchElasticOperator(task_id="train", python_callable=world_size, task_config=small(nproc_per_node=1))

@@ -1,0 +1,257 @@
+"""The runner for real: ``python -m airflow_provider_torchelastic.runner`` with real torch workers (gloo, CPU).
+
+Each test starts a runner process that starts 2 workers, so they are slow on a small machine; failures are made to
+surface fast with a short monitor interval.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from airflow_provider_torchelastic import RecoverableError
+from airflow_provider_torchelastic.errors import EXIT_FAILED, EXIT_OK, EXIT_RECOVERABLE, EXIT_USAGE
+from airflow_provider_torchelastic.outcome import encode_success
+from airflow_provider_torchelastic.payload import MAGIC, dump_payload
+from tests.runner.support import run_runner, runner_command, runner_env, write_payload
+
+pytestmark = pytest.mark.slow
+
+HERE_PYTHON = f"{sys.version_info.major}.{sys.version_info.minor}"
+
+
+@pytest.fixture(params=["spawn", "fork"])
+def start_method(request: pytest.FixtureRequest) -> str:
+    return request.param
+
+
+# --- training functions (shipped by value: the workers run in tmp_path, where this module is not importable) ------
+
+
+def all_reduce_ranks(offset: float) -> dict:
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    value = torch.tensor([rank + offset])
+    dist.all_reduce(value)
+    print(f"hello from rank {rank}", flush=True)
+    result = {"rank": rank, "world_size": dist.get_world_size(), "sum": value.item(), "env_rank": os.environ["RANK"]}
+    dist.destroy_process_group()
+    return result
+
+
+class FlakyStorageError(RecoverableError):
+    """A user's own recoverable error: a subclass, defined where the training function is."""
+
+
+def fail_on_rank_1(kind: str) -> str:
+    if int(os.environ["RANK"]) == 1:
+        if kind == "recoverable":
+            raise FlakyStorageError("bucket timed out on rank 1")
+        raise ValueError("label 7 is out of range")  # the raising line
+    return "rank 0 finished"
+
+
+RAISING_LINE = next(
+    number
+    for number, line in enumerate(Path(__file__).read_text().splitlines(), start=1)
+    if line.strip().startswith('raise ValueError("label 7 is out of range")')
+)
+
+
+def return_unserializable(kind: str) -> object:
+    return {"set": {1, 2}, "object": object()}[kind]
+
+
+def return_text(size: int) -> str:
+    return "x" * size
+
+
+def env_of_rank_0(name: str) -> str | None:
+    return os.environ.get(name)
+
+
+def world_size() -> int:
+    return int(os.environ["WORLD_SIZE"])
+
+
+def sleep_long() -> None:
+    print("training started", flush=True)
+    time.sleep(300)
+
+
+# --- outcomes ------------------------------------------------------------------------------------------------------
+
+
+def test_all_reduce_result_of_rank_0(tmp_path: Path, start_method: str) -> None:
+    run = run_runner(tmp_path, all_reduce_ranks, (1.0,), start_method=start_method)
+    assert run.returncode == EXIT_OK, run.describe()
+    outcome = run.outcome
+    assert outcome is not None and outcome.succeeded and outcome.holds_rank0, run.describe()
+    # ranks 0 and 1 contribute 1 + 2
+    assert outcome.result == {"rank": 0, "world_size": 2, "sum": 3.0, "env_rank": "0"}
+    # Worker output is prefixed by the global rank.
+    for rank in (0, 1):
+        assert f"[rank{rank}]:hello from rank {rank}" in run.output.splitlines(), run.describe()
+
+
+@pytest.mark.parametrize("kind", ["recoverable", "permanent"])
+def test_failure_on_rank_1(tmp_path: Path, start_method: str, kind: str) -> None:
+    run = run_runner(tmp_path, fail_on_rank_1, (kind,), start_method=start_method)
+    outcome = run.outcome
+    assert outcome is not None and not outcome.succeeded and outcome.failure is not None, run.describe()
+    failure = outcome.failure
+    assert failure.rank == 1
+    if kind == "recoverable":
+        assert run.returncode == EXIT_RECOVERABLE == 200, run.describe()
+        assert (failure.exception, failure.message) == ("FlakyStorageError", "bucket timed out on rank 1")
+        assert failure.recoverable is True
+    else:
+        assert run.returncode == EXIT_FAILED == 1, run.describe()
+        assert (failure.exception, failure.message) == ("ValueError", "label 7 is out of range")
+        assert failure.recoverable is False
+        # cloudpickle names by-value code "<dynamic-code>", so the traceback has the line number, not the text.
+        assert f"line {RAISING_LINE}, in fail_on_rank_1" in failure.traceback, failure.traceback
+        assert failure.traceback.rstrip().endswith("ValueError: label 7 is out of range")
+    assert failure.exitcode == 1 and failure.timestamp > 0 and failure.hostname
+    # The runner says it on its own output too, for the task log.
+    assert f"{'recoverable' if kind == 'recoverable' else 'non-recoverable'} failure: rank 1" in run.output
+
+
+@pytest.mark.parametrize(
+    ("start_method", "kind", "type_name"),
+    [("spawn", "set", "builtins.set"), ("fork", "object", "builtins.object")],
+)
+def test_result_that_is_not_json(tmp_path: Path, start_method: str, kind: str, type_name: str) -> None:
+    run = run_runner(tmp_path, return_unserializable, (kind,), start_method=start_method)
+    assert run.returncode == EXIT_FAILED, run.describe()
+    failure = run.outcome.failure  # type: ignore[union-attr]
+    assert failure is not None and failure.rank == 0 and not failure.recoverable
+    assert failure.exception == "ResultNotSerializableError"
+    assert f"type {type_name}, which is not JSON-serializable" in failure.message
+
+
+def test_result_larger_than_max_result_bytes(tmp_path: Path) -> None:
+    size = len(encode_success(json.dumps("x" * 3000)).encode())
+    run = run_runner(tmp_path, return_text, (3000,), start_method="fork", extra=["--max-result-bytes", "1000"])
+    assert run.returncode == EXIT_FAILED, run.describe()
+    assert run.result_text is not None and len(run.result_text.encode()) <= 1000
+    failure = run.outcome.failure  # type: ignore[union-attr]
+    assert failure is not None and failure.rank == 0 and failure.exception == "ResultTooLargeError"
+    assert f"{size} bytes" in failure.message and "limit of 1000 bytes" in failure.message
+
+
+# --- environment ---------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("nproc", "user_value", "expected"),
+    [(2, None, "1"), (2, "3", "3"), (1, None, None)],
+    ids=["set-for-2", "user-value-kept", "untouched-for-1"],
+)
+def test_omp_num_threads(tmp_path: Path, nproc: int, user_value: str | None, expected: str | None) -> None:
+    env = runner_env() if user_value is None else runner_env(OMP_NUM_THREADS=user_value)
+    run = run_runner(tmp_path, env_of_rank_0, ("OMP_NUM_THREADS",), nproc=nproc, start_method="fork", env=env)
+    assert run.returncode == EXIT_OK, run.describe()
+    assert run.outcome.result == expected  # type: ignore[union-attr]
+
+
+def test_pet_variables_are_honoured(tmp_path: Path) -> None:
+    env = runner_env(PET_NNODES="1", PET_NPROC_PER_NODE="2")
+    run = run_runner(tmp_path, world_size, nproc=None, start_method="fork", env=env)
+    assert run.returncode == EXIT_OK, run.describe()
+    assert run.outcome.result == 2  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(
+    ("extra", "env"), [(["--nnodes", "2"], {}), ([], {"PET_NNODES": "1:3"})], ids=["flag", "pet-env"]
+)
+def test_multi_node_without_endpoint_is_a_usage_error(tmp_path: Path, extra: list[str], env: dict[str, str]) -> None:
+    run = run_runner(tmp_path, world_size, extra=extra, env=runner_env(**env))
+    assert run.returncode == EXIT_USAGE, run.describe()
+    assert "a multi-node run needs a rendezvous endpoint" in run.output
+    assert "--rdzv-endpoint" in run.output and "PET_RDZV_ENDPOINT" in run.output
+
+
+def test_payload_from_another_python_is_refused(tmp_path: Path) -> None:
+    data = dump_payload(world_size)
+    header_line, _, body = data[len(MAGIC) :].partition(b"\n")
+    header = {**json.loads(header_line), "python": "3.99"}
+    run = run_runner(tmp_path, payload=MAGIC + json.dumps(header).encode() + b"\n" + body)
+    assert run.returncode == EXIT_USAGE, run.describe()
+    assert "Python 3.99" in run.output and f"Python {HERE_PYTHON}" in run.output
+    failure = run.outcome.failure  # type: ignore[union-attr]
+    assert failure is not None and failure.rank == -1 and failure.exception == "PayloadError"
+    assert "Python 3.99" in failure.message and f"Python {HERE_PYTHON}" in failure.message
+
+
+def test_missing_payload_file_is_a_usage_error(tmp_path: Path) -> None:
+    result_file = tmp_path / "result.json"
+    command = runner_command(tmp_path / "absent.bin", result_file, nproc=2)
+    proc = subprocess.run(command, env=runner_env(), capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == EXIT_USAGE, proc.stdout + proc.stderr
+    assert "absent.bin" in proc.stderr
+
+
+# --- being stopped -------------------------------------------------------------------------------------------------
+
+
+def _read_lines(stream, lines: queue.Queue[str]) -> None:
+    for line in stream:
+        lines.put(line.rstrip("\n"))
+
+
+def test_sigterm_while_training_exits_143_without_a_failure_report(tmp_path: Path) -> None:
+    payload = write_payload(tmp_path, sleep_long)
+    result_file = tmp_path / "result.json"
+    proc = subprocess.Popen(
+        runner_command(payload, result_file, nproc=2, start_method="fork"),
+        cwd=tmp_path,
+        env=runner_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    lines: queue.Queue[str] = queue.Queue()
+    reader = threading.Thread(target=_read_lines, args=(proc.stdout, lines), daemon=True)
+    reader.start()
+    seen: list[str] = []
+    try:
+        waiting_for = {"[rank0]:training started", "[rank1]:training started"}
+        deadline = time.monotonic() + 120
+        while waiting_for:
+            try:
+                line = lines.get(timeout=max(0.1, deadline - time.monotonic()))
+            except queue.Empty:
+                raise AssertionError("workers did not start:\n" + "\n".join(seen)) from None
+            seen.append(line)
+            waiting_for.discard(line)
+        proc.send_signal(signal.SIGTERM)
+        returncode = proc.wait(timeout=120)
+        reader.join(timeout=10)
+        while not lines.empty():
+            seen.append(lines.get())
+        output = "\n".join(seen)
+        assert returncode == 128 + signal.SIGTERM == 143, output
+        assert not result_file.exists() or result_file.read_text() == "", result_file.read_text()
+        assert "stopped by SIGTERM" in output
+        # The workers went with the runner.
+        with pytest.raises(ProcessLookupError):
+            os.killpg(proc.pid, 0)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()

@@ -1,0 +1,189 @@
+"""Payloads: the training function travels whole (closures, helpers, classes, sibling modules) and is refused with a
+clear message where it cannot load."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import shutil
+import subprocess
+import sys
+import textwrap
+import uuid
+from pathlib import Path
+
+import cloudpickle
+import pytest
+
+from airflow_provider_torchelastic.payload import (
+    FORMAT_VERSION,
+    MAGIC,
+    PayloadError,
+    dump_payload,
+    load_payload,
+    read_header,
+)
+
+HERE_PYTHON = f"{sys.version_info.major}.{sys.version_info.minor}"
+
+
+def rewrite_header(payload: bytes, **changes: object) -> bytes:
+    """The documented layout: MAGIC + one JSON header line + the pickled body."""
+    assert payload.startswith(MAGIC)
+    header_line, _, body = payload[len(MAGIC) :].partition(b"\n")
+    header = json.loads(header_line)
+    header.update(changes)
+    return MAGIC + json.dumps(header).encode() + b"\n" + body
+
+
+def make_adder(offset: int):
+    scale = {"factor": 3}
+
+    def add(x: int, *, extra: int = 0) -> int:
+        return (x + offset + extra) * scale["factor"]
+
+    return add
+
+
+def test_closure_round_trip_with_args_and_kwargs() -> None:
+    payload = load_payload(dump_payload(make_adder(10), (1,), {"extra": 2}))
+    assert payload.args == (1,) and payload.kwargs == {"extra": 2}
+    assert payload.fn(*payload.args, **payload.kwargs) == 39
+
+
+def test_lambda_and_default_arguments() -> None:
+    payload = load_payload(dump_payload(lambda a, b=5: a * b, [4]))
+    assert payload.fn(*payload.args) == 20
+
+
+def test_header_fields() -> None:
+    data = dump_payload(make_adder(0))
+    header, body = read_header(data)
+    assert header.format == FORMAT_VERSION == 1
+    assert header.python == HERE_PYTHON
+    assert header.cloudpickle == cloudpickle.__version__
+    # The header is readable without unpickling anything.
+    assert data.startswith(MAGIC)
+    raw = json.loads(data[len(MAGIC) :].split(b"\n", 1)[0])
+    assert raw == {"format": 1, "python": HERE_PYTHON, "cloudpickle": cloudpickle.__version__}
+    assert cloudpickle.loads(body)["args"] == ()
+
+
+def test_dump_refuses_a_non_callable() -> None:
+    with pytest.raises(TypeError, match=r"python_callable: expected a callable, got 42"):
+        dump_payload(42)  # type: ignore[arg-type]
+
+
+MODULE_A = """
+from {helper} import scale
+
+OFFSET = 1
+
+
+class Accumulator:
+    def __init__(self, value):
+        self.value = value
+
+    def total(self):
+        return self.value + OFFSET
+
+
+def sibling(x):
+    return x * 10
+
+
+def train(x):
+    return {{"value": scale(Accumulator(sibling(x)).total()), "module": __name__}}
+"""
+
+MODULE_B = """
+FACTOR = 3
+
+
+def scale(y):
+    return y * FACTOR
+"""
+
+LOADER = """
+import importlib.util, sys
+from pathlib import Path
+from airflow_provider_torchelastic.payload import load_payload
+
+assert {folder!r} not in sys.path, sys.path
+for name in ({a!r}, {b!r}):
+    assert importlib.util.find_spec(name) is None, name
+payload = load_payload(Path({path!r}).read_bytes())
+print(payload.fn(*payload.args, **payload.kwargs)["value"])
+"""
+
+
+def test_function_from_a_module_that_does_not_exist_where_it_is_loaded(tmp_path: Path) -> None:
+    folder = tmp_path / "dags"
+    folder.mkdir()
+    tag = uuid.uuid4().hex[:8]
+    name_a, name_b = f"dag_file_{tag}", f"dag_helpers_{tag}"
+    (folder / f"{name_a}.py").write_text(textwrap.dedent(MODULE_A.format(helper=name_b)))
+    (folder / f"{name_b}.py").write_text(MODULE_B)
+    sys.path.insert(0, str(folder))
+    try:
+        module = importlib.import_module(name_a)
+        assert module.train(4) == {"value": 123, "module": name_a}
+        data = dump_payload(module.train, (4,))
+    finally:
+        sys.path.remove(str(folder))
+        sys.modules.pop(name_a, None)
+        sys.modules.pop(name_b, None)
+    # Registration for by-value pickling is process-global: dumping must leave none behind.
+    assert name_a not in cloudpickle.list_registry_pickle_by_value()
+    assert name_b not in cloudpickle.list_registry_pickle_by_value()
+    shutil.rmtree(folder)
+    path = tmp_path / "payload.bin"
+    path.write_bytes(data)
+
+    code = LOADER.format(folder=str(folder), a=name_a, b=name_b, path=str(path))
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "123"
+
+
+def test_python_minor_mismatch_names_both_versions() -> None:
+    data = rewrite_header(dump_payload(make_adder(1)), python="3.99")
+    with pytest.raises(PayloadError) as info:
+        load_payload(data)
+    message = str(info.value)
+    assert "Python 3.99" in message and f"Python {HERE_PYTHON}" in message
+    assert "image" in message, "the message should say how to fix it"
+
+
+def test_unknown_format_is_refused() -> None:
+    data = rewrite_header(dump_payload(make_adder(1)), format=FORMAT_VERSION + 1)
+    with pytest.raises(PayloadError, match=rf"payload format {FORMAT_VERSION + 1} is not supported"):
+        load_payload(data)
+
+
+@pytest.mark.parametrize(
+    ("data", "words"),
+    [
+        (b"\x80\x05garbage", "not a torch elastic payload"),
+        (b"", "not a torch elastic payload"),
+        (MAGIC + b'{"format": 1', "truncated payload"),
+        (MAGIC + b"{not json}\n" + b"body", "unreadable payload header"),
+        (MAGIC + b'{"format": 1}\n' + b"body", "unreadable payload header"),
+    ],
+    ids=["wrong-magic", "empty", "truncated-header", "bad-json", "missing-fields"],
+)
+def test_unusable_header_is_refused(data: bytes, words: str) -> None:
+    with pytest.raises(PayloadError, match=words):
+        load_payload(data)
+
+
+@pytest.mark.parametrize("cut", [b"garbage", None], ids=["garbage-body", "truncated-body"])
+def test_corrupt_body_is_a_payload_error(cut: bytes | None) -> None:
+    data = dump_payload(make_adder(1))
+    header_end = data.index(b"\n", len(MAGIC)) + 1
+    body = data[header_end:]
+    corrupt = data[:header_end] + (cut if cut is not None else body[: len(body) // 2])
+    with pytest.raises(PayloadError, match="corrupt"):
+        load_payload(corrupt)
