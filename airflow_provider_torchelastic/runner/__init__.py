@@ -401,5 +401,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         settings = parse_settings(argv, os.environ)
     except RunnerUsageError as e:
         print(f"torchelastic runner: {e}", file=sys.stderr)
+        _report_usage_error(argv, e)
         return EXIT_USAGE
     return run(settings)
+
+
+def _report_usage_error(argv: Sequence[str] | None, error: RunnerUsageError) -> None:
+    """Publish a settings error where the outcome would have gone, so a pod says why it did not start."""
+    hint = argparse.ArgumentParser(add_help=False)
+    hint.add_argument("--result-file", default=os.environ.get("TORCHELASTIC_RESULT_FILE"))
+    hint.add_argument("--max-result-bytes", type=int, default=None)
+    try:
+        known, _ = hint.parse_known_args(argv)
+    except SystemExit:  # even these two are unreadable: stderr is all we have
+        return
+    if known.result_file:
+        failure = _runner_failure(error, rank=-1)
+        Path(known.result_file).parent.mkdir(parents=True, exist_ok=True)
+        Path(known.result_file).write_text(encode_failure(failure, max_bytes=known.max_result_bytes))

@@ -183,6 +183,9 @@ def test_multi_node_without_endpoint_is_a_usage_error(tmp_path: Path, extra: lis
     assert run.returncode == EXIT_USAGE, run.describe()
     assert "a multi-node run needs a rendezvous endpoint" in run.output
     assert "--rdzv-endpoint" in run.output and "PET_RDZV_ENDPOINT" in run.output
+    # A pod that cannot start says why in its termination message too, not only in its log.
+    assert run.outcome is not None and run.outcome.failure is not None
+    assert run.outcome.failure.rank == -1 and "rendezvous endpoint" in run.outcome.failure.message
 
 
 def test_payload_from_another_python_is_refused(tmp_path: Path) -> None:
