@@ -200,11 +200,27 @@ class AsyncKube:
         except (TimeoutError, ClientError, OSError) as e:
             raise KubeError(0, type(e).__name__, str(e)) from e
 
+    async def _raw(self, fn: Callable[..., Awaitable[Any]], *args: Any, **kwargs: Any) -> bytes:
+        """The response body. kubernetes_asyncio checks the HTTP status only when it preloads the content, so a
+        404, 403 or 503 would otherwise come back as a Status document in place of the object: check it here."""
+        from aiohttp import ClientError
+        from kubernetes_asyncio.client.exceptions import ApiException
+
+        response = await self._call(fn, *args, _preload_content=False, **kwargs)
+        try:
+            body = await response.read()
+        except (TimeoutError, ClientError, OSError) as e:
+            raise KubeError(0, type(e).__name__, str(e)) from e
+        if not 200 <= response.status <= 299:
+            error = ApiException(status=response.status, reason=response.reason)
+            error.body = body.decode("utf-8", errors="replace")
+            raise _from_api_exception(error) from error
+        return body
+
     async def get(self, kind: str, name: str, namespace: str) -> dict[str, Any] | None:
         try:
             if kind == "Pod":
-                response = await self._call(self._core.read_namespaced_pod, name, namespace, _preload_content=False)
-                return json.loads(await response.read())
+                return json.loads(await self._raw(self._core.read_namespaced_pod, name, namespace))
             return await self._call(
                 self._custom.get_namespaced_custom_object, *PYTORCHJOB[:2], namespace, PYTORCHJOB[2], name
             )
@@ -214,10 +230,8 @@ class AsyncKube:
             raise
 
     async def list_pods(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
-        response = await self._call(
-            self._core.list_namespaced_pod, namespace, label_selector=label_selector, _preload_content=False
-        )
-        return list(json.loads(await response.read()).get("items", []))
+        body = await self._raw(self._core.list_namespaced_pod, namespace, label_selector=label_selector)
+        return list(json.loads(body).get("items", []))
 
     async def snapshot(self, ref: JobRef) -> Snapshot:
         job = await self.get(ref.kind, ref.name, ref.namespace)
@@ -228,10 +242,8 @@ class AsyncKube:
         kwargs: dict[str, Any] = {"container": "pytorch", "timestamps": True}
         if request.since_seconds is not None:
             kwargs["since_seconds"] = request.since_seconds
-        response = await self._call(
-            self._core.read_namespaced_pod_log, request.pod, request.namespace, _preload_content=False, **kwargs
-        )
-        return (await response.read()).decode("utf-8", errors="replace")
+        body = await self._raw(self._core.read_namespaced_pod_log, request.pod, request.namespace, **kwargs)
+        return body.decode("utf-8", errors="replace")
 
     async def delete(self, kind: str, name: str, namespace: str) -> bool:
         body = {"propagationPolicy": "Background"}

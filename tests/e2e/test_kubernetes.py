@@ -1,0 +1,637 @@
+"""Kubernetes execution end to end, on the local test cluster (real kube-apiserver, simulated operator and kubelet).
+
+DAG files under tests/dags (``k8s_e2e.py``) run through ``dag.test()``: the worker code, the trigger (run inline by
+``dag.test()``), the Kubernetes clients and the cluster are all real. The only stand-ins are Airflow's own: the
+``dag.test()`` harness, whose inline-trigger step some tests replace to play a triggerer that restarts or a user who
+kills the deferred task, and the subprocess a test kills to play a worker that dies.
+
+One cluster per session; every test leaves the namespace empty (``clean_namespace``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import REPO_ROOT, TEST_DAGS
+
+pytestmark = [pytest.mark.cluster, pytest.mark.usefixtures("airflow_db", "clean_namespace")]
+
+EXAMPLE_DAGS = REPO_ROOT / "example_dags"
+LOCAL_BUNDLE = "airflow.dag_processing.bundles.local.LocalDagBundle"
+IMAGE = "local/torchelastic-runner:test"
+GROUP, VERSION, PLURAL = "kubeflow.org", "v1", "pytorchjobs"
+MANAGED = "app.kubernetes.io/managed-by=airflow-provider-torchelastic"
+DAG_ID_LABEL = "torchelastic.airflow.apache.org/dag-id"
+
+
+# --- running DAGs ---------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DagRunResult:
+    dag_id: str
+    run_id: str
+    state: str
+    #: (task_id, map_index) -> (state, try_number)
+    tasks: dict[tuple[str, int], tuple[str, int]]
+    #: (task_id, map_index, key) -> value
+    xcoms: dict[tuple[str, int, str], Any]
+
+    def xcom(self, task_id: str = "train", key: str = "return_value", map_index: int = -1) -> Any:
+        return self.xcoms[(task_id, map_index, key)]
+
+    def identity(self, try_number: int = 1, task_id: str = "train"):
+        from airflow_provider_torchelastic.naming import RunIdentity
+
+        return RunIdentity(dag_id=self.dag_id, task_id=task_id, run_id=self.run_id, try_number=try_number)
+
+
+def load_dag(dag_id: str, folder: Path = TEST_DAGS):
+    from airflow.dag_processing.dagbag import DagBag
+
+    bag = DagBag(dag_folder=str(folder), safe_mode=False)
+    assert not bag.import_errors, bag.import_errors
+    return bag.dags[dag_id]
+
+
+def read_run(dag_id: str, run_id: str) -> DagRunResult:
+    from airflow.models.dagrun import DagRun
+    from airflow.models.taskinstance import TaskInstance
+    from airflow.models.xcom import XComModel
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    with create_session() as session:
+        dag_run = session.scalars(select(DagRun).where(DagRun.dag_id == dag_id, DagRun.run_id == run_id)).one()
+        tis = session.scalars(
+            select(TaskInstance).where(TaskInstance.dag_id == dag_id, TaskInstance.run_id == run_id)
+        ).all()
+        rows = session.scalars(XComModel.get_many(run_id=run_id, dag_ids=dag_id)).all()
+        return DagRunResult(
+            dag_id=dag_id,
+            run_id=run_id,
+            state=str(dag_run.state),
+            tasks={(ti.task_id, ti.map_index): (str(ti.state), ti.try_number) for ti in tis},
+            xcoms={(row.task_id, row.map_index, row.key): XComModel.deserialize_value(row) for row in rows},
+        )
+
+
+def run_dag(dag_id: str, folder: Path = TEST_DAGS) -> DagRunResult:
+    dag_run = load_dag(dag_id, folder).test()
+    return read_run(dag_id, dag_run.run_id)
+
+
+#: The child runs dag.test() without importing tests.conftest, which would give it a fresh AIRFLOW_HOME (and database).
+_CHILD = """
+import sys
+from airflow.dag_processing.dagbag import DagBag
+
+bag = DagBag(dag_folder=sys.argv[1], safe_mode=False)
+dag_run = bag.dags[sys.argv[2]].test()
+print(f"CHILD-RESULT {dag_run.state}", flush=True)
+"""
+
+
+def start_dag_subprocess(dag_id: str, log_path: Path) -> subprocess.Popen:
+    """``dag.test()`` in a child process (same AIRFLOW_HOME, database and connection env): a worker we can kill."""
+    with log_path.open("w") as out:
+        return subprocess.Popen(
+            [sys.executable, "-c", _CHILD, str(TEST_DAGS), dag_id],
+            cwd=REPO_ROOT,
+            env=dict(os.environ),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+
+
+def stop_process(proc: subprocess.Popen, timeout: float = 60) -> None:
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=timeout)
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait(timeout=30)
+
+
+# --- the cluster, seen through the admin identity --------------------------------------------------------------------
+
+
+class Cluster:
+    """Blocking reads and clean-up through the admin kubeconfig (the Kubernetes client, nothing of ours)."""
+
+    def __init__(self, kubeconfig: Path, namespace: str) -> None:
+        from kubernetes import client, config
+
+        self.api_client = config.new_client_from_config(str(kubeconfig))
+        self.core = client.CoreV1Api(self.api_client)
+        self.custom = client.CustomObjectsApi(self.api_client)
+        self.rbac = client.RbacAuthorizationV1Api(self.api_client)
+        self.namespace = namespace
+
+    def jobs(self, selector: str = "") -> list[dict[str, Any]]:
+        doc = self.custom.list_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL, label_selector=selector)
+        return list(doc.get("items", []))
+
+    def pods(self, selector: str = "") -> list[Any]:
+        return list(self.core.list_namespaced_pod(self.namespace, label_selector=selector).items)
+
+    def configmaps(self, selector: str = MANAGED) -> list[Any]:
+        return list(self.core.list_namespaced_config_map(self.namespace, label_selector=selector).items)
+
+    def get_pod(self, name: str) -> Any | None:
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            return self.core.read_namespaced_pod(name, self.namespace)
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise
+
+    def get_configmap(self, name: str) -> Any | None:
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            return self.core.read_namespaced_config_map(name, self.namespace)
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise
+
+    def get_job(self, name: str) -> dict[str, Any] | None:
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            return self.custom.get_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL, name)
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise
+
+    def workloads(self, dag_id: str) -> tuple[list[dict[str, Any]], list[Any]]:
+        """The PyTorchJobs and pods a DAG created (pods of a PyTorchJob carry the template's labels)."""
+        selector = f"{MANAGED},{DAG_ID_LABEL}={dag_id}"
+        return self.jobs(selector), self.pods(selector)
+
+    def delete_everything(self) -> None:
+        from kubernetes.client.exceptions import ApiException
+
+        def quietly(fn: Callable[..., Any], *args: Any) -> None:
+            try:
+                fn(*args, body={"propagationPolicy": "Background"})
+            except ApiException as e:
+                if e.status != 404:
+                    raise
+
+        for job in self.jobs():
+            quietly(
+                self.custom.delete_namespaced_custom_object,
+                GROUP,
+                VERSION,
+                self.namespace,
+                PLURAL,
+                job["metadata"]["name"],
+            )
+        for pod in self.pods():
+            quietly(self.core.delete_namespaced_pod, pod.metadata.name, self.namespace)
+        for cm in self.configmaps():
+            quietly(self.core.delete_namespaced_config_map, cm.metadata.name, self.namespace)
+        wait_for(lambda: not self.jobs() and not self.pods() and not self.configmaps(), 60, "namespace to empty")
+
+
+def wait_for(condition: Callable[[], Any], timeout: float, what: str, interval: float = 0.2) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(interval)
+
+
+def training_container_status(pod: Any) -> Any:
+    for status in pod.status.container_statuses or []:
+        if status.name == "pytorch":
+            return status
+    raise AssertionError(f"pod {pod.metadata.name} has no pytorch container status")
+
+
+# --- fixtures ---------------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def cluster(kube_cluster) -> Cluster:
+    return Cluster(kube_cluster.kubeconfig, kube_cluster.namespace)
+
+
+@pytest.fixture
+def clean_namespace(cluster: Cluster) -> Iterator[None]:
+    """Whatever a test leaves (kept failed jobs, a killed run's job) is deleted, and the pods' processes stopped."""
+    yield
+    cluster.delete_everything()
+
+
+@pytest.fixture(autouse=True)
+def connection(kubernetes_default_connection: str) -> str:
+    return kubernetes_default_connection
+
+
+@pytest.fixture(autouse=True)
+def failure_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Where the DAGs' failure callbacks write the task's exception."""
+    out = tmp_path / "failures"
+    out.mkdir()
+    monkeypatch.setenv("TORCHELASTIC_E2E_OUT", str(out))
+    return out
+
+
+def set_connection(monkeypatch: pytest.MonkeyPatch, kubeconfig: Path, namespace: str) -> None:
+    from tests.cluster.pytest_plugin import airflow_connection_json
+
+    monkeypatch.setenv("AIRFLOW_CONN_KUBERNETES_DEFAULT", airflow_connection_json(kubeconfig, namespace))
+
+
+# --- (a)-(d): results -------------------------------------------------------------------------------------------------
+
+
+def test_one_node_runs_as_a_single_pod_and_is_deleted(cluster: Cluster) -> None:
+    from airflow_provider_torchelastic.naming import job_name
+    from airflow_provider_torchelastic.render import payload_configmap_name
+
+    result = run_dag("k8s_single_pod")
+    assert result.state == "success", result
+    assert result.tasks == {("train", -1): ("success", 1)}
+    assert result.xcom() == {"rank": 0, "world_size": 2, "sum": 3.0}  # ranks 0, 1 plus 1 each
+    assert result.xcom(key="job_kind") == "Pod"
+    name = result.xcom(key="job_name")
+    assert name == job_name(result.identity())
+    assert [m["kind"] for m in result.xcom(key="manifests")] == ["ConfigMap", "Pod"]
+    # on_finish_action="delete_succeeded": the pod and the payload ConfigMap are gone.
+    wait_for(lambda: cluster.get_pod(name) is None, 30, f"pod {name} to be deleted")
+    assert cluster.get_configmap(payload_configmap_name(name)) is None
+    assert cluster.workloads("k8s_single_pod") == ([], [])
+
+
+def test_elastic_two_nodes_returns_rank_0_result_from_whichever_pod_held_it(cluster: Cluster) -> None:
+    from airflow_provider_torchelastic.outcome import decode_outcome
+
+    result = run_dag("k8s_elastic_job")
+    assert result.state == "success", result
+    assert result.tasks == {("train", -1): ("success", 1)}
+    assert result.xcom() == {"rank": 0, "world_size": 4, "sum": 10.0}  # ranks 0..3 plus 1 each
+    assert result.xcom(key="job_kind") == "PyTorchJob"
+    name = result.xcom(key="job_name")
+    job = cluster.get_job(name)  # on_finish_action="keep"
+    assert job is not None
+    assert any(c["type"] == "Succeeded" and c["status"] == "True" for c in job["status"]["conditions"])
+    pods = cluster.pods(f"training.kubeflow.org/job-name={name}")
+    assert sorted(p.metadata.name for p in pods) == [f"{name}-worker-0", f"{name}-worker-1"]
+    outcomes = {}
+    for pod in pods:
+        terminated = training_container_status(pod).state.terminated
+        assert terminated is not None and terminated.exit_code == 0, pod.status
+        outcomes[pod.metadata.name] = decode_outcome(terminated.message)
+    holders = [pod for pod, outcome in outcomes.items() if outcome.holds_rank0]
+    assert len(holders) == 1, outcomes
+    assert outcomes[holders[0]].result == result.xcom()
+
+
+def test_master_and_worker_use_the_injected_static_rendezvous(cluster: Cluster) -> None:
+    result = run_dag("k8s_master_worker")
+    assert result.state == "success", result
+    assert result.xcom() == {"rank": 0, "world_size": 2, "sum": 3.0}
+    name = result.xcom(key="job_name")
+    assert result.xcom(key="job_kind") == "PyTorchJob"
+    manifest = result.xcom(key="manifests")[1]
+    assert sorted(manifest["spec"]["pytorchReplicaSpecs"]) == ["Master", "Worker"]
+    wait_for(
+        lambda: cluster.get_job(name) is None and not cluster.pods(f"training.kubeflow.org/job-name={name}"),
+        30,
+        f"PyTorchJob {name} and its pods to be deleted",
+    )
+
+
+def test_quickstart_dag_on_kubernetes(monkeypatch: pytest.MonkeyPatch, cluster: Cluster) -> None:
+    # Airflow reads [core] dags_folder once, at import (airflow.settings.DAGS_FOLDER), so AIRFLOW__CORE__DAGS_FOLDER set
+    # now would not be seen; the bundle list is read each time dag.test() syncs bundles.
+    bundles = [
+        {"name": "dags-folder", "classpath": LOCAL_BUNDLE, "kwargs": {"path": str(TEST_DAGS)}},
+        {"name": "example-dags", "classpath": LOCAL_BUNDLE, "kwargs": {"path": str(EXAMPLE_DAGS)}},
+    ]
+    monkeypatch.setenv("AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_CONFIG_LIST", json.dumps(bundles))
+    monkeypatch.setenv("AIRFLOW__TORCH_ELASTIC__EXECUTION", "kubernetes")
+    monkeypatch.setenv("TORCHELASTIC_IMAGE", IMAGE)  # read by the DAG file when it is parsed
+    result = run_dag("torch_elastic_quickstart", EXAMPLE_DAGS)
+    assert result.state == "success", result
+    assert result.tasks == {("train", -1): ("success", 1), ("report", -1): ("success", 1)}
+    assert result.xcom("train", "job_kind") == "Pod"
+    metrics = result.xcom("train")
+    assert metrics["world_size"] == 2 and metrics["epochs"] == 30
+    assert metrics["accuracy"] > 0.8, metrics  # chance is 0.25
+    assert math.isfinite(metrics["final_loss"]), metrics
+    name = result.xcom("train", "job_name")
+    wait_for(lambda: cluster.get_pod(name) is None, 30, f"pod {name} to be deleted")
+
+
+# --- (e)-(g): failures ------------------------------------------------------------------------------------------------
+
+
+def test_recoverable_failure_is_retried_with_a_new_job(cluster: Cluster, failure_dir: Path) -> None:
+    from airflow_provider_torchelastic.naming import job_name
+
+    result = run_dag("k8s_recoverable_retry")
+    assert result.state == "success", result
+    assert result.tasks == {("train", -1): ("success", 2)}
+    assert result.xcom() == {"try_number": 2, "rank": 0}
+    first_try = (failure_dir / "k8s_recoverable_retry.train.try1.txt").read_text()
+    assert first_try.startswith("airflow_provider_torchelastic.operators.TrainingRetryableError: "), first_try
+    assert "rank 0" in first_try and "TransientStorageError: object store unavailable on try 1" in first_try
+    # Each try has its own job: try 1's failed pod is kept, try 2's succeeded pod is deleted.
+    first, second = job_name(result.identity(1)), job_name(result.identity(2))
+    assert first != second
+    assert result.xcom(key="job_name") == second
+    kept = cluster.get_pod(first)
+    assert kept is not None and kept.status.phase == "Failed"
+    assert kept.metadata.labels["torchelastic.airflow.apache.org/try-number"] == "1"
+    wait_for(lambda: cluster.get_pod(second) is None, 30, f"pod {second} to be deleted")
+
+
+def test_permanent_failure_fails_at_once_and_keeps_the_failed_pod(
+    cluster: Cluster, failure_dir: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    from airflow_provider_torchelastic.naming import job_name
+
+    result = run_dag("k8s_permanent_failure")
+    assert result.state == "failed", result
+    assert result.tasks == {("train", -1): ("failed", 1)}, "retries=2 must not be used for a permanent failure"
+    assert [p.name for p in failure_dir.iterdir()] == ["k8s_permanent_failure.train.try1.txt"]
+    error = (failure_dir / "k8s_permanent_failure.train.try1.txt").read_text()
+    name = job_name(result.identity())
+    assert error.startswith("airflow_provider_torchelastic.operators.TrainingFailedError: "), error
+    assert name in error, error  # the pod (a single Pod is named like the job)
+    assert "rank 1" in error and "ValueError: shard 3 has a corrupt header" in error, error
+    text = "".join(capfd.readouterr())
+    assert "Root cause, rank 1" in text and "failed with ValueError: shard 3 has a corrupt header" in text
+    assert "in fail_on_rank_1" in text  # the worker's traceback is in the task log
+    pod = cluster.get_pod(name)  # on_finish_action="delete_succeeded" keeps a failed job
+    assert pod is not None and pod.status.phase == "Failed"
+
+
+def test_image_pull_backoff_fails_fast(failure_dir: Path) -> None:
+    started = time.monotonic()
+    result = run_dag("k8s_image_pull_backoff")
+    elapsed = time.monotonic() - started
+    assert result.state == "failed", result
+    assert result.tasks == {("train", -1): ("failed", 1)}, "a wrong image is not worth a retry"
+    assert elapsed < 40, f"took {elapsed:.0f} s"
+    error = (failure_dir / "k8s_image_pull_backoff.train.try1.txt").read_text()
+    assert error.startswith("airflow_provider_torchelastic.operators.TrainingFailedError: "), error
+    assert "ImagePullBackOff" in error, error
+
+
+# --- (h)-(j): kills, restarts, crashes ------------------------------------------------------------------------------
+
+
+def test_killed_worker_deletes_its_job(cluster: Cluster, tmp_path: Path) -> None:
+    """SIGTERM to the worker: the task runner calls ``on_kill``, which deletes the PyTorchJob and so its pods."""
+    log = tmp_path / "worker.log"
+    proc = start_dag_subprocess("k8s_killed_worker", log)
+    try:
+        jobs = wait_for(lambda: cluster.workloads("k8s_killed_worker")[0], 60, "the PyTorchJob")
+        name = jobs[0]["metadata"]["name"]
+        selector = f"training.kubeflow.org/job-name={name}"
+        wait_for(lambda: sum(p.status.phase == "Running" for p in cluster.pods(selector)) == 2, 90, "running pods")
+        proc.send_signal(signal.SIGTERM)
+        wait_for(lambda: cluster.get_job(name) is None, 30, f"PyTorchJob {name} to be deleted")
+        wait_for(lambda: not cluster.pods(selector), 60, f"the pods of {name} to be deleted")
+        wait_for(lambda: proc.poll() is not None, 60, "the killed worker to exit", interval=0.5)
+    finally:
+        stop_process(proc, timeout=0)
+    assert f"Task killed: deleting PyTorchJob {cluster.namespace}/{name}" in log.read_text()
+
+
+def _replace_inline_trigger(monkeypatch: pytest.MonkeyPatch, play: Callable[[Any, Any, Callable], Any]) -> None:
+    """Let ``play(trigger, ti, run_to_event)`` stand in for dag.test()'s inline triggerer."""
+    import airflow.sdk.definitions.dag as dag_module
+
+    original = dag_module._run_inline_trigger
+    monkeypatch.setattr(dag_module, "_run_inline_trigger", lambda trigger, ti: play(trigger, ti, original))
+
+
+def test_killed_deferred_task_deletes_its_job_from_the_trigger(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch, failure_dir: Path
+) -> None:
+    from airflow.sdk.module_loading import import_string
+
+    seen: dict[str, Any] = {}
+
+    def kill_while_deferred(trigger: Any, ti: Any, run_to_event: Callable) -> Any:
+        classpath, kwargs = trigger.serialize()
+        name = kwargs["name"]
+        wait_for(
+            lambda: (pod := cluster.get_pod(name)) is not None and pod.status.phase == "Running", 60, "the pod to run"
+        )
+        # What the triggerer does on mark-failed / clear: a trigger rebuilt from its serialized form, then on_kill().
+        asyncio.run(import_string(classpath)(**json.loads(json.dumps(kwargs))).on_kill())
+        seen["name"] = name
+        seen["gone"] = wait_for(lambda: cluster.get_pod(name) is None, 30, f"pod {name} to be deleted")
+        return run_to_event(trigger, ti)  # the original trigger sees the job gone and fires
+
+    _replace_inline_trigger(monkeypatch, kill_while_deferred)
+    result = run_dag("k8s_killed_trigger")
+    assert seen["gone"]
+    assert result.state == "failed", result  # the job was deleted under it (retries=0)
+    error = (failure_dir / "k8s_killed_trigger.train.try1.txt").read_text()
+    assert error.startswith("airflow_provider_torchelastic.operators.TrainingRetryableError: "), error
+    assert f"Pod {cluster.namespace}/{seen['name']} was deleted before it finished" in error, error
+    assert cluster.workloads("k8s_killed_trigger") == ([], [])
+
+
+def test_triggerer_restart_mid_job_resumes_the_same_job(cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    from airflow.sdk.module_loading import import_string
+
+    seen: dict[str, Any] = {}
+
+    def restart_mid_job(trigger: Any, ti: Any, run_to_event: Callable) -> Any:
+        classpath, kwargs = trigger.serialize()
+        name = kwargs["name"]
+
+        async def first_life() -> None:
+            events = trigger.run()
+            waiting = asyncio.ensure_future(events.__anext__())
+            await asyncio.sleep(4)
+            assert not waiting.done(), "the job ended before the triggerer restarted: make it longer"
+            waiting.cancel()  # the triggerer shuts down
+            with contextlib.suppress(asyncio.CancelledError):
+                await waiting
+            await trigger.cleanup()
+
+        asyncio.run(first_life())
+        pod = cluster.get_pod(name)
+        assert pod is not None and pod.metadata.deletion_timestamp is None, "cleanup() must not touch the job"
+        seen["uid"] = pod.metadata.uid
+        seen["phase"] = pod.status.phase
+        # A new triggerer rebuilds the trigger from what the database holds (JSON) and runs it to its event.
+        return run_to_event(import_string(classpath)(**json.loads(json.dumps(kwargs))), ti)
+
+    _replace_inline_trigger(monkeypatch, restart_mid_job)
+    result = run_dag("k8s_triggerer_restart")
+    assert result.state == "success", result
+    assert result.tasks == {("train", -1): ("success", 1)}
+    assert result.xcom() == {"value": "survived a triggerer restart", "rank": 0}
+    assert seen["phase"] in ("Pending", "Running")
+    _, pods = cluster.workloads("k8s_triggerer_restart")  # on_finish_action="keep"
+    assert [p.metadata.uid for p in pods] == [seen["uid"]], "exactly one job for the try"
+
+
+def test_worker_crash_after_creation_reattaches_within_the_same_try(
+    cluster: Cluster, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    from airflow.models.taskinstance import TaskInstance
+    from airflow.sdk.definitions.dag import _run_task
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    from airflow_provider_torchelastic.naming import label_selector
+
+    dag_id = "k8s_worker_crash"
+    proc = start_dag_subprocess(dag_id, tmp_path / "worker.log")
+    try:
+        pods = wait_for(lambda: cluster.workloads(dag_id)[1], 60, "the pod")
+    finally:
+        proc.kill()  # SIGKILL: nothing runs on the way out, like a lost node
+        proc.wait(timeout=30)
+    created = pods[0]
+    # The same try runs again (what a re-queued task does after its worker died).
+    with create_session() as session:
+        ti = session.scalars(select(TaskInstance).where(TaskInstance.dag_id == dag_id)).one()
+        assert ti.try_number == 1 and str(ti.state) == "running", (ti.state, ti.try_number)
+        session.expunge(ti)
+    capfd.readouterr()
+    _run_task(ti=ti, task=load_dag(dag_id).task_dict["train"], run_triggerer=True)
+    assert f"Re-attaching to Pod {cluster.namespace}/{created.metadata.name}" in "".join(capfd.readouterr())
+    result = read_run(dag_id, ti.run_id)
+    assert result.tasks == {("train", -1): ("success", 1)}
+    assert result.xcom() == {"value": "re-attached", "rank": 0}
+    assert result.xcom(key="job_name") == created.metadata.name
+    # Exactly one job for this try, the one the crashed worker created (on_finish_action="keep").
+    same_try = cluster.pods(label_selector(result.identity()))
+    assert [p.metadata.uid for p in same_try] == [created.metadata.uid]
+    assert cluster.workloads(dag_id)[1][0].metadata.uid == created.metadata.uid
+
+
+# --- RBAC and API faults ---------------------------------------------------------------------------------------------
+
+
+def _sa_can_get_pods(cluster: Cluster, kubeconfig: Path) -> bool:
+    from kubernetes import client, config
+    from kubernetes.client.exceptions import ApiException
+
+    api = client.CoreV1Api(config.new_client_from_config(str(kubeconfig)))
+    try:
+        api.read_namespaced_pod("no-such-pod", cluster.namespace)
+    except ApiException as e:
+        if e.status in (403, 404):
+            return e.status == 404
+        raise
+    return True
+
+
+@pytest.fixture
+def deploy_rbac(cluster: Cluster, kube_cluster) -> Iterator[Callable[[bool], None]]:
+    """deploy/rbac.yaml in the test namespace; call with ``binding=False`` to drop the RoleBinding again."""
+    import yaml
+
+    docs = {doc["kind"]: doc for doc in yaml.safe_load_all((REPO_ROOT / "deploy" / "rbac.yaml").read_text())}
+    assert set(docs) == {"Role", "RoleBinding"}
+    ns = cluster.namespace
+    cluster.rbac.create_namespaced_role(ns, docs["Role"])
+    cluster.rbac.create_namespaced_role_binding(ns, docs["RoleBinding"])
+    wait_for(lambda: _sa_can_get_pods(cluster, kube_cluster.sa_kubeconfig), 10, "the RoleBinding to take effect")
+
+    def set_binding(binding: bool) -> None:
+        if not binding:
+            cluster.rbac.delete_namespaced_role_binding(docs["RoleBinding"]["metadata"]["name"], ns)
+            wait_for(lambda: not _sa_can_get_pods(cluster, kube_cluster.sa_kubeconfig), 10, "the binding to go")
+
+    yield set_binding
+    from kubernetes.client.exceptions import ApiException
+
+    for delete, kind in (
+        (cluster.rbac.delete_namespaced_role_binding, "RoleBinding"),
+        (cluster.rbac.delete_namespaced_role, "Role"),
+    ):
+        with contextlib.suppress(ApiException):
+            delete(docs[kind]["metadata"]["name"], ns)
+
+
+def test_minimal_rbac_is_enough(kube_cluster, deploy_rbac, monkeypatch: pytest.MonkeyPatch) -> None:
+    set_connection(monkeypatch, kube_cluster.sa_kubeconfig, kube_cluster.namespace)
+    result = run_dag("k8s_minimal")
+    assert result.state == "success", result
+    assert result.xcom() == {"value": "ok", "rank": 0}
+
+
+def test_without_the_role_binding_the_task_fails_forbidden(
+    kube_cluster, deploy_rbac, monkeypatch: pytest.MonkeyPatch, failure_dir: Path
+) -> None:
+    deploy_rbac(False)
+    set_connection(monkeypatch, kube_cluster.sa_kubeconfig, kube_cluster.namespace)
+    result = run_dag("k8s_minimal")
+    assert result.state == "failed", result
+    error = (failure_dir / "k8s_minimal.train.try1.txt").read_text()
+    assert "403" in error and "Forbidden" in error, error
+    assert "airflow-torchelastic" in error, error  # the API server names the identity that was refused
+
+
+@pytest.mark.parametrize("dag_id", ["k8s_minimal", "k8s_minimal_deferred"], ids=["worker", "trigger"])
+def test_transient_api_errors_while_polling_are_retried(
+    dag_id: str, cluster: Cluster, kube_cluster, fault_proxy, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from tests.cluster.proxy import Match
+
+    kubeconfig = kube_cluster.proxied_kubeconfig(fault_proxy, tmp_path / "proxied.kubeconfig")
+    set_connection(monkeypatch, kubeconfig, kube_cluster.namespace)
+    injected: dict[str, str] = {}
+
+    def inject_when_running() -> None:
+        def running_pod() -> Any:
+            pods = cluster.workloads(dag_id)[1]
+            return pods[0] if pods and pods[0].status.phase == "Running" else None
+
+        name = wait_for(running_pod, 90, "the pod to run").metadata.name
+        injected["name"] = name
+        # The next GETs of the pod (the operator's polls): a burst of overload answers.
+        match = Match(method="GET", path_contains=f"/pods/{name}")
+        fault_proxy.fail_next(2, status=503, match=match)
+        fault_proxy.fail_next(2, status=429, retry_after=1, match=match)
+
+    injector = threading.Thread(target=inject_when_running, daemon=True)
+    injector.start()
+    started = time.monotonic()
+    result = run_dag(dag_id)
+    elapsed = time.monotonic() - started
+    injector.join(timeout=5)
+    assert result.state == "success", result
+    assert result.xcom() == {"value": "ok", "rank": 0}
+    faulted = [r for r in fault_proxy.requests if r.fault == "status"]
+    assert len(faulted) == 4, fault_proxy.requests
+    polls = [r for r in faulted if r.path.endswith(f"/pods/{injected['name']}")]
+    assert polls, "the faults must have hit the operator's status polls"
+    assert fault_proxy.pending_faults == 0
+    print(f"{dag_id}: run with 4 injected API errors took {elapsed:.1f} s")
