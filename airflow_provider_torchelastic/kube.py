@@ -10,6 +10,7 @@ The kubernetes clients are imported lazily: importing this module must stay chea
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import random
 import time
@@ -28,7 +29,7 @@ from airflow_provider_torchelastic.status import (
     WaitDecision,
 )
 
-__all__ = ["AsyncKube", "KubeError", "SyncKube", "drive_async", "drive_sync"]
+__all__ = ["AsyncKube", "KubeError", "SyncKube", "drive_async", "drive_sync", "retry_async", "retry_sync"]
 
 PYTORCHJOB: Final = ("kubeflow.org", "v1", "pytorchjobs")
 #: Statuses worth retrying: throttled, server trouble, gateway trouble.
@@ -268,10 +269,54 @@ class AsyncKube:
         return True
 
 
-# --- drivers: carry out the requests of status.watch_job -----------------------------------------------------------
+# --- retries and drivers --------------------------------------------------------------------------------------------
 
-#: Consecutive transient failures tolerated while fetching the job before giving up (about 5 minutes of backoff).
+#: Consecutive transient failures of one call tolerated before giving up (about 5 minutes of backoff).
 MAX_TRANSIENT_FAILURES: Final = 12
+
+
+def _delay_before_retry(error: KubeError, failures: int, log: Callable[[str], None]) -> float | None:
+    """Seconds to wait before retrying after the ``failures``-th consecutive error; None: give up and raise."""
+    if not error.transient or failures > MAX_TRANSIENT_FAILURES:
+        return None
+    delay = _retry_after(failures)
+    log(f"Kubernetes API error ({error}); retrying in {delay:.0f} s")
+    return delay
+
+
+def retry_sync(call: Callable[[], T], log: Callable[[str], None], sleep: Callable[[float], None] = time.sleep) -> T:
+    """``call()``, retried with bounded backoff while the API answers 429/5xx or the connection fails."""
+    failures = 0
+    while True:
+        try:
+            return call()
+        except KubeError as e:
+            failures += 1
+            delay = _delay_before_retry(e, failures, log)
+            if delay is None:
+                raise
+            sleep(delay)
+
+
+async def retry_async(call: Callable[[], Awaitable[T]], log: Callable[[str], None]) -> T:
+    """The same as :func:`retry_sync`, awaiting."""
+    failures = 0
+    while True:
+        try:
+            return await call()
+        except KubeError as e:
+            failures += 1
+            delay = _delay_before_retry(e, failures, log)
+            if delay is None:
+                raise
+            await asyncio.sleep(delay)
+
+
+def _no_log_text(error: KubeError, log: Callable[[str], None]) -> str:
+    # Logs are best effort: a pod being created or deleted answers 400/404; the next poll tries again.
+    if error.status not in (400, 404) and not error.transient:
+        log(f"could not read logs: {error}")
+    return ""
 
 
 def drive_sync(
@@ -281,8 +326,8 @@ def drive_sync(
     *,
     sleep: Callable[[float], None] = time.sleep,
 ) -> WaitDecision:
+    """Carry out the requests of :func:`status.watch_job` with blocking calls; returns its decision."""
     answer: Any = None
-    failures = 0
     while True:
         try:
             request = flow.send(answer)
@@ -290,34 +335,16 @@ def drive_sync(
             return stop.value
         answer = None
         if isinstance(request, FetchJob):
-            while True:
-                try:
-                    answer = kube.snapshot(request.ref)
-                    failures = 0
-                    break
-                except KubeError as e:
-                    failures += 1
-                    if not e.transient or failures > MAX_TRANSIENT_FAILURES:
-                        raise
-                    delay = _retry_after(failures)
-                    log(f"Kubernetes API error ({e}); retrying in {delay:.0f} s")
-                    sleep(delay)
+            answer = retry_sync(functools.partial(kube.snapshot, request.ref), log, sleep)
         elif isinstance(request, ReadLog):
-            answer = _read_log_or_empty(lambda r=request: kube.read_log(r), log)  # type: ignore[misc]
+            try:
+                answer = kube.read_log(request)
+            except KubeError as e:
+                answer = _no_log_text(e, log)
         elif isinstance(request, Sleep):
             sleep(request.seconds)
         elif isinstance(request, EmitLog):
             log(request.line)
-
-
-def _read_log_or_empty(read: Callable[[], str], log: Callable[[str], None]) -> str:
-    try:
-        return read()
-    except KubeError as e:
-        # Logs are best effort: a pod being created or deleted answers 400/404; try again at the next poll.
-        if e.status not in (400, 404) and not e.transient:
-            log(f"could not read logs: {e}")
-        return ""
 
 
 async def drive_async(
@@ -325,8 +352,8 @@ async def drive_async(
     kube: AsyncKube,
     log: Callable[[str], None],
 ) -> WaitDecision:
+    """Carry out the requests of :func:`status.watch_job` with awaited calls; returns its decision."""
     answer: Any = None
-    failures = 0
     while True:
         try:
             request = flow.send(answer)
@@ -334,25 +361,12 @@ async def drive_async(
             return stop.value
         answer = None
         if isinstance(request, FetchJob):
-            while True:
-                try:
-                    answer = await kube.snapshot(request.ref)
-                    failures = 0
-                    break
-                except KubeError as e:
-                    failures += 1
-                    if not e.transient or failures > MAX_TRANSIENT_FAILURES:
-                        raise
-                    delay = _retry_after(failures)
-                    log(f"Kubernetes API error ({e}); retrying in {delay:.0f} s")
-                    await asyncio.sleep(delay)
+            answer = await retry_async(functools.partial(kube.snapshot, request.ref), log)
         elif isinstance(request, ReadLog):
             try:
                 answer = await kube.read_log(request)
             except KubeError as e:
-                if e.status not in (400, 404) and not e.transient:
-                    log(f"could not read logs: {e}")
-                answer = ""
+                answer = _no_log_text(e, log)
         elif isinstance(request, Sleep):
             await asyncio.sleep(request.seconds)
         elif isinstance(request, EmitLog):

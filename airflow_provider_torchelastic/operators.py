@@ -7,6 +7,7 @@ kubernetes client: those are imported inside ``execute``.
 from __future__ import annotations
 
 import datetime
+import functools
 import json
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
@@ -303,7 +304,7 @@ class TorchElasticOperator(BaseOperator):
         self.rendered_job = summarize_for_ui(manifests)
         self.log.info("Manifests to submit (payload elided):\n%s", self._manifests_for_log(manifests))
         kube = SyncKube(hook.api_client)
-        self._submit(kube, ref, configmap, workload, context)
+        ref = self._submit(kube, ref, configmap, workload, context)
         self._job = ref
         ti = context["ti"]
         ti.xcom_push(key=XCOM_JOB_NAME, value=ref.name)
@@ -326,25 +327,34 @@ class TorchElasticOperator(BaseOperator):
 
     def _submit(
         self, kube: SyncKube, ref: JobRef, configmap: dict[str, Any], workload: dict[str, Any], context: Context
-    ) -> None:
-        """Create the ConfigMap and the job, or re-attach to the job this try already created."""
-        from airflow_provider_torchelastic.kube import KubeError
+    ) -> JobRef:
+        """Create the ConfigMap and the job, or re-attach to the job this try already created; returns the job."""
+        from airflow_provider_torchelastic.kube import KubeError, retry_sync
         from airflow_provider_torchelastic.render import payload_configmap_owner_reference
+
+        def call(fn: Callable[..., Any], *args: Any) -> Any:
+            return retry_sync(functools.partial(fn, *args), self.log.warning)
 
         store = context.get("task_state_store")
         saved = store.get(STATE_KEY) if store is not None else None
-        if saved and saved != asdict(ref):
-            self.log.info("This try recorded another job earlier (%s); the deterministic name now is %s", saved, ref)
-        if kube.get(ref.kind, ref.name, ref.namespace) is not None:
-            # Same try, same deterministic name: a worker crashed or the task was re-run after creating it.
-            self.log.info("Re-attaching to %s %s/%s created earlier by this try", ref.kind, ref.namespace, ref.name)
-            return
+        # The state store remembers the job of this try even if its name were computed differently now (a provider
+        # upgrade between a worker crash and the resumed try); the deterministic name covers everything else.
+        remembered = [JobRef(**{k: str(v) for k, v in saved.items()})] if isinstance(saved, dict) else []
+        for candidate in [*remembered, ref]:
+            if call(kube.get, candidate.kind, candidate.name, candidate.namespace) is not None:
+                self.log.info(
+                    "Re-attaching to %s %s/%s created earlier by this try",
+                    candidate.kind,
+                    candidate.namespace,
+                    candidate.name,
+                )
+                return candidate
         if store is not None:
-            # Before creating: a crash between create and store must still find the job (the name is deterministic).
+            # Before creating: a crash between create and store must still find the job.
             store.set(STATE_KEY, asdict(ref))
         name = configmap["metadata"]["name"]
         try:
-            kube.create(configmap)
+            call(kube.create, configmap)
         except KubeError as e:
             if not e.conflict:
                 raise
@@ -352,17 +362,19 @@ class TorchElasticOperator(BaseOperator):
             # and holds the same function and arguments (same try, same rendered templates): use it.
             self.log.info("Payload ConfigMap %s/%s exists already; using it", ref.namespace, name)
         try:
-            created = kube.create(workload)
+            created = call(kube.create, workload)
         except KubeError as e:
             if not e.conflict:
                 raise
+            # A retried create whose first attempt went through, or a concurrent run of the same try.
             self.log.info("%s %s/%s already exists; re-attaching", ref.kind, ref.namespace, ref.name)
-            return
+            return ref
         self.log.info("Created %s %s/%s", ref.kind, ref.namespace, ref.name)
         owner = payload_configmap_owner_reference(
             owner_name=ref.name, owner_uid=created["metadata"]["uid"], kind=ref.kind
         )
-        kube.patch_configmap(name, ref.namespace, owner)
+        call(kube.patch_configmap, name, ref.namespace, owner)
+        return ref
 
     def _defer(self, hook: Any, ref: JobRef, context: Context) -> None:
         from airflow_provider_torchelastic.triggers import TorchElasticJobTrigger, WatchArgs

@@ -60,9 +60,7 @@ def _python_version() -> str:
     return f"{sys.version_info.major}.{sys.version_info.minor}"
 
 
-def dump_payload(
-    fn: Callable[..., Any], args: Iterable[Any] = (), kwargs: Mapping[str, Any] | None = None
-) -> bytes:
+def dump_payload(fn: Callable[..., Any], args: Iterable[Any] = (), kwargs: Mapping[str, Any] | None = None) -> bytes:
     """Pickle ``fn(*args, **kwargs)`` so that it can run where the DAG file does not exist."""
     if not callable(fn):
         raise TypeError(f"python_callable: expected a callable, got {fn!r}")

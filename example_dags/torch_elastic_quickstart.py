@@ -80,12 +80,19 @@ def train(epochs: int = 30, lr: float = 0.05) -> dict:
 
 @task
 def report(metrics: dict) -> None:
-    print(f"Trained on {metrics['world_size']} workers: held-out accuracy {metrics['accuracy']:.1%}, "
-          f"final loss {metrics['final_loss']}")
+    print(
+        f"Trained on {metrics['world_size']} workers: held-out accuracy {metrics['accuracy']:.1%}, "
+        f"final loss {metrics['final_loss']}"
+    )
 
 
-@dag(dag_id="torch_elastic_quickstart", schedule=None, start_date=pendulum.datetime(2026, 1, 1), catchup=False,
-     tags=["example", "torch_elastic"])
+@dag(
+    dag_id="torch_elastic_quickstart",
+    schedule=None,
+    start_date=pendulum.datetime(2026, 1, 1),
+    catchup=False,
+    tags=["example", "torch_elastic"],
+)
 def torch_elastic_quickstart():
     report(train())
 
