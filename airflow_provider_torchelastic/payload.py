@@ -13,6 +13,7 @@ Standard library, installed packages and this provider stay by reference: the ru
 from __future__ import annotations
 
 import json
+import linecache
 import pickle
 import site
 import sys
@@ -65,8 +66,8 @@ def dump_payload(fn: Callable[..., Any], args: Iterable[Any] = (), kwargs: Mappi
     if not callable(fn):
         raise TypeError(f"python_callable: expected a callable, got {fn!r}")
     call_args, call_kwargs = tuple(args), dict(kwargs or {})
-    body = {"fn": fn, "args": call_args, "kwargs": call_kwargs}
     modules = _modules_to_pickle_by_value(fn, call_args, call_kwargs)
+    body = {"fn": fn, "args": call_args, "kwargs": call_kwargs, "sources": _source_locations(modules)}
     registered: list[types.ModuleType] = []
     try:
         for module in modules:
@@ -125,7 +126,73 @@ def load_payload(data: bytes) -> Payload:
     except (pickle.UnpicklingError, EOFError) as e:
         # Damaged in transit or storage; a missing module (ModuleNotFoundError) is left as it is: it names the module.
         raise PayloadError(f"corrupt payload: the pickled body ({len(body)} bytes) cannot be read: {e}") from e
+    _restore_source_locations(content["fn"], content.get("sources") or {})
     return Payload(fn=content["fn"], args=tuple(content["args"]), kwargs=content["kwargs"], header=header)
+
+
+# --- tracebacks that show the DAG file --------------------------------------------------------------------------
+# cloudpickle renames by-value code to "<dynamic-code>", so a worker's traceback would show neither the DAG file nor
+# its lines. The payload carries each local module's path and source, and where each function's code starts; the
+# loader puts the path back and registers the source with linecache (the file need not exist where it runs).
+
+_MAX_SOURCE_BYTES: Final = 1_000_000
+_DYNAMIC_FILENAME: Final = "<dynamic-code>"
+
+
+def _code_key(code: types.CodeType) -> str:
+    return f"{code.co_qualname}:{code.co_firstlineno}"
+
+
+def _module_functions(module: types.ModuleType) -> Iterator[types.FunctionType]:
+    for value in vars(module).values():
+        if isinstance(value, types.FunctionType) and value.__module__ == module.__name__:
+            yield value
+        elif isinstance(value, type) and value.__module__ == module.__name__:
+            yield from (v for v in vars(value).values() if isinstance(v, types.FunctionType))
+
+
+def _source_locations(modules: Sequence[types.ModuleType]) -> dict[str, Any]:
+    files: dict[str, str] = {}
+    codes: dict[str, str] = {}
+    for module in modules:
+        path = getattr(module, "__file__", None)
+        try:
+            source = Path(path).read_text() if path else None
+        except (OSError, UnicodeDecodeError):
+            source = None
+        if path is None or source is None or len(source) > _MAX_SOURCE_BYTES:
+            continue
+        files[path] = source
+        for function in _module_functions(module):
+            codes[_code_key(function.__code__)] = path
+    return {"files": files, "codes": codes}
+
+
+def _relocated(code: types.CodeType, filename: str) -> types.CodeType:
+    consts = tuple(_relocated(c, filename) if isinstance(c, types.CodeType) else c for c in code.co_consts)
+    return code.replace(co_filename=filename, co_consts=consts)
+
+
+def _restore_source_locations(fn: Any, sources: Mapping[str, Any]) -> None:
+    codes: Mapping[str, str] = sources.get("codes", {})
+    for path, source in (sources.get("files") or {}).items():
+        # mtime None: linecache.checkcache keeps the entry although no such file exists here.
+        linecache.cache[path] = (len(source), None, source.splitlines(keepends=True), path)
+    todo = [fn, *getattr(fn, "__globals__", {}).values()]
+    seen: set[int] = set()
+    while todo:
+        obj = todo.pop()
+        if id(obj) in seen:
+            continue
+        seen.add(id(obj))
+        if isinstance(obj, type):
+            todo.extend(v for v in vars(obj).values() if isinstance(v, types.FunctionType))
+            continue
+        if not isinstance(obj, types.FunctionType) or obj.__code__.co_filename != _DYNAMIC_FILENAME:
+            continue
+        path = codes.get(_code_key(obj.__code__))
+        if path is not None:
+            obj.__code__ = _relocated(obj.__code__, path)
 
 
 # --- which modules travel by value -------------------------------------------------------------------------------

@@ -187,3 +187,56 @@ def test_corrupt_body_is_a_payload_error(cut: bytes | None) -> None:
     corrupt = data[:header_end] + (cut if cut is not None else body[: len(body) // 2])
     with pytest.raises(PayloadError, match="corrupt"):
         load_payload(corrupt)
+
+
+FAILING_MODULE = """
+def helper(x):
+    return 1 / x
+
+
+def train(x):
+    y = x - x
+    return helper(y)
+"""
+
+TRACEBACK_LOADER = """
+import traceback
+from pathlib import Path
+from airflow_provider_torchelastic.payload import load_payload
+
+payload = load_payload(Path({path!r}).read_bytes())
+try:
+    payload.fn(*payload.args)
+except ZeroDivisionError:
+    print(traceback.format_exc())
+"""
+
+
+def test_worker_tracebacks_name_the_dag_file_and_show_its_lines(tmp_path: Path) -> None:
+    # cloudpickle renames by-value code "<dynamic-code>"; the payload puts the file and its source back.
+    folder = tmp_path / "dags"
+    folder.mkdir()
+    name = f"failing_dag_{uuid.uuid4().hex[:8]}"
+    source_file = folder / f"{name}.py"
+    source_file.write_text(FAILING_MODULE)
+    sys.path.insert(0, str(folder))
+    try:
+        data = dump_payload(importlib.import_module(name).train, (5,))
+    finally:
+        sys.path.remove(str(folder))
+        sys.modules.pop(name, None)
+    shutil.rmtree(folder)  # the worker has no DAG file: lines come from the payload
+    path = tmp_path / "payload.bin"
+    path.write_bytes(data)
+    proc = subprocess.run(
+        [sys.executable, "-c", TRACEBACK_LOADER.format(path=str(path))],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert f'File "{source_file}", line 8, in train' in proc.stdout
+    assert "return helper(y)" in proc.stdout
+    assert f'File "{source_file}", line 3, in helper' in proc.stdout and "return 1 / x" in proc.stdout
+    assert "<dynamic-code>" not in proc.stdout
