@@ -15,7 +15,6 @@ import json
 import random
 import time
 from collections.abc import Awaitable, Callable, Generator, Mapping
-from dataclasses import dataclass
 from typing import Any, Final, TypeVar
 
 from airflow_provider_torchelastic.status import (
@@ -73,18 +72,52 @@ def _from_api_exception(exc: Any) -> KubeError:
     return KubeError(status, reason, message)
 
 
-@dataclass(frozen=True)
-class _Target:
-    """Where an object of a given kind lives in the API."""
-
-    kind: str
-    namespace: str
-    name: str
-
-
 def _retry_after(attempt: int) -> float:
     # Bounded exponential backoff with jitter: 1, 2, 4, 8, 16, 30, 30... seconds.
     return min(30.0, 2.0**attempt) * (0.5 + random.random() / 2)
+
+
+# --- which API call does what: built once, without I/O, for both clients ------------------------------------------
+
+_Call = tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]
+
+
+def _create_call(core: Any, custom: Any, obj: Mapping[str, Any]) -> _Call:
+    namespace, kind = obj["metadata"]["namespace"], obj["kind"]
+    if kind == "ConfigMap":
+        return core.create_namespaced_config_map, (namespace, obj), {}
+    if kind == "Pod":
+        return core.create_namespaced_pod, (namespace, obj), {}
+    return custom.create_namespaced_custom_object, (*PYTORCHJOB[:2], namespace, PYTORCHJOB[2], obj), {}
+
+
+def _get_call(core: Any, custom: Any, kind: str, name: str, namespace: str) -> _Call:
+    if kind == "Pod":
+        return core.read_namespaced_pod, (name, namespace), {}
+    if kind == "ConfigMap":
+        return core.read_namespaced_config_map, (name, namespace), {}
+    return custom.get_namespaced_custom_object, (*PYTORCHJOB[:2], namespace, PYTORCHJOB[2], name), {}
+
+
+def _delete_call(core: Any, custom: Any, kind: str, name: str, namespace: str) -> _Call:
+    # Background propagation: the API's garbage collector removes what the job owns (pods, the payload ConfigMap).
+    body = {"propagationPolicy": "Background"}
+    if kind == "Pod":
+        return core.delete_namespaced_pod, (name, namespace), {"body": body}
+    if kind == "ConfigMap":
+        return core.delete_namespaced_config_map, (name, namespace), {"body": body}
+    return custom.delete_namespaced_custom_object, (*PYTORCHJOB[:2], namespace, PYTORCHJOB[2], name), {"body": body}
+
+
+def _log_call(core: Any, request: ReadLog) -> _Call:
+    kwargs: dict[str, Any] = {"container": "pytorch", "timestamps": True}
+    if request.since_seconds is not None:
+        kwargs["since_seconds"] = request.since_seconds
+    return core.read_namespaced_pod_log, (request.pod, request.namespace), kwargs
+
+
+def _list_pods_call(core: Any, namespace: str, label_selector: str) -> _Call:
+    return core.list_namespaced_pod, (namespace,), {"label_selector": label_selector}
 
 
 class SyncKube:
@@ -93,53 +126,41 @@ class SyncKube:
     def __init__(self, api_client: Any) -> None:
         from kubernetes import client
 
-        self._api_client = api_client
         self._core = client.CoreV1Api(api_client)
         self._custom = client.CustomObjectsApi(api_client)
 
-    def _call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    def _body(self, call: _Call) -> bytes:
+        """The raw response body. Raw, because kubernetes 36.0.x returns the *repr* of bytes for logs otherwise
+        (kubernetes-client #2596), and JSON dicts are what render and status work with anyway."""
         from kubernetes.client.exceptions import ApiException
         from urllib3.exceptions import HTTPError
 
+        fn, args, kwargs = call
         try:
-            return fn(*args, _request_timeout=_REQUEST_TIMEOUT, **kwargs)
+            response = fn(*args, _request_timeout=_REQUEST_TIMEOUT, _preload_content=False, **kwargs)
+            return bytes(response.data)
         except ApiException as e:
             raise _from_api_exception(e) from e
         except (HTTPError, OSError) as e:
             raise KubeError(0, type(e).__name__, str(e)) from e
 
-    def _raw(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        response = self._call(fn, *args, _preload_content=False, **kwargs)
-        return json.loads(response.data)
-
     def create(self, obj: Mapping[str, Any]) -> dict[str, Any]:
-        namespace = obj["metadata"]["namespace"]
-        kind = obj["kind"]
-        if kind == "ConfigMap":
-            return self._raw(self._core.create_namespaced_config_map, namespace, obj)
-        if kind == "Pod":
-            return self._raw(self._core.create_namespaced_pod, namespace, obj)
-        return self._call(self._custom.create_namespaced_custom_object, *PYTORCHJOB[:2], namespace, PYTORCHJOB[2], obj)
+        return _json(self._body(_create_call(self._core, self._custom, obj)))
 
     def get(self, kind: str, name: str, namespace: str) -> dict[str, Any] | None:
         try:
-            if kind == "Pod":
-                return self._raw(self._core.read_namespaced_pod, name, namespace)
-            if kind == "ConfigMap":
-                return self._raw(self._core.read_namespaced_config_map, name, namespace)
-            return self._call(
-                self._custom.get_namespaced_custom_object, *PYTORCHJOB[:2], namespace, PYTORCHJOB[2], name
-            )
+            return _json(self._body(_get_call(self._core, self._custom, kind, name, namespace)))
         except KubeError as e:
             if e.not_found:
                 return None
             raise
 
     def patch_configmap(self, name: str, namespace: str, body: Mapping[str, Any]) -> None:
-        self._call(self._core.patch_namespaced_config_map, name, namespace, body)
+        # The sync client sends a dict body as a JSON merge patch.
+        self._body((self._core.patch_namespaced_config_map, (name, namespace, body), {}))
 
     def list_pods(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
-        doc = self._raw(self._core.list_namespaced_pod, namespace, label_selector=label_selector)
+        doc = _json(self._body(_list_pods_call(self._core, namespace, label_selector)))
         return list(doc.get("items", []))
 
     def snapshot(self, ref: JobRef) -> Snapshot:
@@ -148,32 +169,12 @@ class SyncKube:
         return Snapshot(job=job, pods=pods, now=time.time())
 
     def read_log(self, request: ReadLog) -> str:
-        kwargs: dict[str, Any] = {"container": "pytorch", "timestamps": True}
-        if request.since_seconds is not None:
-            kwargs["since_seconds"] = request.since_seconds
-        # _preload_content=False: kubernetes 36.0.x returns the repr of bytes otherwise (kubernetes-client #2596).
-        response = self._call(
-            self._core.read_namespaced_pod_log, request.pod, request.namespace, _preload_content=False, **kwargs
-        )
-        return bytes(response.data).decode("utf-8", errors="replace")
+        return self._body(_log_call(self._core, request)).decode("utf-8", errors="replace")
 
     def delete(self, kind: str, name: str, namespace: str) -> bool:
-        """Delete an object and, through the API's garbage collection, what it owns. False if it was gone."""
-        body = {"propagationPolicy": "Background"}
+        """Delete an object (and, through garbage collection, what it owns). False if it was gone already."""
         try:
-            if kind == "Pod":
-                self._call(self._core.delete_namespaced_pod, name, namespace, body=body)
-            elif kind == "ConfigMap":
-                self._call(self._core.delete_namespaced_config_map, name, namespace, body=body)
-            else:
-                self._call(
-                    self._custom.delete_namespaced_custom_object,
-                    *PYTORCHJOB[:2],
-                    namespace,
-                    PYTORCHJOB[2],
-                    name,
-                    body=body,
-                )
+            self._body(_delete_call(self._core, self._custom, kind, name, namespace))
         except KubeError as e:
             if e.not_found:
                 return False
@@ -190,49 +191,37 @@ class AsyncKube:
         self._core = client.CoreV1Api(api_client)
         self._custom = client.CustomObjectsApi(api_client)
 
-    async def _call(self, fn: Callable[..., Awaitable[Any]], *args: Any, **kwargs: Any) -> Any:
+    async def _body(self, call: _Call) -> bytes:
+        """The raw response body. kubernetes_asyncio checks the HTTP status only when it preloads the content, so
+        a 404, 403 or 503 would otherwise come back as a Status document in place of the object: check it here."""
         from aiohttp import ClientError
         from kubernetes_asyncio.client.exceptions import ApiException
 
+        fn, args, kwargs = call
         try:
-            return await fn(*args, _request_timeout=_REQUEST_TIMEOUT, **kwargs)
+            response = await fn(*args, _request_timeout=_REQUEST_TIMEOUT, _preload_content=False, **kwargs)
+            body = await response.read()
         except ApiException as e:
             raise _from_api_exception(e) from e
-        except (TimeoutError, ClientError, OSError) as e:
-            raise KubeError(0, type(e).__name__, str(e)) from e
-
-    async def _raw(self, fn: Callable[..., Awaitable[Any]], *args: Any, **kwargs: Any) -> bytes:
-        """The response body. kubernetes_asyncio checks the HTTP status only when it preloads the content, so a
-        404, 403 or 503 would otherwise come back as a Status document in place of the object: check it here."""
-        from aiohttp import ClientError
-        from kubernetes_asyncio.client.exceptions import ApiException
-
-        response = await self._call(fn, *args, _preload_content=False, **kwargs)
-        try:
-            body = await response.read()
         except (TimeoutError, ClientError, OSError) as e:
             raise KubeError(0, type(e).__name__, str(e)) from e
         if not 200 <= response.status <= 299:
             error = ApiException(status=response.status, reason=response.reason)
             error.body = body.decode("utf-8", errors="replace")
             raise _from_api_exception(error) from error
-        return body
+        return bytes(body)
 
     async def get(self, kind: str, name: str, namespace: str) -> dict[str, Any] | None:
         try:
-            if kind == "Pod":
-                return json.loads(await self._raw(self._core.read_namespaced_pod, name, namespace))
-            return await self._call(
-                self._custom.get_namespaced_custom_object, *PYTORCHJOB[:2], namespace, PYTORCHJOB[2], name
-            )
+            return _json(await self._body(_get_call(self._core, self._custom, kind, name, namespace)))
         except KubeError as e:
             if e.not_found:
                 return None
             raise
 
     async def list_pods(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
-        body = await self._raw(self._core.list_namespaced_pod, namespace, label_selector=label_selector)
-        return list(json.loads(body).get("items", []))
+        doc = _json(await self._body(_list_pods_call(self._core, namespace, label_selector)))
+        return list(doc.get("items", []))
 
     async def snapshot(self, ref: JobRef) -> Snapshot:
         job = await self.get(ref.kind, ref.name, ref.namespace)
@@ -240,33 +229,23 @@ class AsyncKube:
         return Snapshot(job=job, pods=pods, now=time.time())
 
     async def read_log(self, request: ReadLog) -> str:
-        kwargs: dict[str, Any] = {"container": "pytorch", "timestamps": True}
-        if request.since_seconds is not None:
-            kwargs["since_seconds"] = request.since_seconds
-        body = await self._raw(self._core.read_namespaced_pod_log, request.pod, request.namespace, **kwargs)
-        return body.decode("utf-8", errors="replace")
+        return (await self._body(_log_call(self._core, request))).decode("utf-8", errors="replace")
 
     async def delete(self, kind: str, name: str, namespace: str) -> bool:
-        body = {"propagationPolicy": "Background"}
         try:
-            if kind == "Pod":
-                await self._call(self._core.delete_namespaced_pod, name, namespace, body=body)
-            elif kind == "ConfigMap":
-                await self._call(self._core.delete_namespaced_config_map, name, namespace, body=body)
-            else:
-                await self._call(
-                    self._custom.delete_namespaced_custom_object,
-                    *PYTORCHJOB[:2],
-                    namespace,
-                    PYTORCHJOB[2],
-                    name,
-                    body=body,
-                )
+            await self._body(_delete_call(self._core, self._custom, kind, name, namespace))
         except KubeError as e:
             if e.not_found:
                 return False
             raise
         return True
+
+
+def _json(body: bytes) -> dict[str, Any]:
+    doc = json.loads(body)
+    if not isinstance(doc, dict):
+        raise KubeError(0, "InvalidResponse", f"expected a JSON object, got {body[:200]!r}")
+    return doc
 
 
 # --- retries and drivers --------------------------------------------------------------------------------------------

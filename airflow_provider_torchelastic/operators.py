@@ -337,9 +337,13 @@ class TorchElasticOperator(BaseOperator):
 
         store = context.get("task_state_store")
         saved = store.get(STATE_KEY) if store is not None else None
+        try_number = context["ti"].try_number
         # The state store remembers the job of this try even if its name were computed differently now (a provider
-        # upgrade between a worker crash and the resumed try); the deterministic name covers everything else.
-        remembered = [JobRef(**{k: str(v) for k, v in saved.items()})] if isinstance(saved, dict) else []
+        # upgrade between a worker crash and the resumed try); the deterministic name covers everything else. Its
+        # values survive retries, so only the record of *this* try counts: a new try must get a new job.
+        remembered = []
+        if isinstance(saved, dict) and saved.get("try_number") == try_number:
+            remembered = [JobRef(kind=str(saved["kind"]), name=str(saved["name"]), namespace=str(saved["namespace"]))]
         for candidate in [*remembered, ref]:
             if call(kube.get, candidate.kind, candidate.name, candidate.namespace) is not None:
                 self.log.info(
@@ -351,7 +355,7 @@ class TorchElasticOperator(BaseOperator):
                 return candidate
         if store is not None:
             # Before creating: a crash between create and store must still find the job.
-            store.set(STATE_KEY, asdict(ref))
+            store.set(STATE_KEY, {**asdict(ref), "try_number": try_number})
         name = configmap["metadata"]["name"]
         try:
             call(kube.create, configmap)

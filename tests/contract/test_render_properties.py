@@ -180,7 +180,9 @@ pod_template = st.none() | st.sampled_from(
 
 
 @st.composite
-def pod_options(draw: st.DrawFn) -> PodOptions:
+def pod_options(draw: st.DrawFn, *, resources: bool = True) -> PodOptions:
+    """``resources=False`` for per-replica options: the operator-level options own these resource names, and a
+    replica limit below an operator-level request is an invalid combination (refused at construction)."""
     env = draw(st.dictionaries(env_name, env_value, max_size=4))
     as_list = draw(st.booleans())
     return PodOptions(
@@ -202,7 +204,7 @@ def pod_options(draw: st.DrawFn) -> PodOptions:
         shm_size=draw(st.sampled_from([UNSET, None, "64Mi", "2Gi", "500M"])),
         pod_template=draw(pod_template),
         **draw(volumes_and_mounts()),
-        **draw(option_resources),
+        **draw(option_resources if resources else st.just({})),
     )
 
 
@@ -212,7 +214,7 @@ def replica(cls: type[Master] | type[Worker], **extra: Any) -> st.SearchStrategy
         replica_resources,
         image=st.none() | image,
         restart_policy=st.sampled_from(RestartPolicy),
-        pod=st.none() | pod_options(),
+        pod=st.none() | pod_options(resources=False),
     )
 
 

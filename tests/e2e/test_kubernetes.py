@@ -91,6 +91,22 @@ def read_run(dag_id: str, run_id: str) -> DagRunResult:
         )
 
 
+def rendered_fields(dag_id: str, run_id: str, task_id: str = "train") -> dict[str, Any]:
+    from airflow.models.renderedtifields import RenderedTaskInstanceFields
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    with create_session() as session:
+        row = session.scalars(
+            select(RenderedTaskInstanceFields).where(
+                RenderedTaskInstanceFields.dag_id == dag_id,
+                RenderedTaskInstanceFields.run_id == run_id,
+                RenderedTaskInstanceFields.task_id == task_id,
+            )
+        ).one()
+        return dict(row.rendered_fields)
+
+
 def run_dag(dag_id: str, folder: Path = TEST_DAGS) -> DagRunResult:
     dag_run = load_dag(dag_id, folder).test()
     return read_run(dag_id, dag_run.run_id)
@@ -287,9 +303,14 @@ def test_one_node_runs_as_a_single_pod_and_is_deleted(cluster: Cluster) -> None:
     assert cluster.workloads("k8s_single_pod") == ([], [])
 
 
-def test_elastic_two_nodes_returns_rank_0_result_from_whichever_pod_held_it(cluster: Cluster) -> None:
+def test_elastic_two_nodes_returns_rank_0_result_from_whichever_pod_held_it(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from airflow_provider_torchelastic.outcome import decode_outcome
 
+    monkeypatch.setenv(
+        "AIRFLOW__TORCH_ELASTIC__DASHBOARD_URL_TEMPLATE", "https://dash.example/{namespace}/{kind}/{name}"
+    )
     result = run_dag("k8s_elastic_job")
     assert result.state == "success", result
     assert result.tasks == {("train", -1): ("success", 1)}
@@ -309,6 +330,11 @@ def test_elastic_two_nodes_returns_rank_0_result_from_whichever_pod_held_it(clus
     holders = [pod for pod, outcome in outcomes.items() if outcome.holds_rank0]
     assert len(holders) == 1, outcomes
     assert outcomes[holders[0]].result == result.xcom()
+    # The UI: the extra link was built from XComs pushed before deferring (this task deferred), and the
+    # rendered-template view shows the job that was submitted, not the parse-time placeholder.
+    assert result.xcom(key="_link_TorchElasticJobLink") == f"https://dash.example/{cluster.namespace}/PyTorchJob/{name}"
+    rendered = rendered_fields("k8s_elastic_job", result.run_id)
+    assert f"name: {name}" in rendered["rendered_job"] and "full manifest: XCom 'manifests'" in rendered["rendered_job"]
 
 
 def test_master_and_worker_use_the_injected_static_rendezvous(cluster: Cluster) -> None:

@@ -53,6 +53,13 @@ def test_conflicting_pod_template_fails_at_construction() -> None:
         make_operator(pod_options=PodOptions(pod_template=template))
 
 
+def test_replica_limit_below_an_operator_request_fails_at_construction() -> None:
+    # Each level alone is valid; merged, the pod would request more memory than its limit.
+    config = PyTorch(master=Master(), worker=Worker(replicas=1, pod=PodOptions(limits={"memory": "1Gi"})))
+    with pytest.raises(ValueError, match="memory"):
+        make_operator(task_config=config, pod_options=PodOptions(requests={"memory": "2Gi"}))
+
+
 @pytest.mark.parametrize(
     ("kwargs", "field"),
     [
