@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from enum import Enum
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Final, TypeAlias
+from typing import TYPE_CHECKING, Any, Final, TypeAlias, cast
 
 if TYPE_CHECKING:
     from airflow_provider_torchelastic.pod import PodOptions
@@ -298,8 +298,8 @@ class PyTorch:
 
     @property
     def worker_replicas(self) -> int:
-        assert self.worker.replicas is not None  # normalised in __post_init__
-        return self.worker.replicas
+        # Never None: __post_init__ refuses neither and folds num_workers into worker.replicas.
+        return cast(int, self.worker.replicas)
 
     @property
     def nnodes(self) -> int:

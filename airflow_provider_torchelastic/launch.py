@@ -7,7 +7,7 @@ and local execution passes it per node process.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -96,9 +96,3 @@ def runner_command(
     if spec.rdzv_configs:
         args += ["--rdzv-conf", format_rdzv_conf(spec.rdzv_configs)]
     return args
-
-
-def join_args(args: Sequence[str]) -> str:
-    import shlex
-
-    return shlex.join(args)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import calendar
 import time
 from collections.abc import Generator, Mapping, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from enum import Enum
 from typing import Any, Final, TypeAlias
 
@@ -423,7 +423,3 @@ def _stream_logs(
         lines, state.cursors[name] = new_log_lines(cursor, text or "")
         for line in lines:
             yield EmitLog(f"[{name}] {line}")
-
-
-def with_policy(policy: WaitPolicy, **changes: Any) -> WaitPolicy:
-    return replace(policy, **changes)
