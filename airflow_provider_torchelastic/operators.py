@@ -298,7 +298,12 @@ class TorchElasticOperator(BaseOperator):
 
         hook = self._hook()
         namespace = self.namespace or hook.get_namespace() or "default"
-        manifests = self._render_objects(self._identity(context), namespace, payload)
+        try:
+            manifests = self._render_objects(self._identity(context), namespace, payload)
+        except (ValueError, TypeError) as e:
+            # A setting only known at run time (templated image, the connection's namespace, the payload's size)
+            # is wrong: the same try would fail the same way, so do not spend retries on it.
+            raise TrainingFailedError(f"Cannot build the Kubernetes objects for this task: {e}") from e
         configmap, workload = manifests
         ref = JobRef(kind=workload["kind"], name=workload["metadata"]["name"], namespace=namespace)
         self.rendered_job = summarize_for_ui(manifests)
