@@ -45,12 +45,14 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
+
+from tests.cluster.watch import ListWatch
 
 log = logging.getLogger("sim-operator")
 
@@ -767,19 +769,6 @@ def finish_succeeded(status: dict[str, Any], plan: Plan, message: str, stamp: st
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def iter_watch_lines(resp: Any) -> Iterator[bytes]:
-    """Lines of a streaming watch response, as each chunk arrives."""
-    buffer = b""
-    for chunk in resp.stream(amt=None, decode_content=False):
-        buffer += chunk
-        while b"\n" in buffer:
-            line, buffer = buffer.split(b"\n", 1)
-            if line.strip():
-                yield line
-    if buffer.strip():
-        yield buffer
-
-
 class Informer:
     """A dict cache of one resource kind kept by list + watch; relists on 410 Gone and after errors.
 
@@ -798,7 +787,9 @@ class Informer:
         self.cache: dict[tuple[str, str], dict[str, Any]] = {}
         # UIDs seen DELETED: a write response that arrives after the watch event must not resurrect the object.
         self.deleted: dict[str, float] = {}
-        self.synced = threading.Event()
+        # The list + watch loop; this class adds the cache the reconciler reads (and its own writes go into).
+        self._watch = ListWatch(name, list_fn, self._apply, self._relist, **kwargs)
+        self.synced = self._watch.synced
 
     def items(self) -> list[dict[str, Any]]:
         with self.lock:
@@ -842,50 +833,7 @@ class Informer:
             self._apply("MODIFIED", obj)
 
     def run(self, stop: threading.Event) -> None:
-        rv: str | None = None
-        while not stop.is_set():
-            try:
-                if rv is None:
-                    body = json.loads(self.list_fn(_preload_content=False, **self.kwargs).data)
-                    rv = body["metadata"]["resourceVersion"]
-                    self._relist(body.get("items") or [])
-                    self.synced.set()
-                resp = self.list_fn(
-                    watch=True,
-                    resource_version=rv,
-                    allow_watch_bookmarks=True,
-                    timeout_seconds=55,
-                    _preload_content=False,
-                    _request_timeout=(10, 75),
-                    **self.kwargs,
-                )
-                try:
-                    for line in iter_watch_lines(resp):
-                        event = json.loads(line)
-                        obj = event.get("object") or {}
-                        if event.get("type") == "ERROR":
-                            if obj.get("code") == 410:
-                                log.info("%s watch expired (410); relisting", self.name)
-                                rv = None
-                                break
-                            raise RuntimeError(f"watch error: {obj}")
-                        rv = obj.get("metadata", {}).get("resourceVersion", rv)
-                        if event.get("type") != "BOOKMARK":
-                            self._apply(event["type"], obj)
-                        if stop.is_set():
-                            return
-                finally:
-                    resp.release_conn()
-            except ApiException as err:
-                if err.status == 410:
-                    log.info("%s watch expired (410); relisting", self.name)
-                    rv = None
-                    continue
-                log.warning("%s watch failed: %s %s; retrying", self.name, err.status, err.reason)
-                stop.wait(1.0)
-            except Exception as err:  # connection reset, timeouts, apiserver restart
-                log.warning("%s watch failed: %s; retrying", self.name, err)
-                stop.wait(1.0)
+        self._watch.run(stop)
 
 
 class WorkQueue:
