@@ -307,7 +307,8 @@ class TorchElasticOperator(BaseOperator):
         configmap, workload = manifests
         ref = JobRef(kind=workload["kind"], name=workload["metadata"]["name"], namespace=namespace)
         self.rendered_job = summarize_for_ui(manifests)
-        self.log.info("Manifests to submit (payload elided):\n%s", self._manifests_for_log(manifests))
+        elided = [elide_payload(manifest) for manifest in manifests]
+        self.log.info("Manifests to submit (payload elided):\n%s", json.dumps(elided, indent=2))
         kube = SyncKube(hook.api_client)
         ref = self._submit(kube, ref, configmap, workload, context)
         self._job = ref
@@ -315,20 +316,13 @@ class TorchElasticOperator(BaseOperator):
         ti.xcom_push(key=XCOM_JOB_NAME, value=ref.name)
         ti.xcom_push(key=XCOM_JOB_NAMESPACE, value=ref.namespace)
         ti.xcom_push(key=XCOM_JOB_KIND, value=ref.kind)
-        ti.xcom_push(key=XCOM_MANIFESTS, value=self._elided(manifests))
+        ti.xcom_push(key=XCOM_MANIFESTS, value=elided)
 
         if self._resolve_deferrable():
             self._defer(hook, ref, context)
         # Waiting here: an execution_timeout (AirflowTaskTimeout) or SIGTERM reaches on_kill, which deletes the job.
         decision = drive_sync(watch_job(ref, self._policy()), kube, self.log.info)
         return self._finish(kube, ref, decision)
-
-    @staticmethod
-    def _elided(manifests: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        return [elide_payload(manifest) for manifest in manifests]
-
-    def _manifests_for_log(self, manifests: list[dict[str, Any]]) -> str:
-        return json.dumps(self._elided(manifests), indent=2)
 
     def _submit(
         self, kube: SyncKube, ref: JobRef, configmap: dict[str, Any], workload: dict[str, Any], context: Context
