@@ -9,18 +9,16 @@ from __future__ import annotations
 
 import os
 from datetime import timedelta
-from pathlib import Path
 
 import pendulum
 from airflow.sdk import DAG
 
-from airflow_provider_torchelastic import Elastic, Master, PyTorch, RecoverableError, TorchElasticOperator, Worker
+from airflow_provider_torchelastic import Elastic, Master, PyTorch, TorchElasticOperator, Worker
 from airflow_provider_torchelastic.pod import PodOptions
+from tests.dag_support import fail_on_rank_1, flaky_on_first_try, record_failure
 
 START = pendulum.datetime(2026, 1, 1, tz="UTC")
 IMAGE = "local/torchelastic-runner:test"
-#: Where the tests read what the failure callbacks saw (set by the test, read when a task fails).
-OUT_DIR_ENV = "TORCHELASTIC_E2E_OUT"
 #: Every Kubernetes task: fast polls, fast failure of stuck pods.
 FAST = {"image": IMAGE, "execution": "kubernetes", "poll_interval": 1, "pending_grace_seconds": 5}
 
@@ -54,32 +52,6 @@ def sleep_then_return(seconds: float, value: str) -> dict:
 
     time.sleep(seconds)
     return {"value": value, "rank": int(os.environ["RANK"])}
-
-
-class TransientStorageError(RecoverableError):
-    """A recoverable error of the DAG author's own."""
-
-
-def flaky_on_first_try(try_number: str) -> dict:
-    if int(try_number) == 1:
-        raise TransientStorageError(f"object store unavailable on try {try_number}")
-    return {"try_number": int(try_number), "rank": int(os.environ["RANK"])}
-
-
-def fail_on_rank_1() -> str:
-    if os.environ["RANK"] == "1":
-        raise ValueError("shard 3 has a corrupt header")
-    return "rank 0 done"
-
-
-def record_failure(context) -> None:
-    """Keep the task's exception where the test can read it (the callback runs in the task's process)."""
-    out = os.environ.get(OUT_DIR_ENV)
-    if not out:
-        return
-    ti, error = context["ti"], context.get("exception")
-    path = Path(out) / f"{ti.dag_id}.{ti.task_id}.try{ti.try_number}.txt"
-    path.write_text(f"{type(error).__module__}.{type(error).__qualname__}: {error}")
 
 
 def _dag(dag_id: str, **default_args: object) -> DAG:

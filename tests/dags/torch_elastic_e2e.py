@@ -8,16 +8,14 @@ from __future__ import annotations
 
 import os
 from datetime import timedelta
-from pathlib import Path
 
 import pendulum
 from airflow.sdk import DAG, task
 
-from airflow_provider_torchelastic import Elastic, RecoverableError, TorchElasticOperator
+from airflow_provider_torchelastic import Elastic, TorchElasticOperator
+from tests.dag_support import fail_on_rank_1, flaky_on_first_try, record_failure
 
 START = pendulum.datetime(2026, 1, 1, tz="UTC")
-#: Where the tests read what the failure callbacks saw (set by the test, read when a task fails).
-OUT_DIR_ENV = "TORCHELASTIC_E2E_OUT"
 
 
 def small(**overrides: object) -> Elastic:
@@ -41,34 +39,8 @@ def all_reduce_ranks(offset: float = 0.0) -> dict:
     return result
 
 
-class TransientStorageError(RecoverableError):
-    """A recoverable error of the DAG author's own."""
-
-
-def flaky_on_first_try(try_number: str) -> dict:
-    if int(try_number) == 1:
-        raise TransientStorageError(f"object store unavailable on try {try_number}")
-    return {"try_number": int(try_number), "rank": int(os.environ["RANK"])}
-
-
-def fail_on_rank_1() -> str:
-    if os.environ["RANK"] == "1":
-        raise ValueError("shard 3 has a corrupt header")
-    return "rank 0 done"
-
-
 def world_size() -> int:
     return int(os.environ["WORLD_SIZE"])
-
-
-def record_failure(context) -> None:
-    """Keep the task's exception where the test can read it (the callback runs in the task's process)."""
-    out = os.environ.get(OUT_DIR_ENV)
-    if not out:
-        return
-    ti, error = context["ti"], context.get("exception")
-    path = Path(out) / f"{ti.dag_id}.{ti.task_id}.try{ti.try_number}.txt"
-    path.write_text(f"{type(error).__module__}.{type(error).__qualname__}: {error}")
 
 
 with DAG("te_two_nodes", schedule=None, start_date=START, catchup=False):

@@ -1,0 +1,43 @@
+"""Pieces shared by the end-to-end DAG files in tests/dags (local and Kubernetes).
+
+Kept outside the dags folder so Airflow does not parse it as a DAG file. The training functions here come from an
+importable sibling module, not from the DAG file itself, so they also exercise the payload's by-value pickling of
+helper modules that do not exist where the workers run.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from airflow_provider_torchelastic import RecoverableError
+
+#: Where the tests read what the failure callbacks saw (set by the test, read when a task fails).
+OUT_DIR_ENV = "TORCHELASTIC_E2E_OUT"
+
+
+class TransientStorageError(RecoverableError):
+    """A recoverable error of the DAG author's own."""
+
+
+def flaky_on_first_try(try_number: str) -> dict:
+    if int(try_number) == 1:
+        raise TransientStorageError(f"object store unavailable on try {try_number}")
+    return {"try_number": int(try_number), "rank": int(os.environ["RANK"])}
+
+
+def fail_on_rank_1() -> str:
+    if os.environ["RANK"] == "1":
+        raise ValueError("shard 3 has a corrupt header")
+    return "rank 0 done"
+
+
+def record_failure(context: Any) -> None:
+    """Keep the task's exception where the test can read it (the callback runs in the task's process)."""
+    out = os.environ.get(OUT_DIR_ENV)
+    if not out:
+        return
+    ti, error = context["ti"], context.get("exception")
+    path = Path(out) / f"{ti.dag_id}.{ti.task_id}.try{ti.try_number}.txt"
+    path.write_text(f"{type(error).__module__}.{type(error).__qualname__}: {error}")
