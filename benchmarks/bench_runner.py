@@ -113,6 +113,13 @@ def bench_launch(repeat: int) -> dict[str, tuple[float, float]]:
     payload = work / "payload.bin"
     payload.write_bytes(dump_payload(namespace["main"]))  # type: ignore[arg-type]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+    def runner(start_method: str) -> list[str]:
+        return [
+            sys.executable, "-m", "airflow_provider_torchelastic.runner", "--payload", str(payload),
+            "--nproc-per-node", "2", "--monitor-interval", "0.5", "--start-method", start_method,
+        ]  # fmt: skip
+
     commands = {
         "torchrun --standalone (baseline)": [
             sys.executable,
@@ -125,32 +132,7 @@ def bench_launch(repeat: int) -> dict[str, tuple[float, float]]:
             "0.5",
             str(script),
         ],
-        "runner, spawn": [
-            sys.executable,
-            "-m",
-            "airflow_provider_torchelastic.runner",
-            "--payload",
-            str(payload),
-            "--nproc-per-node",
-            "2",
-            "--monitor-interval",
-            "0.5",
-            "--start-method",
-            "spawn",
-        ],
-        "runner, fork": [
-            sys.executable,
-            "-m",
-            "airflow_provider_torchelastic.runner",
-            "--payload",
-            str(payload),
-            "--nproc-per-node",
-            "2",
-            "--monitor-interval",
-            "0.5",
-            "--start-method",
-            "fork",
-        ],
+        **{f"runner, {method}": runner(method) for method in ("spawn", "fork")},
     }
     results: dict[str, tuple[float, float]] = {}
     for name, command in commands.items():
