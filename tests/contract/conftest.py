@@ -1,4 +1,4 @@
-"""Contract tests need the real PyTorchJob CRD; without it every test here errors with where to put it."""
+"""Contract tests need the PyTorchJob CRD (the committed derivative unless TORCHELASTIC_CRD_PATH says otherwise)."""
 
 from __future__ import annotations
 

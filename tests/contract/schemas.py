@@ -1,9 +1,10 @@
 """The contracts a rendered object must meet, as executable checks.
 
 * ``validate_pytorchjob``: the real PyTorchJob CRD's ``openAPIV3Schema`` (kubeflow/trainer v1.9.4), made strict the
-  way the API server's ``fieldValidation=Strict`` is: unknown fields are rejected. The CRD is read from
-  ``<repo root>/../shared/crds/kubeflow.org_pytorchjobs.yaml`` (override: ``TORCHELASTIC_CRD_PATH``) and never copied
-  into the repository; a missing file fails loudly.
+  way the API server's ``fieldValidation=Strict`` is: unknown fields are rejected. The CRD is the repository's
+  description-free derivative, ``tests/crds/kubeflow.org_pytorchjobs.derived.yaml`` (made by
+  ``scripts/derive_crd.py``; ``test_crd_derivative.py`` keeps it equal to upstream); override:
+  ``TORCHELASTIC_CRD_PATH``, e.g. the upstream file itself.
 * ``check_webhook_rules``: the training operator's admission-webhook rules, which the CRD schema does not hold
   (``pkg/webhooks/pytorch/pytorchjob_webhook.go``; see ``../shared/notes/pytorchjob-controller.md``).
 * ``validate_pod`` / ``validate_pod_template``: the Kubernetes Pod JSON schema, strict, from ``kubernetes-validate``,
@@ -29,7 +30,7 @@ from referencing import Registry, Resource
 KUBERNETES_VERSIONS = ("1.25", "1.37")
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-DEFAULT_CRD_PATH = REPO_ROOT.parent / "shared" / "crds" / "kubeflow.org_pytorchjobs.yaml"
+DEFAULT_CRD_PATH = REPO_ROOT / "tests" / "crds" / "kubeflow.org_pytorchjobs.derived.yaml"
 
 _DNS_1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 _MANAGED_BY = ("kubeflow.org/training-operator", "kueue.x-k8s.io/multikueue")
@@ -40,14 +41,11 @@ def crd_path() -> Path:
 
 
 @functools.cache
-def load_crd() -> dict[str, Any]:
-    path = crd_path()
+def load_crd(path: Path | None = None) -> dict[str, Any]:
+    path = path or crd_path()
     if not path.is_file():
-        raise FileNotFoundError(
-            f"PyTorchJob CRD not found at {path}: the contract tests need the real CRD (kubeflow/trainer v1.9.4, "
-            "manifests/base/crds/kubeflow.org_pytorchjobs.yaml). Put it at ../shared/crds/ next to the repository "
-            "or point TORCHELASTIC_CRD_PATH at it; do not copy it into the repository."
-        )
+        # Only an override can point nowhere: the default file is committed.
+        raise FileNotFoundError(f"PyTorchJob CRD not found at {path} (TORCHELASTIC_CRD_PATH)")
     with path.open() as f:
         crd: dict[str, Any] = yaml.safe_load(f)
     return crd
@@ -90,7 +88,11 @@ def crd_to_jsonschema(schema: Any, *, strict: bool) -> Any:
 
 @functools.cache
 def pytorchjob_schema(strict: bool = True) -> dict[str, Any]:
-    crd = load_crd()
+    return crd_jsonschema(load_crd(), strict=strict)
+
+
+def crd_jsonschema(crd: dict[str, Any], *, strict: bool = True) -> dict[str, Any]:
+    """The JSON schema ``validate_pytorchjob`` uses, for any parsed PyTorchJob CRD (the upstream one, a derivative)."""
     version = next(v for v in crd["spec"]["versions"] if v["name"] == "v1")
     schema: dict[str, Any] = crd_to_jsonschema(copy.deepcopy(version["schema"]["openAPIV3Schema"]), strict=strict)
     # ObjectMeta is validated by the API server itself, not by the CRD's schema.
