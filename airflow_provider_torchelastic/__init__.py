@@ -89,6 +89,16 @@ def get_provider_info() -> dict[str, Any]:
                         "example": "local",
                         "default": "kubernetes",
                     },
+                    "image": {
+                        "description": "The training image of tasks that name none themselves: used where neither "
+                        "the operator's image, a Master/Worker image nor the pod template's 'pytorch' container names "
+                        "one. Empty: every Kubernetes task must name its image. Read where DAGs are parsed (a "
+                        "Kubernetes task without any image fails to parse) and where tasks run.",
+                        "version_added": "0.1.0",
+                        "type": "string",
+                        "example": "registry.example.com/ml/torchelastic-runner:0.1.0",
+                        "default": "",
+                    },
                     "deferrable": {
                         "description": "Whether Kubernetes tasks release their worker slot while the job runs.",
                         "version_added": "0.1.0",

@@ -1,22 +1,30 @@
 """Typed task configuration: what a DAG author writes in ``task_config=``.
 
 Everything here is pure (standard library only) and validated in ``__post_init__``, so a bad value fails
-while the DAG file is parsed, with a message that names the field, the value given and what is expected.
+while the DAG file is parsed, with a message that names the field, the value given and what is expected (the shared
+checks live in ``validation``, below this module and ``pod``).
 The string enums carry the PyTorchJob API spellings, so rendering never has to translate them.
 """
 
 from __future__ import annotations
 
-import re
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from enum import Enum
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Final, TypeAlias, cast
+from typing import Any, Final, TypeAlias, cast
 
-if TYPE_CHECKING:
-    from airflow_provider_torchelastic.pod import PodOptions
+from airflow_provider_torchelastic.pod import PodOptions
+from airflow_provider_torchelastic.validation import (
+    check_image,
+    check_int,
+    check_resources,
+    check_seconds,
+    fail,
+    is_int,
+    is_number,
+)
 
 __all__ = [
     "CleanPodPolicy",
@@ -33,11 +41,24 @@ __all__ = [
 NPROC_SYMBOLS: Final = ("auto", "cpu", "gpu")
 START_METHODS: Final = ("spawn", "fork")
 DEFAULT_RDZV_CONFIGS: Final[Mapping[str, Any]] = MappingProxyType({"timeout": 900, "join_timeout": 900})
-
-# A Kubernetes resource quantity (https://kubernetes.io/docs/reference/kubernetes-api/common-definitions/quantity/).
-_QUANTITY = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+|Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E)?$")
-# A qualified resource name such as ``cpu`` or ``nvidia.com/gpu``.
-_RESOURCE_NAME = re.compile(r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
+#: ``rdzv_configs`` keys that torch elastic reads with ``int()`` (``RendezvousParameters.get_as_int``), all of them
+#: positive: the launcher's ``timeout``; the c10d store's ``read_timeout``; the dynamic handler's ``join``,
+#: ``last_call``, ``close`` and ``heartbeat`` timeouts and its keep-alive settings. A float such as 1.5 fails in the
+#: pod, as "1.5" does not parse as an int.
+RDZV_INT_KEYS: Final = frozenset(
+    {
+        "timeout",
+        "join_timeout",
+        "last_call_timeout",
+        "close_timeout",
+        "heartbeat_timeout",
+        "read_timeout",
+        "keep_alive_interval",
+        "keep_alive_max_attempt",
+    }
+)
+#: ``rdzv_configs`` keys that torch elastic reads as bools (``get_as_bool``): whether this node hosts the c10d store.
+RDZV_BOOL_KEYS: Final = frozenset({"is_host"})
 
 
 class RestartPolicy(str, Enum):
@@ -58,24 +79,6 @@ class CleanPodPolicy(str, Enum):
     ALL = "All"
 
 
-def _fail(owner: str, name: str, value: object, expected: str, exc: type[Exception] = ValueError) -> Exception:
-    return exc(f"{owner}.{name}: expected {expected}, got {value!r}")
-
-
-def _is_int(value: object) -> bool:
-    # bool is an int subclass; ``nnodes=True`` is a bug, not one node.
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _check_int(owner: str, name: str, value: object, *, minimum: int, optional: bool = False) -> None:
-    if value is None and optional:
-        return
-    if not _is_int(value):
-        raise _fail(owner, name, value, f"an int >= {minimum}", TypeError)
-    if value < minimum:  # type: ignore[operator]
-        raise _fail(owner, name, value, f"an int >= {minimum}")
-
-
 def _coerce_enum(owner: str, name: str, value: object, enum: type[Enum], *, optional: bool = False) -> Any:
     if value is None and optional:
         return None
@@ -83,22 +86,7 @@ def _coerce_enum(owner: str, name: str, value: object, enum: type[Enum], *, opti
         return enum(value)
     except ValueError:
         allowed = ", ".join(repr(m.value) for m in enum)
-        raise _fail(owner, name, value, f"one of {allowed}") from None
-
-
-def _check_resources(owner: str, name: str, value: object) -> Mapping[str, str]:
-    if not isinstance(value, Mapping):
-        raise _fail(owner, name, value, "a mapping of resource name to quantity, e.g. {'cpu': '4'}", TypeError)
-    checked: dict[str, str] = {}
-    for key, quantity in value.items():
-        if not isinstance(key, str) or not _RESOURCE_NAME.match(key):
-            raise _fail(owner, name, key, "resource names such as 'cpu', 'memory' or 'nvidia.com/gpu'")
-        if _is_int(quantity) or isinstance(quantity, float):
-            quantity = str(quantity)
-        if not isinstance(quantity, str) or not _QUANTITY.match(quantity):
-            raise _fail(owner, f"{name}[{key!r}]", quantity, "a Kubernetes quantity such as 2, '500m' or '16Gi'")
-        checked[key] = quantity
-    return MappingProxyType(checked)
+        raise fail(owner, name, value, f"one of {allowed}") from None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -121,14 +109,14 @@ class RunPolicy:
             _coerce_enum("RunPolicy", "clean_pod_policy", self.clean_pod_policy, CleanPodPolicy, optional=True),
         )
         for name in ("ttl_seconds_after_finished", "active_deadline_seconds", "backoff_limit"):
-            _check_int("RunPolicy", name, getattr(self, name), minimum=0, optional=True)
+            check_int("RunPolicy", name, getattr(self, name), minimum=0, optional=True)
         if self.active_deadline_seconds == 0:
-            raise _fail("RunPolicy", "active_deadline_seconds", 0, "an int >= 1 (0 would fail the job at once)")
+            raise fail("RunPolicy", "active_deadline_seconds", 0, "an int >= 1 (0 would fail the job at once)")
 
 
 def _check_run_policy(owner: str, value: object) -> None:
     if value is not None and not isinstance(value, RunPolicy):
-        raise _fail(owner, "run_policy", value, "a RunPolicy(...) or None", TypeError)
+        raise fail(owner, "run_policy", value, "a RunPolicy(...) or None", TypeError)
 
 
 def _check_nproc(owner: str, value: object) -> int | str:
@@ -136,10 +124,44 @@ def _check_nproc(owner: str, value: object) -> int | str:
         value = int(value)
     if isinstance(value, str):
         if value not in NPROC_SYMBOLS:
-            raise _fail(owner, "nproc_per_node", value, "an int >= 1 or one of 'auto', 'cpu', 'gpu'")
+            raise fail(owner, "nproc_per_node", value, "an int >= 1 or one of 'auto', 'cpu', 'gpu'")
         return value
-    _check_int(owner, "nproc_per_node", value, minimum=1)
+    check_int(owner, "nproc_per_node", value, minimum=1)
     return value  # type: ignore[return-value]
+
+
+def _check_rdzv_configs(value: object) -> Mapping[str, Any]:
+    """The user's rendezvous settings merged over the defaults, checked the way torch elastic will read them.
+
+    They travel as ``--rdzv-conf k=v,k=v`` (``launch.format_rdzv_conf``) and come back as strings, so a ``,`` or ``=``
+    in a key or value would split differently, and a value torch reads with ``int()`` must be an int here.
+    """
+    owner, name = "Elastic", "rdzv_configs"
+    if not isinstance(value, Mapping):
+        raise fail(owner, name, value, "a mapping with string keys, e.g. {'join_timeout': 600}", TypeError)
+    # Merged over the defaults so that setting one key does not silently drop the 900 s timeouts.
+    merged = {**DEFAULT_RDZV_CONFIGS, **value}
+    for key, item in merged.items():
+        expected_key = "non-empty string keys without ',' or '=' (they are passed as k=v,k=v)"
+        if not isinstance(key, str):
+            raise fail(owner, name, key, expected_key, TypeError)
+        if not key.strip() or "," in key or "=" in key:
+            raise fail(owner, name, key, expected_key)
+        where = f"{name}[{key!r}]"
+        if key in RDZV_INT_KEYS:
+            expected = "an int >= 1 (torch elastic reads it with int())"
+            if not is_int(item):
+                raise fail(owner, where, item, expected, TypeError)
+            if item < 1:
+                raise fail(owner, where, item, expected)
+        elif key in RDZV_BOOL_KEYS:
+            if not (isinstance(item, bool) or item in (0, 1)) or isinstance(item, float):
+                raise fail(owner, where, item, "a bool (or 0/1)", TypeError)
+        elif not (isinstance(item, str | bool) or is_number(item)):
+            raise fail(owner, where, item, "a str, int, float or bool", TypeError)
+        elif isinstance(item, str) and (not item.strip() or "," in item or "=" in item):
+            raise fail(owner, where, item, "a non-empty value without ',' or '=' (it is passed as k=v,k=v)")
+    return MappingProxyType(merged)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -158,15 +180,12 @@ class _Replica:
 
     def __post_init__(self) -> None:
         owner = type(self).__name__
-        # Imported here: pod.py builds on this module's validators, so a top-level import would be circular.
-        from airflow_provider_torchelastic.pod import PodOptions
-
         if self.pod is not None and not isinstance(self.pod, PodOptions):
-            raise _fail(owner, "pod", self.pod, "a PodOptions(...) or None", TypeError)
-        if self.image is not None and (not isinstance(self.image, str) or not self.image.strip()):
-            raise _fail(owner, "image", self.image, "a non-empty image reference or None")
-        object.__setattr__(self, "requests", _check_resources(owner, "requests", self.requests))
-        object.__setattr__(self, "limits", _check_resources(owner, "limits", self.limits))
+            raise fail(owner, "pod", self.pod, "a PodOptions(...) or None", TypeError)
+        # Not a templated field (task_config is not rendered): a "{{ ... }}" here would reach the pod as written.
+        check_image(owner, "image", self.image)
+        object.__setattr__(self, "requests", check_resources(owner, "requests", self.requests))
+        object.__setattr__(self, "limits", check_resources(owner, "limits", self.limits))
         policy = _coerce_enum(owner, "restart_policy", self.restart_policy, RestartPolicy)
         object.__setattr__(self, "restart_policy", policy)
 
@@ -185,7 +204,7 @@ class Worker(_Replica):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        _check_int("Worker", "replicas", self.replicas, minimum=0, optional=True)
+        check_int("Worker", "replicas", self.replicas, minimum=0, optional=True)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -214,34 +233,43 @@ class Elastic:
         self._parse_nnodes()
         object.__setattr__(self, "nproc_per_node", _check_nproc("Elastic", self.nproc_per_node))
         if self.start_method not in START_METHODS:
-            raise _fail("Elastic", "start_method", self.start_method, "'spawn' or 'fork'")
-        if (
-            not (_is_int(self.monitor_interval) or isinstance(self.monitor_interval, float))
-            or self.monitor_interval <= 0
-        ):
-            raise _fail("Elastic", "monitor_interval", self.monitor_interval, "a number of seconds > 0")
-        _check_int("Elastic", "max_restarts", self.max_restarts, minimum=0)
-        if not isinstance(self.rdzv_configs, Mapping) or not all(isinstance(k, str) for k in self.rdzv_configs):
-            raise _fail("Elastic", "rdzv_configs", self.rdzv_configs, "a mapping with string keys", TypeError)
-        # Merge over the defaults so that setting one key does not silently drop the 900 s timeouts.
-        object.__setattr__(self, "rdzv_configs", MappingProxyType({**DEFAULT_RDZV_CONFIGS, **self.rdzv_configs}))
+            raise fail("Elastic", "start_method", self.start_method, "'spawn' or 'fork'")
+        check_seconds("Elastic", "monitor_interval", self.monitor_interval)
+        check_int("Elastic", "max_restarts", self.max_restarts, minimum=0)
+        object.__setattr__(self, "rdzv_configs", _check_rdzv_configs(self.rdzv_configs))
         _check_run_policy("Elastic", self.run_policy)
+        if self.max_nodes == 1 and self.run_policy is not None:
+            job_only = [
+                name
+                for name in ("clean_pod_policy", "ttl_seconds_after_finished", "backoff_limit")
+                if getattr(self.run_policy, name) is not None
+            ]
+            if job_only:
+                # One node renders a plain Pod: the training operator, which would apply these, is not involved.
+                raise fail(
+                    "Elastic",
+                    "run_policy",
+                    self.run_policy,
+                    f"only active_deadline_seconds for one node (nnodes={self.nnodes!r} runs as a single Pod, which "
+                    f"cannot honour {', '.join(job_only)}: they apply to multi-node jobs, nnodes > 1 or a range "
+                    "such as '1:2')",
+                )
 
     def _parse_nnodes(self) -> tuple[int, int]:
         expected = "an int >= 1 or a 'min:max' string with 1 <= min <= max"
         value = self.nnodes
-        if _is_int(value):
+        if is_int(value):
             if value < 1:  # type: ignore[operator]
-                raise _fail("Elastic", "nnodes", value, expected)
+                raise fail("Elastic", "nnodes", value, expected)
             return value, value  # type: ignore[return-value]
         if not isinstance(value, str):
-            raise _fail("Elastic", "nnodes", value, expected, TypeError)
+            raise fail("Elastic", "nnodes", value, expected, TypeError)
         parts = value.split(":")
         if len(parts) not in (1, 2) or not all(p.strip().isdigit() for p in parts):
-            raise _fail("Elastic", "nnodes", value, expected)
+            raise fail("Elastic", "nnodes", value, expected)
         low, high = int(parts[0]), int(parts[-1])
         if not 1 <= low <= high:
-            raise _fail("Elastic", "nnodes", value, expected)
+            raise fail("Elastic", "nnodes", value, expected)
         return low, high
 
     @property
@@ -269,11 +297,11 @@ class PyTorch:
 
     def __post_init__(self) -> None:
         if not isinstance(self.master, Master):
-            raise _fail("PyTorch", "master", self.master, "a Master(...)", TypeError)
+            raise fail("PyTorch", "master", self.master, "a Master(...)", TypeError)
         if not isinstance(self.worker, Worker):
-            raise _fail("PyTorch", "worker", self.worker, "a Worker(...)", TypeError)
+            raise fail("PyTorch", "worker", self.worker, "a Worker(...)", TypeError)
         _check_run_policy("PyTorch", self.run_policy)
-        _check_int("PyTorch", "num_workers", self.num_workers, minimum=0, optional=True)
+        check_int("PyTorch", "num_workers", self.num_workers, minimum=0, optional=True)
         if self.num_workers is not None and self.worker.replicas is not None:
             raise ValueError(
                 f"PyTorch.num_workers: expected either num_workers or worker.replicas, got both "
@@ -294,7 +322,7 @@ class PyTorch:
             object.__setattr__(self, "worker", replace(self.worker, replicas=self.num_workers))
         object.__setattr__(self, "nproc_per_node", _check_nproc("PyTorch", self.nproc_per_node))
         if self.start_method not in START_METHODS:
-            raise _fail("PyTorch", "start_method", self.start_method, "'spawn' or 'fork'")
+            raise fail("PyTorch", "start_method", self.start_method, "'spawn' or 'fork'")
 
     @property
     def worker_replicas(self) -> int:

@@ -1,16 +1,23 @@
 """``@task.torch_elastic``: the TaskFlow spelling of :class:`TorchElasticOperator`.
 
 Registered through the provider's ``task-decorators``; ``multiple_outputs`` and ``.expand()`` work as with ``@task``.
+A mapped call (``.expand``, ``.partial(...).expand``, ``.expand_kwargs``) runs the operator's parse-time checks on
+the decorator's arguments, as an unmapped call does through the constructor.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping, Sequence
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, cast
 
-from airflow.sdk.bases.decorator import DecoratedOperator, TaskDecorator, task_decorator_factory
+import attr
+from airflow.sdk.bases.decorator import DecoratedOperator, TaskDecorator, _TaskDecorator
 
-from airflow_provider_torchelastic.operators import TorchElasticOperator
+from airflow_provider_torchelastic.operators import TorchElasticOperator, check_mapped_arguments
+
+if TYPE_CHECKING:
+    from airflow.sdk.definitions._internal.expandinput import ExpandInput
+    from airflow.sdk.definitions.xcom_arg import XComArg
 
 __all__ = ["torch_elastic_task"]
 
@@ -40,15 +47,44 @@ class _TorchElasticDecoratedOperator(DecoratedOperator, TorchElasticOperator):
         )
 
 
+class _TorchElasticTaskDecorator(_TaskDecorator[Any, Any, _TorchElasticDecoratedOperator]):
+    """Airflow's task decorator, whose mapped expansion first checks the operator's arguments.
+
+    A mapped decorated task maps only the function's arguments (``op_kwargs``), so every operator argument is known
+    here: given to the decorator, to ``.override()``, or by the DAG's ``default_args``.
+    """
+
+    def _expand(self, expand_input: ExpandInput, *, strict: bool) -> XComArg:
+        from airflow.sdk.definitions._internal.contextmanager import DagContext, TaskGroupContext
+
+        dag = self.kwargs.get("dag") or DagContext.get_current()
+        task_group = self.kwargs.get("task_group") or (TaskGroupContext.get_current(dag) if dag else None)
+        arguments = {**self.kwargs, "python_callable": self.function, "dag": dag, "task_group": task_group}
+        check_mapped_arguments(arguments, mapped={"op_kwargs"})
+        return super()._expand(expand_input, strict=strict)
+
+
 def torch_elastic_task(
     python_callable: Callable[..., Any] | None = None,
     multiple_outputs: bool | None = None,
     **kwargs: Any,
 ) -> TaskDecorator:
-    """Run the decorated function under torch elastic; takes :class:`TorchElasticOperator`'s arguments."""
-    return task_decorator_factory(
-        python_callable=python_callable,
-        multiple_outputs=multiple_outputs,
-        decorated_operator_class=_TorchElasticDecoratedOperator,
-        **kwargs,
-    )
+    """Run the decorated function under torch elastic; takes :class:`TorchElasticOperator`'s arguments.
+
+    Airflow's ``task_decorator_factory``, with a decorator class whose ``.expand`` checks the arguments.
+    """
+    outputs = cast(bool, attr.NOTHING) if multiple_outputs is None else multiple_outputs
+
+    def decorate(function: Callable[..., Any]) -> _TorchElasticTaskDecorator:
+        return _TorchElasticTaskDecorator(
+            function=function,
+            multiple_outputs=outputs,
+            operator_class=_TorchElasticDecoratedOperator,
+            kwargs=dict(kwargs),
+        )
+
+    if python_callable is None:
+        return cast(TaskDecorator, decorate)
+    if not callable(python_callable):
+        raise TypeError("No positional arguments allowed while using @task, use named arguments instead")
+    return cast(TaskDecorator, decorate(python_callable))

@@ -1,5 +1,20 @@
-"""Errors and exit codes shared by the runner (in pods, without Airflow) and the Airflow side.
+"""Errors and exit codes, shared by the runner (in pods, without Airflow) and the Airflow side.
 
+One word for "a retry may help": **recoverable**. The exceptions of the provider, and where they come from::
+
+    Exception
+    ├── RecoverableError            raised by training code (here): a retry of the task may help
+    ├── KubeError                   (here) a Kubernetes API call failed; .status, .reason, .recoverable
+    │                               (429, 5xx, a lost connection: repeating the call may succeed)
+    ├── ValueError
+    │   ├── PayloadError            (payload) the payload is corrupt, of another format, or of another Python
+    │   └── ResultTooLargeError     (outcome) rank 0's value does not fit where it has to travel
+    └── AirflowException            (Airflow) what a task ends with:
+        ├── TrainingRecoverableError    (operators) training or waiting failed; a retry may help (Airflow retries)
+        └── AirflowFailException
+            └── TrainingFailedError     (operators) a retry will not help: the task fails without its retries
+
+At run time the worker turns every failure into one of the last two, naming the pod, the rank and the exception.
 Standard library only: the runner imports this module in images that have neither Airflow nor kubernetes.
 """
 
@@ -7,7 +22,7 @@ from __future__ import annotations
 
 from typing import Final
 
-__all__ = ["EXIT_FAILED", "EXIT_OK", "EXIT_RECOVERABLE", "EXIT_USAGE", "RecoverableError"]
+__all__ = ["EXIT_FAILED", "EXIT_OK", "EXIT_RECOVERABLE", "EXIT_USAGE", "KubeError", "RecoverableError"]
 
 #: Training finished; rank 0's result (if this node held it) is in the result file.
 EXIT_OK: Final = 0
@@ -21,6 +36,9 @@ EXIT_RECOVERABLE: Final = 200
 # The runner itself was sent a signal (pod deleted, node drained): it exits 128 + the signal number, like a shell,
 # and writes no failure report, because it is not the root cause.
 
+#: API answers worth repeating the call for: throttled, server trouble, gateway trouble.
+RECOVERABLE_STATUSES: Final = frozenset({429, 500, 502, 503, 504})
+
 
 class RecoverableError(Exception):
     """Raise this (or a subclass) from a training function for a failure that a retry may fix.
@@ -28,3 +46,30 @@ class RecoverableError(Exception):
     Examples: a flaky data source, a lost peer, a preempted spot node. Airflow retries the task (within its
     ``retries``); any other exception fails the task at once.
     """
+
+
+class KubeError(Exception):
+    """A Kubernetes API call failed. ``status`` is the HTTP status (0 when the connection itself failed).
+
+    Raised at one boundary (:mod:`airflow_provider_torchelastic.kube`), chained ``from`` the client's exception;
+    callers test ``status``/``reason``, never the message text.
+    """
+
+    def __init__(self, status: int, reason: str, message: str) -> None:
+        super().__init__(f"{status} {reason}: {message}".strip())
+        self.status = status
+        self.reason = reason
+        self.message = message
+
+    @property
+    def recoverable(self) -> bool:
+        """Repeating the call may succeed (throttling, server trouble, a lost connection)."""
+        return self.status == 0 or self.status in RECOVERABLE_STATUSES
+
+    @property
+    def not_found(self) -> bool:
+        return self.status == 404
+
+    @property
+    def conflict(self) -> bool:
+        return self.status == 409

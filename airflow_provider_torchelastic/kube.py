@@ -1,5 +1,8 @@
 """Thin Kubernetes I/O: create, get, list, read logs, delete; sync and async twins that decide nothing.
 
+Both clients are :class:`~wait.JobSource` implementations (a direct poll of the API); which API path a kind of job
+lives at comes from its descriptor (:mod:`jobkinds`).
+
 Objects travel as the API's own JSON dicts (what :mod:`render` produces and :mod:`status` reads). API errors are
 translated once, here, into :class:`KubeError` carrying the HTTP status and the Status reason, chained ``from``
 the client's exception; callers test ``status``/``reason``, never message text.
@@ -10,53 +13,23 @@ The kubernetes clients are imported lazily: importing this module must stay chea
 from __future__ import annotations
 
 import asyncio
-import functools
 import json
-import random
 import time
-from collections.abc import Awaitable, Callable, Generator, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Final, TypeVar
 
-from airflow_provider_torchelastic.status import (
-    EmitLog,
-    FetchJob,
-    JobRef,
-    ReadLog,
-    Request,
-    Sleep,
-    Snapshot,
-    WaitDecision,
-)
+import tenacity
 
-__all__ = ["AsyncKube", "KubeError", "SyncKube", "drive_async", "drive_sync", "retry_async", "retry_sync"]
+from airflow_provider_torchelastic import jobkinds
+from airflow_provider_torchelastic.errors import KubeError
+from airflow_provider_torchelastic.render import payload_configmap_name
+from airflow_provider_torchelastic.status import JobRef, Snapshot
 
-PYTORCHJOB: Final = ("kubeflow.org", "v1", "pytorchjobs")
-#: Statuses worth retrying: throttled, server trouble, gateway trouble.
-TRANSIENT_STATUSES: Final = frozenset({429, 500, 502, 503, 504})
+__all__ = ["AsyncKube", "KubeError", "SyncKube", "retry_async", "retry_sync"]
+
 _REQUEST_TIMEOUT: Final = 60  # seconds: a half-open connection must not hang a poll forever
 
 T = TypeVar("T")
-
-
-class KubeError(Exception):
-    """An API call failed. ``status`` is the HTTP status (0 when the connection itself failed)."""
-
-    def __init__(self, status: int, reason: str, message: str) -> None:
-        super().__init__(f"{status} {reason}: {message}".strip())
-        self.status = status
-        self.reason = reason
-
-    @property
-    def transient(self) -> bool:
-        return self.status == 0 or self.status in TRANSIENT_STATUSES
-
-    @property
-    def not_found(self) -> bool:
-        return self.status == 404
-
-    @property
-    def conflict(self) -> bool:
-        return self.status == 409
 
 
 def _from_api_exception(exc: Any) -> KubeError:
@@ -72,48 +45,47 @@ def _from_api_exception(exc: Any) -> KubeError:
     return KubeError(status, reason, message)
 
 
-def _retry_after(attempt: int) -> float:
-    # Bounded exponential backoff with jitter: 1, 2, 4, 8, 16, 30, 30... seconds.
-    return min(30.0, 2.0**attempt) * (0.5 + random.random() / 2)
-
-
 # --- which API call does what: built once, without I/O, for both clients ------------------------------------------
 
 _Call = tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]
+# Core-group kinds the provider creates; any other kind is a custom resource addressed by its descriptor.
+_CORE_VERBS: Final = {
+    "Pod": ("create_namespaced_pod", "read_namespaced_pod", "delete_namespaced_pod"),
+    "ConfigMap": ("create_namespaced_config_map", "read_namespaced_config_map", "delete_namespaced_config_map"),
+}
+
+
+def _custom_path(kind: str, namespace: str) -> tuple[str, str, str, str]:
+    descriptor = jobkinds.get(kind)
+    return descriptor.group, descriptor.version, namespace, descriptor.plural
 
 
 def _create_call(core: Any, custom: Any, obj: Mapping[str, Any]) -> _Call:
     namespace, kind = obj["metadata"]["namespace"], obj["kind"]
-    if kind == "ConfigMap":
-        return core.create_namespaced_config_map, (namespace, obj), {}
-    if kind == "Pod":
-        return core.create_namespaced_pod, (namespace, obj), {}
-    return custom.create_namespaced_custom_object, (*PYTORCHJOB[:2], namespace, PYTORCHJOB[2], obj), {}
+    if kind in _CORE_VERBS:
+        return getattr(core, _CORE_VERBS[kind][0]), (namespace, obj), {}
+    return custom.create_namespaced_custom_object, (*_custom_path(kind, namespace), obj), {}
 
 
 def _get_call(core: Any, custom: Any, kind: str, name: str, namespace: str) -> _Call:
-    if kind == "Pod":
-        return core.read_namespaced_pod, (name, namespace), {}
-    if kind == "ConfigMap":
-        return core.read_namespaced_config_map, (name, namespace), {}
-    return custom.get_namespaced_custom_object, (*PYTORCHJOB[:2], namespace, PYTORCHJOB[2], name), {}
+    if kind in _CORE_VERBS:
+        return getattr(core, _CORE_VERBS[kind][1]), (name, namespace), {}
+    return custom.get_namespaced_custom_object, (*_custom_path(kind, namespace), name), {}
 
 
 def _delete_call(core: Any, custom: Any, kind: str, name: str, namespace: str) -> _Call:
     # Background propagation: the API's garbage collector removes what the job owns (pods, the payload ConfigMap).
     body = {"propagationPolicy": "Background"}
-    if kind == "Pod":
-        return core.delete_namespaced_pod, (name, namespace), {"body": body}
-    if kind == "ConfigMap":
-        return core.delete_namespaced_config_map, (name, namespace), {"body": body}
-    return custom.delete_namespaced_custom_object, (*PYTORCHJOB[:2], namespace, PYTORCHJOB[2], name), {"body": body}
+    if kind in _CORE_VERBS:
+        return getattr(core, _CORE_VERBS[kind][2]), (name, namespace), {"body": body}
+    return custom.delete_namespaced_custom_object, (*_custom_path(kind, namespace), name), {"body": body}
 
 
-def _log_call(core: Any, request: ReadLog) -> _Call:
+def _log_call(core: Any, pod: str, namespace: str, since_seconds: int | None) -> _Call:
     kwargs: dict[str, Any] = {"container": "pytorch", "timestamps": True}
-    if request.since_seconds is not None:
-        kwargs["since_seconds"] = request.since_seconds
-    return core.read_namespaced_pod_log, (request.pod, request.namespace), kwargs
+    if since_seconds is not None:
+        kwargs["since_seconds"] = since_seconds
+    return core.read_namespaced_pod_log, (pod, namespace), kwargs
 
 
 def _list_pods_call(core: Any, namespace: str, label_selector: str) -> _Call:
@@ -165,11 +137,12 @@ class SyncKube:
 
     def snapshot(self, ref: JobRef) -> Snapshot:
         job = self.get(ref.kind, ref.name, ref.namespace)
-        pods = self.list_pods(ref.namespace, ref.label_selector) if ref.kind == "PyTorchJob" and job else []
+        selector = jobkinds.get(ref.kind).pod_selector(ref.name)
+        pods = self.list_pods(ref.namespace, selector) if selector is not None and job else []
         return Snapshot(job=job, pods=pods, now=time.time())
 
-    def read_log(self, request: ReadLog) -> str:
-        return self._body(_log_call(self._core, request)).decode("utf-8", errors="replace")
+    def read_log(self, pod: str, namespace: str, since_seconds: int | None) -> str:
+        return self._body(_log_call(self._core, pod, namespace, since_seconds)).decode("utf-8", errors="replace")
 
     def delete(self, kind: str, name: str, namespace: str) -> bool:
         """Delete an object (and, through garbage collection, what it owns). False if it was gone already."""
@@ -180,6 +153,14 @@ class SyncKube:
                 return False
             raise
         return True
+
+    def delete_job(self, ref: JobRef) -> bool:
+        """Delete the job and its payload ConfigMap; whether the job existed."""
+        existed = self.delete(ref.kind, ref.name, ref.namespace)
+        # The ConfigMap is owned by the job and garbage-collected with it; deleting it too costs one call and leaves
+        # nothing behind where no garbage collector runs (or when the job was never created).
+        self.delete("ConfigMap", payload_configmap_name(ref.name), ref.namespace)
+        return existed
 
 
 class AsyncKube:
@@ -225,11 +206,13 @@ class AsyncKube:
 
     async def snapshot(self, ref: JobRef) -> Snapshot:
         job = await self.get(ref.kind, ref.name, ref.namespace)
-        pods = await self.list_pods(ref.namespace, ref.label_selector) if ref.kind == "PyTorchJob" and job else []
+        selector = jobkinds.get(ref.kind).pod_selector(ref.name)
+        pods = await self.list_pods(ref.namespace, selector) if selector is not None and job else []
         return Snapshot(job=job, pods=pods, now=time.time())
 
-    async def read_log(self, request: ReadLog) -> str:
-        return (await self._body(_log_call(self._core, request))).decode("utf-8", errors="replace")
+    async def read_log(self, pod: str, namespace: str, since_seconds: int | None) -> str:
+        body = await self._body(_log_call(self._core, pod, namespace, since_seconds))
+        return body.decode("utf-8", errors="replace")
 
     async def delete(self, kind: str, name: str, namespace: str) -> bool:
         try:
@@ -240,6 +223,11 @@ class AsyncKube:
             raise
         return True
 
+    async def delete_job(self, ref: JobRef) -> bool:
+        existed = await self.delete(ref.kind, ref.name, ref.namespace)
+        await self.delete("ConfigMap", payload_configmap_name(ref.name), ref.namespace)
+        return existed
+
 
 def _json(body: bytes) -> dict[str, Any]:
     doc = json.loads(body)
@@ -248,105 +236,35 @@ def _json(body: bytes) -> dict[str, Any]:
     return doc
 
 
-# --- retries and drivers --------------------------------------------------------------------------------------------
+# --- retries ----------------------------------------------------------------------------------------------------
 
-#: Consecutive transient failures of one call tolerated before giving up (about 5 minutes of backoff).
-MAX_TRANSIENT_FAILURES: Final = 12
+#: Consecutive recoverable failures of one call tolerated before giving up (about 5 minutes of backoff).
+MAX_RECOVERABLE_FAILURES: Final = 12
 
 
-def _delay_before_retry(error: KubeError, failures: int, log: Callable[[str], None]) -> float | None:
-    """Seconds to wait before retrying after the ``failures``-th consecutive error; None: give up and raise."""
-    if not error.transient or failures > MAX_TRANSIENT_FAILURES:
-        return None
-    delay = _retry_after(failures)
-    log(f"Kubernetes API error ({error}); retrying in {delay:.0f} s")
-    return delay
+def _retrying(log: Callable[[str], None]) -> dict[str, Any]:
+    """tenacity settings shared by both loops: repeat only recoverable API errors, with bounded jittered backoff."""
+
+    def before_sleep(state: tenacity.RetryCallState) -> None:
+        error = state.outcome.exception() if state.outcome is not None else None
+        delay = state.next_action.sleep if state.next_action is not None else 0.0
+        log(f"Kubernetes API error ({error}); retrying in {delay:.0f} s")
+
+    return {
+        "retry": tenacity.retry_if_exception(lambda e: isinstance(e, KubeError) and e.recoverable),
+        # 1, 2, 4, 8, 16, 30, 30... seconds, jittered so that many triggers do not retry in step.
+        "wait": tenacity.wait_random_exponential(multiplier=1, max=30),
+        "stop": tenacity.stop_after_attempt(MAX_RECOVERABLE_FAILURES + 1),
+        "before_sleep": before_sleep,
+        "reraise": True,
+    }
 
 
 def retry_sync(call: Callable[[], T], log: Callable[[str], None], sleep: Callable[[float], None] = time.sleep) -> T:
-    """``call()``, retried with bounded backoff while the API answers 429/5xx or the connection fails."""
-    failures = 0
-    while True:
-        try:
-            return call()
-        except KubeError as e:
-            failures += 1
-            delay = _delay_before_retry(e, failures, log)
-            if delay is None:
-                raise
-            sleep(delay)
+    """``call()``, repeated while the API answers 429/5xx or the connection fails; other errors raise at once."""
+    return tenacity.Retrying(sleep=sleep, **_retrying(log))(call)
 
 
 async def retry_async(call: Callable[[], Awaitable[T]], log: Callable[[str], None]) -> T:
     """The same as :func:`retry_sync`, awaiting."""
-    failures = 0
-    while True:
-        try:
-            return await call()
-        except KubeError as e:
-            failures += 1
-            delay = _delay_before_retry(e, failures, log)
-            if delay is None:
-                raise
-            await asyncio.sleep(delay)
-
-
-def _no_log_text(error: KubeError, log: Callable[[str], None]) -> str:
-    # Logs are best effort: a pod being created or deleted answers 400/404; the next poll tries again.
-    if error.status not in (400, 404) and not error.transient:
-        log(f"could not read logs: {error}")
-    return ""
-
-
-def drive_sync(
-    flow: Generator[Request, Any, WaitDecision],
-    kube: SyncKube,
-    log: Callable[[str], None],
-    *,
-    sleep: Callable[[float], None] = time.sleep,
-) -> WaitDecision:
-    """Carry out the requests of :func:`status.watch_job` with blocking calls; returns its decision."""
-    answer: Any = None
-    while True:
-        try:
-            request = flow.send(answer)
-        except StopIteration as stop:
-            return stop.value
-        answer = None
-        if isinstance(request, FetchJob):
-            answer = retry_sync(functools.partial(kube.snapshot, request.ref), log, sleep)
-        elif isinstance(request, ReadLog):
-            try:
-                answer = kube.read_log(request)
-            except KubeError as e:
-                answer = _no_log_text(e, log)
-        elif isinstance(request, Sleep):
-            sleep(request.seconds)
-        elif isinstance(request, EmitLog):
-            log(request.line)
-
-
-async def drive_async(
-    flow: Generator[Request, Any, WaitDecision],
-    kube: AsyncKube,
-    log: Callable[[str], None],
-) -> WaitDecision:
-    """Carry out the requests of :func:`status.watch_job` with awaited calls; returns its decision."""
-    answer: Any = None
-    while True:
-        try:
-            request = flow.send(answer)
-        except StopIteration as stop:
-            return stop.value
-        answer = None
-        if isinstance(request, FetchJob):
-            answer = await retry_async(functools.partial(kube.snapshot, request.ref), log)
-        elif isinstance(request, ReadLog):
-            try:
-                answer = await kube.read_log(request)
-            except KubeError as e:
-                answer = _no_log_text(e, log)
-        elif isinstance(request, Sleep):
-            await asyncio.sleep(request.seconds)
-        elif isinstance(request, EmitLog):
-            log(request.line)
+    return await tenacity.AsyncRetrying(sleep=asyncio.sleep, **_retrying(log))(call)

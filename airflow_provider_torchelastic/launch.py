@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from airflow_provider_torchelastic.config import Elastic, PyTorch, TaskConfig
+from airflow_provider_torchelastic.outcome import TERMINATION_MESSAGE_LIMIT
 
 RUNNER_MODULE: Final = "airflow_provider_torchelastic.runner"
 
@@ -73,14 +74,14 @@ def runner_command(
     *,
     payload_path: str,
     result_file: str,
-    max_result_bytes: int | None = None,
+    max_result_bytes: int = TERMINATION_MESSAGE_LIMIT,
     nnodes: str | None = None,
     python: str = "python",
 ) -> list[str]:
     """The runner's command line. ``nnodes`` is omitted where ``PET_NNODES`` supplies it (a PyTorchJob)."""
     args: list[str] = [python, "-m", RUNNER_MODULE, "--payload", payload_path, "--result-file", result_file]
-    if max_result_bytes is not None:
-        args += ["--max-result-bytes", str(max_result_bytes)]
+    # Always explicit, locally too: one limit for rank 0's result wherever the task runs.
+    args += ["--max-result-bytes", str(max_result_bytes)]
     if nnodes is not None:
         args += ["--nnodes", nnodes]
     args += [

@@ -9,37 +9,42 @@ from __future__ import annotations
 import datetime
 import functools
 import json
+import re
 import time
+import warnings
 from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
+from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any, ClassVar, Final
 
 from airflow.sdk import BaseOperator, BaseOperatorLink
+from airflow.sdk.definitions.mappedoperator import MappedOperator, OperatorPartial
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
+from airflow_provider_torchelastic import jobkinds
 from airflow_provider_torchelastic.config import Elastic, TaskConfig, check_task_config
+from airflow_provider_torchelastic.errors import KubeError
 from airflow_provider_torchelastic.launch import config_to_launch_spec
 from airflow_provider_torchelastic.naming import RunIdentity, placeholder_identity
 from airflow_provider_torchelastic.outcome import Verdict
 from airflow_provider_torchelastic.payload import dump_payload
 from airflow_provider_torchelastic.pod import JobOptions, PodOptions
 from airflow_provider_torchelastic.render import check_renderable, elide_payload, render_manifests, summarize_for_ui
-from airflow_provider_torchelastic.status import JobRef, WaitDecision, WaitPolicy, watch_job
+from airflow_provider_torchelastic.status import FINISH_ACTIONS, JobRef, WaitDecision, WaitPolicy
+from airflow_provider_torchelastic.validation import check_image, check_seconds, fail, is_templated
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
+    from airflow.sdk.definitions._internal.expandinput import ExpandInput
     from airflow.sdk.types import TaskInstanceKey
 
     from airflow_provider_torchelastic.kube import SyncKube
     from airflow_provider_torchelastic.local import LocalRun
 
-__all__ = ["TorchElasticOperator", "TrainingFailedError", "TrainingRetryableError"]
+__all__ = ["TorchElasticOperator", "TrainingFailedError", "TrainingRecoverableError"]
 
 EXECUTIONS: Final = ("kubernetes", "local")
 CONFIG_SECTION: Final = "torch_elastic"
-#: What happens to the job once it ended: delete it, keep it, or delete it only when it succeeded (the default:
-#: a failed job's pods and events stay for debugging; the PyTorchJob's ttl / cleanPodPolicy still apply).
-FINISH_ACTIONS: Final = ("delete_succeeded", "delete", "keep")
 #: task_state_store key of the job this try created; survives a worker crash so the same try re-attaches.
 STATE_KEY: Final = "torchelastic_job"
 #: XCom keys pushed before deferring (extra links read them, so they survive deferral).
@@ -47,19 +52,17 @@ XCOM_JOB_NAME: Final = "job_name"
 XCOM_JOB_NAMESPACE: Final = "job_namespace"
 XCOM_JOB_KIND: Final = "job_kind"
 XCOM_MANIFESTS: Final = "manifests"
-_PLACEHOLDER_IMAGE: Final = "image-given-at-run-time"
+#: The Airflow option with the image of tasks that name none themselves (env AIRFLOW__TORCH_ELASTIC__IMAGE).
+IMAGE_OPTION: Final = "image"
 
 
-class TrainingRetryableError(AirflowException):
-    """Training failed in a way a retry may fix (``RecoverableError``, out of memory, eviction): Airflow retries."""
+class TrainingRecoverableError(AirflowException):
+    """Training (or waiting for it) failed in a way a retry may fix (``RecoverableError``, out of memory, eviction,
+    an unreachable API): Airflow retries. The exception tree: :mod:`airflow_provider_torchelastic.errors`."""
 
 
 class TrainingFailedError(AirflowFailException):
     """Training failed in a way a retry will not fix: the task fails without using its retries."""
-
-
-def _is_templated(value: object) -> bool:
-    return isinstance(value, str) and "{{" in value
 
 
 def _link_from_template(option: str, ti_key: TaskInstanceKey) -> str:
@@ -103,6 +106,250 @@ def _check_execution(value: object) -> str | None:
     )
 
 
+# --- parse-time checks ------------------------------------------------------------------------------------------
+
+_NAMESPACE: Final = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?\Z")
+_NAMESPACE_EXPECTED: Final = "a namespace name (a lowercase DNS-1123 label), a template, or None for the connection's"
+
+
+def configured_image() -> str | None:
+    """``[torch_elastic] image``, the image of tasks that name none themselves; read when called, never at import."""
+    from airflow.sdk.configuration import conf
+
+    value = conf.get(CONFIG_SECTION, IMAGE_OPTION, fallback="") or None
+    check_image("", f"[{CONFIG_SECTION}] {IMAGE_OPTION}", value)
+    return value
+
+
+def _configured_execution() -> str:
+    from airflow.sdk.configuration import conf
+
+    return str(conf.get(CONFIG_SECTION, "execution", fallback="kubernetes"))
+
+
+@dataclass(frozen=True, kw_only=True)
+class CheckedArguments:
+    """The operator's arguments as ``check_operator_arguments`` normalized them."""
+
+    task_config: TaskConfig
+    execution: str | None
+    poll_interval: float
+    pending_grace_seconds: float
+
+
+def check_operator_arguments(
+    *,
+    python_callable: Callable[..., Any],
+    op_args: Collection[Any] | None = None,
+    op_kwargs: Mapping[str, Any] | None = None,
+    task_config: TaskConfig | None = None,
+    execution: str | None = None,
+    image: str | None = None,
+    namespace: str | None = None,
+    kubernetes_conn_id: str = "kubernetes_default",
+    pod_options: PodOptions | None = None,
+    job_options: JobOptions | None = None,
+    deferrable: bool | None = None,
+    poll_interval: float = 10.0,
+    pending_grace_seconds: float = 120.0,
+    on_finish_action: str = "delete_succeeded",
+    dag_id: str = "dag",
+    task_id: str = "task",
+    known_at_run_time: Collection[str] = (),
+) -> CheckedArguments:
+    """Every check of ``TorchElasticOperator``'s arguments that can run while the DAG file is parsed.
+
+    The constructor calls it, and so does the expansion of a mapped task (``TorchElasticOperator.partial(...)
+    .expand(...)``, ``@task.torch_elastic`` with ``.expand``), which Airflow builds without running ``__init__``.
+    ``known_at_run_time`` names the arguments whose values only the run knows (mapped ones): they are skipped here
+    and checked by ``__init__`` when the mapped task is expanded at run time.
+
+    On Kubernetes (``execution="kubernetes"``, or None with ``[torch_elastic] execution`` not ``local`` where the
+    DAG is parsed) the task is rendered once with a placeholder run, so a conflicting customization or a pod with no
+    image (none given to the operator, its replicas, its pod template or ``[torch_elastic] image``) fails now. A
+    templated image, namespace or argument is accepted as it is: only the run can render it.
+    """
+    later = frozenset(known_at_run_time)
+
+    def known(name: str) -> bool:
+        return name not in later
+
+    if known("python_callable") and not callable(python_callable):
+        raise TypeError(f"python_callable: expected a callable, got {python_callable!r}")
+    config = Elastic() if task_config is None or not known("task_config") else check_task_config(task_config)
+    if known("execution"):
+        execution = _check_execution(execution)
+    if known("image"):
+        check_image("", "image", image, templated_ok=True)
+    if known("namespace") and namespace is not None and not is_templated(namespace):
+        if not isinstance(namespace, str):
+            raise fail("", "namespace", namespace, _NAMESPACE_EXPECTED, TypeError)
+        if not _NAMESPACE.match(namespace):
+            raise fail("", "namespace", namespace, _NAMESPACE_EXPECTED)
+    if known("kubernetes_conn_id") and (not isinstance(kubernetes_conn_id, str) or not kubernetes_conn_id):
+        raise fail("", "kubernetes_conn_id", kubernetes_conn_id, "a connection id (a non-empty str)", TypeError)
+    if known("pod_options") and pod_options is not None and not isinstance(pod_options, PodOptions):
+        raise fail("", "pod_options", pod_options, "a PodOptions(...) or None", TypeError)
+    if known("job_options") and job_options is not None and not isinstance(job_options, JobOptions):
+        raise fail("", "job_options", job_options, "a JobOptions(...) or None", TypeError)
+    if known("deferrable") and deferrable is not None and not isinstance(deferrable, bool):
+        raise fail("", "deferrable", deferrable, "True, False or None (None: [torch_elastic] deferrable)", TypeError)
+    poll = check_seconds("", "poll_interval", poll_interval) if known("poll_interval") else 0.0
+    grace = (
+        check_seconds("", "pending_grace_seconds", pending_grace_seconds, allow_zero=True)
+        if known("pending_grace_seconds")
+        else 0.0
+    )
+    if known("on_finish_action") and on_finish_action not in FINISH_ACTIONS:
+        raise fail("", "on_finish_action", on_finish_action, f"one of {', '.join(map(repr, FINISH_ACTIONS))}")
+    checked = CheckedArguments(task_config=config, execution=execution, poll_interval=poll, pending_grace_seconds=grace)
+
+    if known("execution") and execution == "local":
+        return checked  # runs on the Airflow worker: no image, nothing rendered
+    if not (known("task_config") and known("pod_options") and known("job_options")):
+        return checked  # what would be rendered is known only at run time
+    # Whether the pods need an image from what is known here: the run's own configuration decides execution=None,
+    # but a DAG parsed where Kubernetes is the default must not wait for the run to find that it names no image.
+    on_kubernetes = known("execution") and (execution == "kubernetes" or _configured_execution() != "local")
+    image_now = image if known("image") and not is_templated(image) else None
+    check_renderable(
+        config,
+        image=image_now,
+        pod_options=pod_options,
+        job_options=job_options,
+        dag_id=dag_id,
+        task_id=task_id,
+        default_image=configured_image(),
+        # A templated or mapped image reaches every pod at run time.
+        require_image=on_kubernetes and known("image") and not is_templated(image),
+    )
+    return checked
+
+
+#: The arguments ``check_operator_arguments`` knows, in the order of ``TorchElasticOperator.__init__``.
+_ARGUMENTS: Final = (
+    "python_callable",
+    "op_args",
+    "op_kwargs",
+    "task_config",
+    "execution",
+    "image",
+    "namespace",
+    "kubernetes_conn_id",
+    "pod_options",
+    "job_options",
+    "deferrable",
+    "poll_interval",
+    "pending_grace_seconds",
+    "on_finish_action",
+)
+
+
+def check_mapped_arguments(kwargs: Mapping[str, Any], *, mapped: Collection[str] | None) -> None:
+    """``check_operator_arguments`` for a mapped task, from the arguments given to ``partial`` (or the decorator).
+
+    ``mapped`` names the expanded arguments, or is None when they are not known before the run (``expand_kwargs``
+    with an XCom): then every argument not given is left to run time. The DAG's and task group's ``default_args``
+    fill what was not given, as they do for the operator the run creates.
+    """
+    from airflow.sdk.bases.operator import get_merged_defaults
+
+    defaults, _ = get_merged_defaults(kwargs.get("dag"), kwargs.get("task_group"), None, None)
+    given = {
+        name: kwargs[name] if name in kwargs else defaults[name]
+        for name in _ARGUMENTS
+        if (name in kwargs or name in defaults) and (mapped is None or name not in mapped)
+    }
+    later = set(_ARGUMENTS) - set(given) if mapped is None else set(mapped) & set(_ARGUMENTS)
+    task_id = kwargs.get("task_id")
+    dag = kwargs.get("dag")
+    check_operator_arguments(
+        **{"python_callable": None, **given},
+        dag_id=getattr(dag, "dag_id", None) or "dag",
+        task_id=task_id if isinstance(task_id, str) and task_id else "task",
+        known_at_run_time=later,
+    )
+
+
+def _mapped_names(expand_input: ExpandInput) -> frozenset[str] | None:
+    """The argument names an expansion maps, or None when only the run knows them (an XCom of dicts)."""
+    value = expand_input.value
+    if isinstance(value, Mapping):
+        return frozenset(value)
+    if isinstance(value, list) and all(isinstance(item, Mapping) for item in value):
+        return frozenset(name for item in value for name in item)
+    return None
+
+
+class _CheckedOperatorPartial(OperatorPartial):
+    """What ``TorchElasticOperator.partial(...)`` returns: Airflow's ``OperatorPartial``, whose expansion (``expand``
+    and ``expand_kwargs`` both end here) first checks every argument that is not mapped."""
+
+    __slots__ = ()
+
+    def _expand(self, expand_input: ExpandInput, *, strict: bool) -> MappedOperator:
+        self._expand_called = True  # as Airflow's own: a failed expansion is an error, not also "never mapped"
+        check_mapped_arguments(self.kwargs, mapped=_mapped_names(expand_input))
+        return OperatorPartial._expand(self, expand_input, strict=strict)
+
+
+# --- render_manifests() without a run ---------------------------------------------------------------------------
+
+#: Stands in for an image that only the run can render (``.invalid`` is a reserved domain: it is never pulled).
+UNRENDERED_IMAGE: Final = "image.invalid/rendered-at-run-time:placeholder"
+_UNRENDERED_NAMESPACE: Final = "default"
+
+
+def _placeholder_context(op: BaseOperator, identity: RunIdentity) -> dict[str, Any]:
+    """A minimal template context for a task outside a run: what the placeholder identity, the DAG and the task
+    know, and Variables that can be read here (environment, secrets backends). No XComs, dates or connections."""
+    from airflow.sdk.execution_time.context import VariableAccessor
+
+    ti = SimpleNamespace(
+        dag_id=identity.dag_id,
+        task_id=identity.task_id,
+        run_id=identity.run_id,
+        map_index=identity.map_index,
+        try_number=identity.try_number,
+    )
+    params = op.params.dump() if hasattr(op.params, "dump") else dict(op.params or {})
+    return {
+        "dag": op.dag if op.has_dag() else None,
+        "task": op,
+        "ti": ti,
+        "task_instance": ti,
+        "run_id": identity.run_id,
+        "params": params,
+        "var": {"value": VariableAccessor(deserialize_json=False), "json": VariableAccessor(deserialize_json=True)},
+    }
+
+
+def _render_template_fields(
+    op: BaseOperator, names: Sequence[str], context: Mapping[str, Any]
+) -> tuple[dict[str, Any], dict[str, str]]:
+    """``names`` rendered with ``context``, without changing ``op``; and why each field that failed could not be."""
+    import jinja2
+    import jinja2.sandbox
+
+    if op.has_dag():
+        env = op.get_template_env()
+    else:  # the SDK's DAG-less default renders an undefined name as "": here it must say so
+        env = jinja2.sandbox.SandboxedEnvironment(undefined=jinja2.StrictUndefined, cache_size=0)
+    rendered: dict[str, Any] = {}
+    failed: dict[str, str] = {}
+    for name in names:
+        value = getattr(op, name)
+        if name not in op.template_fields or value is None:
+            rendered[name] = value
+            continue
+        try:
+            rendered[name] = op.render_template(value, context, env)  # type: ignore[arg-type]
+        except Exception as e:  # any template error: the field is named, never fatal here
+            failed[name] = f"{type(e).__name__}: {e}"
+            rendered[name] = value
+    return rendered, failed
+
+
 class TorchElasticOperator(BaseOperator):
     """Run ``python_callable(*op_args, **op_kwargs)`` on every worker of a torch elastic job.
 
@@ -115,7 +362,9 @@ class TorchElasticOperator(BaseOperator):
     :param task_config: ``Elastic(...)`` (default: one node, one worker) or ``PyTorch(...)``.
     :param execution: ``"local"`` (subprocesses on the Airflow worker) or ``"kubernetes"``; default: the Airflow
         option ``[torch_elastic] execution``, itself ``kubernetes`` by default.
-    :param image: the training image on Kubernetes (Python, torch, cloudpickle and this package; see docker/).
+    :param image: the training image on Kubernetes (Python, torch, cloudpickle and this package; see docker/);
+        templated. A replica's own image wins over it; without it, the pod template's ``pytorch`` container's image,
+        else the Airflow option ``[torch_elastic] image``. A Kubernetes task with none fails when the DAG is parsed.
     :param namespace: Kubernetes namespace; default: the connection's, else ``default``.
     :param kubernetes_conn_id: the cncf.kubernetes connection to the cluster.
     :param pod_options: pod customization (env, secrets, GPUs, tolerations, volumes, a full pod template...).
@@ -156,41 +405,50 @@ class TorchElasticOperator(BaseOperator):
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        if not callable(python_callable):
-            raise TypeError(f"python_callable: expected a callable, got {python_callable!r}")
+        # One set of checks for this constructor and for mapped tasks (see partial() and the decorator's expand).
+        checked = check_operator_arguments(
+            python_callable=python_callable,
+            task_config=task_config,
+            execution=execution,
+            image=image,
+            namespace=namespace,
+            kubernetes_conn_id=kubernetes_conn_id,
+            pod_options=pod_options,
+            job_options=job_options,
+            deferrable=deferrable,
+            poll_interval=poll_interval,
+            pending_grace_seconds=pending_grace_seconds,
+            on_finish_action=on_finish_action,
+            dag_id=self.dag_id,
+            task_id=self.task_id,
+        )
         self.python_callable = python_callable
         self.op_args: Collection[Any] = list(op_args or [])
         self.op_kwargs: Mapping[str, Any] = dict(op_kwargs or {})
-        self.task_config: TaskConfig = Elastic() if task_config is None else check_task_config(task_config)
-        self.execution = _check_execution(execution)
+        self.task_config: TaskConfig = checked.task_config
+        self.execution = checked.execution
         self.image = image
         self.namespace = namespace
         self.kubernetes_conn_id = kubernetes_conn_id
         self.pod_options = pod_options
         self.job_options = job_options
         self.deferrable = deferrable
-        if not isinstance(poll_interval, int | float) or isinstance(poll_interval, bool) or poll_interval <= 0:
-            raise ValueError(f"poll_interval: expected seconds > 0, got {poll_interval!r}")
-        if not isinstance(pending_grace_seconds, int | float) or pending_grace_seconds < 0:
-            raise ValueError(f"pending_grace_seconds: expected seconds >= 0, got {pending_grace_seconds!r}")
-        if on_finish_action not in FINISH_ACTIONS:
-            raise ValueError(
-                f"on_finish_action: expected one of {', '.join(map(repr, FINISH_ACTIONS))}, got {on_finish_action!r}"
-            )
-        self.poll_interval = float(poll_interval)
-        self.pending_grace_seconds = float(pending_grace_seconds)
+        self.poll_interval = checked.poll_interval
+        self.pending_grace_seconds = checked.pending_grace_seconds
         self.on_finish_action = on_finish_action
         self.rendered_job: str | None = None
-        if self.execution != "local":
-            # Render once with a placeholder run, so that a conflicting customization fails while the DAG is parsed.
-            check_renderable(
-                self.task_config,
-                image=self.image if self.image and not _is_templated(self.image) else _PLACEHOLDER_IMAGE,
-                pod_options=pod_options,
-                job_options=job_options,
-            )
         self._local_run: LocalRun | None = None
         self._job: JobRef | None = None
+
+    @classmethod
+    def partial(cls, **kwargs: Any) -> OperatorPartial:
+        """Airflow's ``partial``, whose ``expand``/``expand_kwargs`` also run the constructor's parse-time checks
+        (a mapped task is built without calling ``__init__`` until it runs)."""
+        plain = super().partial(**kwargs)
+        checked = _CheckedOperatorPartial(operator_class=plain.operator_class, kwargs=plain.kwargs, params=plain.params)
+        # ``plain`` is replaced, not forgotten by the user: keep it from warning "never mapped" when collected.
+        plain._expand_called = True
+        return checked
 
     # --- execution ----------------------------------------------------------------------------------------------
 
@@ -241,7 +499,7 @@ class TorchElasticOperator(BaseOperator):
         if verdict.failure is not None and verdict.failure.traceback:
             self.log.error("Root cause, %s, traceback:\n%s", verdict.failure.summary(), verdict.failure.traceback)
         if verdict.recoverable:
-            raise TrainingRetryableError(f"Training failed, a retry may help: {verdict.detail}")
+            raise TrainingRecoverableError(f"Training failed, a retry may help: {verdict.detail}")
         raise TrainingFailedError(f"Training failed, a retry will not help: {verdict.detail}")
 
     # --- Kubernetes ----------------------------------------------------------------------------------------------
@@ -249,11 +507,38 @@ class TorchElasticOperator(BaseOperator):
     def render_manifests(self, context: Context | None = None) -> list[dict[str, Any]]:
         """The objects this task would create, in creation order, without touching the network.
 
-        With ``context=None`` a placeholder run identity is used. The payload is the real one (so its size counts).
+        Templated fields are rendered with ``context``; with ``context=None``, with a minimal one for a placeholder
+        run (dag, task, ``ti``'s identity, params, readable Variables). A field that cannot be rendered so (it needs
+        the real run: an XCom, a date, a missing Variable) is named in a ``UserWarning`` and a placeholder takes its
+        place (namespace ``default``, image ``UNRENDERED_IMAGE``, the unrendered arguments in the payload): no
+        ``{{ ... }}`` reaches a manifest. The payload is the real one otherwise (so its size counts). The operator
+        itself is not changed.
         """
         identity = self._identity(context)
-        payload = dump_payload(self.python_callable, self.op_args, self.op_kwargs)
-        return self._render_objects(identity, self.namespace or "default", payload)
+        template_context = context if context is not None else _placeholder_context(self, identity)
+        rendered, failed = _render_template_fields(
+            self, ("image", "namespace", "op_args", "op_kwargs"), template_context
+        )
+        image, namespace = rendered["image"], rendered["namespace"]
+        if "image" in failed or is_templated(image):
+            failed.setdefault("image", "it renders to another template")
+            image = UNRENDERED_IMAGE
+        if "namespace" in failed or is_templated(namespace):
+            failed.setdefault("namespace", "it renders to another template")
+            namespace = _UNRENDERED_NAMESPACE
+        if failed:
+            placeholders = {"image": repr(UNRENDERED_IMAGE), "namespace": repr(_UNRENDERED_NAMESPACE)}
+            warnings.warn(
+                "render_manifests: these templated fields need the task's run and are shown with placeholders: "
+                + "; ".join(
+                    f"{name} ({reason}; shown as {placeholders.get(name, 'its unrendered value, in the payload')})"
+                    for name, reason in failed.items()
+                ),
+                UserWarning,
+                stacklevel=2,
+            )
+        payload = dump_payload(self.python_callable, rendered["op_args"], rendered["op_kwargs"])
+        return self._render_objects(identity, namespace if namespace is not None else "default", payload, image=image)
 
     def _identity(self, context: Context | None) -> RunIdentity:
         if context is None:
@@ -267,15 +552,21 @@ class TorchElasticOperator(BaseOperator):
             try_number=ti.try_number,
         )
 
-    def _render_objects(self, identity: RunIdentity, namespace: str, payload: bytes) -> list[dict[str, Any]]:
+    def _render_objects(
+        self, identity: RunIdentity, namespace: str, payload: bytes, *, image: str | None = None
+    ) -> list[dict[str, Any]]:
+        """The manifests of one try; ``image`` (rendered) replaces the operator's when given. Where neither the
+        replicas, the operator nor the pod template names an image, ``[torch_elastic] image`` (read now) does."""
         return render_manifests(
             self.task_config,
             identity=identity,
             namespace=namespace,
-            image=self.image,
+            image=image if image is not None else self.image,
             payload=payload,
             pod_options=self.pod_options,
             job_options=self.job_options,
+            default_image=configured_image(),
+            renderer=jobkinds.for_config(self.task_config).render,
         )
 
     def _hook(self) -> Any:
@@ -283,8 +574,13 @@ class TorchElasticOperator(BaseOperator):
 
         return KubernetesHook(conn_id=self.kubernetes_conn_id)
 
-    def _policy(self) -> WaitPolicy:
-        return WaitPolicy(poll_interval=self.poll_interval, pending_grace_seconds=self.pending_grace_seconds)
+    def _policy(self, context: Context) -> WaitPolicy:
+        return WaitPolicy(
+            poll_interval=self.poll_interval,
+            pending_grace_seconds=self.pending_grace_seconds,
+            deadline=self._deadline(context),
+            finish_action=self.on_finish_action,
+        )
 
     def _resolve_deferrable(self) -> bool:
         if self.deferrable is not None:
@@ -294,7 +590,8 @@ class TorchElasticOperator(BaseOperator):
         return conf.getboolean(CONFIG_SECTION, "deferrable", fallback=True)
 
     def _execute_on_kubernetes(self, context: Context, payload: bytes) -> Any:
-        from airflow_provider_torchelastic.kube import SyncKube, drive_sync
+        from airflow_provider_torchelastic.kube import SyncKube
+        from airflow_provider_torchelastic.wait import drive_sync, stop_job, wait_for_job
 
         hook = self._hook()
         namespace = self.namespace or hook.get_namespace() or "default"
@@ -320,19 +617,47 @@ class TorchElasticOperator(BaseOperator):
 
         if self._resolve_deferrable():
             self._defer(hook, ref, context)
-        # Waiting here: an execution_timeout (AirflowTaskTimeout) or SIGTERM reaches on_kill, which deletes the job.
-        decision = drive_sync(watch_job(ref, self._policy()), kube, self.log.info)
-        return self._finish(kube, ref, decision)
+        # Waiting here: the wait core enforces execution_timeout, deletes the job when it cannot be observed, and
+        # applies on_finish_action; anything else that ends the wait (SIGTERM, a bug) must not leave the job running.
+        try:
+            decision = drive_sync(wait_for_job(ref, self._policy(context)), kube, self.log.info)
+        except BaseException:
+            self.log.warning("Waiting for %s %s/%s was interrupted", ref.kind, ref.namespace, ref.name)
+            drive_sync(stop_job(ref), kube, self.log.info)
+            raise
+        finally:
+            self._job = None
+        return self._result_of(ref, decision)
 
     def _submit(
         self, kube: SyncKube, ref: JobRef, configmap: dict[str, Any], workload: dict[str, Any], context: Context
     ) -> JobRef:
         """Create the ConfigMap and the job, or re-attach to the job this try already created; returns the job."""
-        from airflow_provider_torchelastic.kube import KubeError, retry_sync
-        from airflow_provider_torchelastic.render import payload_configmap_owner_reference
+        from airflow_provider_torchelastic.kube import retry_sync
 
         def call(fn: Callable[..., Any], *args: Any) -> Any:
             return retry_sync(functools.partial(fn, *args), self.log.warning)
+
+        try:
+            return self._create_or_reattach(call, kube, ref, configmap, workload, context)
+        except KubeError as e:
+            error = _submit_error(ref, e)
+            # The payload ConfigMap may exist already: leave nothing behind (a retry creates everything anew).
+            from airflow_provider_torchelastic.wait import drive_sync, stop_job
+
+            drive_sync(stop_job(ref), kube, self.log.info)
+            raise error from e
+
+    def _create_or_reattach(
+        self,
+        call: Callable[..., Any],
+        kube: SyncKube,
+        ref: JobRef,
+        configmap: dict[str, Any],
+        workload: dict[str, Any],
+        context: Context,
+    ) -> JobRef:
+        from airflow_provider_torchelastic.render import payload_configmap_owner_reference
 
         store = context.get("task_state_store")
         saved = store.get(STATE_KEY) if store is not None else None
@@ -395,6 +720,7 @@ class TorchElasticOperator(BaseOperator):
             poll_interval=self.poll_interval,
             pending_grace_seconds=self.pending_grace_seconds,
             deadline=self._deadline(context),
+            finish_action=self.on_finish_action,
         )
         # The trigger enforces the deadline (and deletes the job); Airflow's own timeout is only a backstop after it.
         backstop = None
@@ -414,8 +740,11 @@ class TorchElasticOperator(BaseOperator):
         return started + self.execution_timeout.total_seconds()
 
     def execute_complete(self, context: Context, event: dict[str, Any]) -> Any:
-        """Resume after the trigger fired: a fresh operator instance, so everything comes from the event and XCom."""
-        from airflow_provider_torchelastic.kube import SyncKube
+        """Resume after the trigger fired: a fresh operator instance, so everything comes from the event and XCom.
+
+        The trigger has already applied ``on_finish_action`` (or deleted the job at the deadline, or when it could
+        not observe it); only the verdict is left to turn into a result or an exception.
+        """
         from airflow_provider_torchelastic.triggers import EVENT_ERROR
 
         ti = context["ti"]
@@ -427,34 +756,25 @@ class TorchElasticOperator(BaseOperator):
         manifests = ti.xcom_pull(task_ids=ti.task_id, key=XCOM_MANIFESTS, map_indexes=ti.map_index)
         if manifests:
             self.rendered_job = summarize_for_ui(manifests)
-        kube = SyncKube(self._hook().api_client)
         if event.get("status") == EVENT_ERROR:
-            # We lost track of the job: do not leave it holding the cluster; a retry starts a fresh one.
-            self._delete(kube, ref)
-            raise TrainingRetryableError(
+            # The trigger could not even start waiting: do not leave the job holding the cluster.
+            self._stop(ref)
+            raise TrainingRecoverableError(
                 f"Waiting for {ref.kind} {ref.namespace}/{ref.name} failed: {event.get('message')}"
             )
-        return self._finish(kube, ref, WaitDecision.from_event(event))
+        return self._result_of(ref, WaitDecision.from_event(event))
 
-    def _finish(self, kube: SyncKube, ref: JobRef, decision: WaitDecision) -> Any:
+    def _result_of(self, ref: JobRef, decision: WaitDecision) -> Any:
         verdict = decision.verdict or Verdict(succeeded=False, detail=decision.progress)
         self.log.info("%s %s/%s ended: %s", ref.kind, ref.namespace, ref.name, decision.progress)
-        if self.on_finish_action == "delete" or (self.on_finish_action == "delete_succeeded" and verdict.succeeded):
-            self._delete(kube, ref)
-        else:
-            self.log.info(
-                "Keeping %s %s/%s (on_finish_action=%s)", ref.kind, ref.namespace, ref.name, self.on_finish_action
-            )
         return self.result_or_raise(verdict)
 
-    def _delete(self, kube: SyncKube, ref: JobRef) -> None:
-        from airflow_provider_torchelastic.render import payload_configmap_name
+    def _stop(self, ref: JobRef) -> None:
+        """Delete the job unless it has finished: the one way the worker ends a job it no longer waits for."""
+        from airflow_provider_torchelastic.kube import SyncKube
+        from airflow_provider_torchelastic.wait import drive_sync, stop_job
 
-        deleted = kube.delete(ref.kind, ref.name, ref.namespace)
-        # The ConfigMap is owned by the job and garbage-collected with it; deleting it too costs one call and leaves
-        # nothing behind where no garbage collector runs.
-        kube.delete("ConfigMap", payload_configmap_name(ref.name), ref.namespace)
-        self.log.info("Deleted %s %s/%s (existed: %s)", ref.kind, ref.namespace, ref.name, deleted)
+        drive_sync(stop_job(ref), SyncKube(self._hook().api_client), self.log.info)
 
     def on_kill(self) -> None:
         run = self._local_run
@@ -462,7 +782,31 @@ class TorchElasticOperator(BaseOperator):
             self.log.info("Task killed: stopping the local training processes")
             run.stop()
         if self._job is not None:
-            from airflow_provider_torchelastic.kube import SyncKube
+            self.log.info("Task killed: stopping %s %s/%s", self._job.kind, self._job.namespace, self._job.name)
+            self._stop(self._job)
 
-            self.log.info("Task killed: deleting %s %s/%s", self._job.kind, self._job.namespace, self._job.name)
-            self._delete(SyncKube(self._hook().api_client), self._job)
+
+def _submit_error(ref: JobRef, error: KubeError) -> Exception:
+    """What a failed submission means for the task: only an API that stayed unavailable is worth a retry.
+
+    401/403 (no permission), 404 (no such resource: the CRD is not installed), 400/422 (the API server or an
+    admission webhook rejected the object) fail the same way on every retry.
+    """
+    where = f"Cannot create {ref.kind} {ref.namespace}/{ref.name}"
+    if error.recoverable:
+        return TrainingRecoverableError(f"{where}: the Kubernetes API stayed unavailable ({error})")
+    hint = ""
+    if error.status in (401, 403):
+        hint = "; the connection's identity lacks permission (see the Role in the README)"
+    elif error.status == 404:
+        descriptor = jobkinds.get(ref.kind)
+        if not descriptor.is_core:
+            hint = (
+                f"; the API server has no {descriptor.plural}.{descriptor.group} resource: is the Kubeflow training "
+                f"operator (its {ref.kind} CRD, {descriptor.api_version}) installed in this cluster?"
+            )
+        else:
+            hint = f"; does namespace {ref.namespace!r} exist?"
+    elif error.status in (400, 422):
+        hint = "; the API server or an admission webhook rejected the object"
+    return TrainingFailedError(f"{where}: {error}{hint} (a retry will not help)")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import linecache
+import os
 import pickle
 import site
 import sys
@@ -29,8 +30,12 @@ import cloudpickle
 __all__ = ["FORMAT_VERSION", "Payload", "PayloadError", "PayloadHeader", "dump_payload", "load_payload"]
 
 MAGIC: Final = b"airflow-provider-torchelastic payload\n"
+#: The payload format this provider writes and its runner reads. Bump it when the body's layout changes: a runner
+#: image that cannot read a payload then says which provider wrote it and which image to rebuild.
 FORMAT_VERSION: Final = 1
 _OWN_PACKAGE: Final = __name__.split(".")[0]
+#: Set in every pod by the renderer, so that a runner can name the image it runs in.
+IMAGE_ENV: Final = "TORCHELASTIC_IMAGE"
 
 
 class PayloadError(ValueError):
@@ -43,10 +48,20 @@ class PayloadHeader:
     #: ``major.minor`` of the Python that pickled the payload; pickled code only loads on the same minor.
     python: str
     cloudpickle: str
+    #: The airflow-provider-torchelastic version that wrote the payload ("" in payloads of 0.1.0, which lacked it).
+    provider: str = ""
 
     @classmethod
     def current(cls) -> PayloadHeader:
-        return cls(format=FORMAT_VERSION, python=_python_version(), cloudpickle=cloudpickle.__version__)
+        return cls(
+            format=FORMAT_VERSION, python=_python_version(), cloudpickle=cloudpickle.__version__, provider=_provider()
+        )
+
+
+def _provider() -> str:
+    from airflow_provider_torchelastic import __version__
+
+    return __version__
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -91,13 +106,23 @@ def read_header(data: bytes) -> tuple[PayloadHeader, bytes]:
         raise PayloadError("truncated payload: the header line is incomplete")
     try:
         fields = json.loads(header_line)
-        header = PayloadHeader(format=fields["format"], python=fields["python"], cloudpickle=fields["cloudpickle"])
+        header = PayloadHeader(
+            format=fields["format"],
+            python=fields["python"],
+            cloudpickle=fields["cloudpickle"],
+            provider=str(fields.get("provider", "")),
+        )
     except (ValueError, KeyError, TypeError) as e:
         raise PayloadError(f"unreadable payload header {header_line[:200]!r}: {e}") from None
     if header.format != FORMAT_VERSION:
+        writer = f"airflow-provider-torchelastic {header.provider}" if header.provider else "another provider version"
+        image = os.environ.get(IMAGE_ENV, "")
+        where = f"the image {image}" if image else "this runner's image"
         raise PayloadError(
-            f"payload format {header.format} is not supported by this runner (it reads format {FORMAT_VERSION}); "
-            "install the same airflow-provider-torchelastic version in the image as on the Airflow workers"
+            f"payload format {header.format} is not supported by this runner: the payload was written by {writer} "
+            f"(payload format {header.format}), and {where} has airflow-provider-torchelastic {_provider()} "
+            f"(payload format {FORMAT_VERSION}); rebuild {where} with airflow-provider-torchelastic "
+            f"{header.provider or 'the version installed on the Airflow workers'} (see docker/Dockerfile)"
         )
     return header, body
 

@@ -28,8 +28,8 @@ from enum import Enum
 from types import MappingProxyType
 from typing import Any, Final, Literal, TypeAlias, cast
 
-from airflow_provider_torchelastic.config import _QUANTITY, _check_resources
 from airflow_provider_torchelastic.naming import is_reserved_key
+from airflow_provider_torchelastic.validation import QUANTITY, check_image, check_resources, fail, is_int
 
 __all__ = [
     "DEFAULT_SHM_SIZE",
@@ -65,12 +65,12 @@ IMAGE_PULL_POLICIES: Final = ("Always", "IfNotPresent", "Never")
 RESERVED_ENV: Final = frozenset({"MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK"})
 RESERVED_ENV_PREFIX: Final = "PET_"
 
-_DNS_1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
-_DNS_1123_SUBDOMAIN = re.compile(r"^(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-_QUALIFIED_NAME = re.compile(r"^[A-Za-z0-9]([-_.A-Za-z0-9]{0,61}[A-Za-z0-9])?$")
-_LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-_.A-Za-z0-9]{0,61}[A-Za-z0-9])?)?$")
+_DNS_1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?\Z")
+_DNS_1123_SUBDOMAIN = re.compile(r"^(?=.{1,253}\Z)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*\Z")
+_QUALIFIED_NAME = re.compile(r"^[A-Za-z0-9]([-_.A-Za-z0-9]{0,61}[A-Za-z0-9])?\Z")
+_LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-_.A-Za-z0-9]{0,61}[A-Za-z0-9])?)?\Z")
 # The rule of Kubernetes < 1.34 (newer versions accept any printable character but '='); we support 1.25.
-_ENV_NAME = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
+_ENV_NAME = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*\Z")
 
 _VALUE_FROM_KEYS: Final[Mapping[str, frozenset[str]]] = MappingProxyType(
     {
@@ -90,10 +90,6 @@ _MOUNT_KEYS: Final = frozenset(
 _SCHEDULING_POLICY_KEYS: Final = ("minAvailable", "queue", "minResources", "priorityClass", "scheduleTimeoutSeconds")
 _INT32_MAX: Final = 2**31 - 1
 _POSITIVE_NUMBER = re.compile(r"^\+?(\d+\.?\d*|\.\d+)")
-
-
-def _fail(owner: str, name: str, value: object, expected: str, exc: type[Exception] = ValueError) -> Exception:
-    return exc(f"{owner}.{name}: expected {expected}, got {value!r}")
 
 
 def secret_key_ref(secret: str, key: str, *, optional: bool | None = None) -> JsonDict:
@@ -128,7 +124,7 @@ def to_plain(owner: str, name: str, value: object) -> Any:
     try:
         return json.loads(json.dumps(value, default=_reject))
     except (TypeError, ValueError) as e:
-        raise _fail(owner, name, value, f"JSON-compatible Kubernetes fields ({e})", TypeError) from None
+        raise fail(owner, name, value, f"JSON-compatible Kubernetes fields ({e})", TypeError) from None
 
 
 def _reject(value: object) -> Any:
@@ -140,37 +136,37 @@ def _reject(value: object) -> Any:
 def _check_mapping(owner: str, name: str, value: object) -> JsonDict:
     plain = to_plain(owner, name, value)
     if not isinstance(plain, dict):
-        raise _fail(owner, name, value, "a mapping", TypeError)
+        raise fail(owner, name, value, "a mapping", TypeError)
     return plain
 
 
 def _check_list(owner: str, name: str, value: object) -> list[Any]:
     if isinstance(value, str | bytes) or not isinstance(value, Sequence):
-        raise _fail(owner, name, value, "a list", TypeError)
+        raise fail(owner, name, value, "a list", TypeError)
     return cast("list[Any]", to_plain(owner, name, list(value)))
 
 
 def _check_keys(owner: str, name: str, value: Mapping[str, Any], allowed: frozenset[str] | Sequence[str]) -> None:
     unknown = sorted(set(value) - set(allowed))
     if unknown:
-        raise _fail(owner, name, value, f"only the keys {', '.join(sorted(allowed))} (unknown: {', '.join(unknown)})")
+        raise fail(owner, name, value, f"only the keys {', '.join(sorted(allowed))} (unknown: {', '.join(unknown)})")
 
 
 def _check_str(owner: str, name: str, value: object, pattern: re.Pattern[str], expected: str) -> str:
     if not isinstance(value, str):
-        raise _fail(owner, name, value, expected, TypeError)
+        raise fail(owner, name, value, expected, TypeError)
     if not pattern.match(value):
-        raise _fail(owner, name, value, expected)
+        raise fail(owner, name, value, expected)
     return value
 
 
 def check_label_key(owner: str, name: str, key: object) -> str:
     expected = "a label key: [prefix/]name, name <= 63 characters of [-_.A-Za-z0-9], prefix a DNS subdomain"
     if not isinstance(key, str):
-        raise _fail(owner, name, key, expected, TypeError)
+        raise fail(owner, name, key, expected, TypeError)
     prefix, _, local = key.rpartition("/")
     if (prefix and not _DNS_1123_SUBDOMAIN.match(prefix)) or not _QUALIFIED_NAME.match(local):
-        raise _fail(owner, name, key, expected)
+        raise fail(owner, name, key, expected)
     return key
 
 
@@ -179,7 +175,7 @@ def check_labels(owner: str, name: str, value: object, *, reserved_ok: bool = Fa
     for key, label in labels.items():
         check_label_key(owner, name, key)
         if not reserved_ok and is_reserved_key(key):
-            raise _fail(owner, f"{name}[{key!r}]", key, "a key the provider and the training operator do not set")
+            raise fail(owner, f"{name}[{key!r}]", key, "a key the provider and the training operator do not set")
         _check_str(owner, f"{name}[{key!r}]", label, _LABEL_VALUE, "a label value: <= 63 of [-_.A-Za-z0-9], alnum ends")
     return MappingProxyType(labels)
 
@@ -189,26 +185,26 @@ def check_annotations(owner: str, name: str, value: object) -> Mapping[str, str]
     for key, text in annotations.items():
         check_label_key(owner, name, key)
         if is_reserved_key(key):
-            raise _fail(owner, f"{name}[{key!r}]", key, "a key the provider and the training operator do not set")
+            raise fail(owner, f"{name}[{key!r}]", key, "a key the provider and the training operator do not set")
         if not isinstance(text, str):
-            raise _fail(owner, f"{name}[{key!r}]", text, "a str", TypeError)
+            raise fail(owner, f"{name}[{key!r}]", text, "a str", TypeError)
     return MappingProxyType(annotations)
 
 
 def _check_value_from(owner: str, name: str, value_from: object) -> JsonDict:
     expected = f"a valueFrom mapping with exactly one of {', '.join(_VALUE_FROM_KEYS)}"
     if not isinstance(value_from, dict) or len(value_from) != 1 or next(iter(value_from)) not in _VALUE_FROM_KEYS:
-        raise _fail(owner, name, value_from, expected)
+        raise fail(owner, name, value_from, expected)
     ((source, ref),) = value_from.items()
     if not isinstance(ref, dict):
-        raise _fail(owner, f"{name}.{source}", ref, "a mapping", TypeError)
+        raise fail(owner, f"{name}.{source}", ref, "a mapping", TypeError)
     _check_keys(owner, f"{name}.{source}", ref, _VALUE_FROM_KEYS[source])
     required = {"secretKeyRef": ("name", "key"), "configMapKeyRef": ("name", "key"), "fieldRef": ("fieldPath",)}
     for key in required.get(source, ("resource",)):
         if not isinstance(ref.get(key), str) or not ref[key]:
-            raise _fail(owner, f"{name}.{source}.{key}", ref.get(key), "a non-empty str")
+            raise fail(owner, f"{name}.{source}.{key}", ref.get(key), "a non-empty str")
     if "optional" in ref and not isinstance(ref["optional"], bool):
-        raise _fail(owner, f"{name}.{source}.optional", ref["optional"], "a bool", TypeError)
+        raise fail(owner, f"{name}.{source}.optional", ref["optional"], "a bool", TypeError)
     return value_from
 
 
@@ -219,11 +215,11 @@ def check_env_var(owner: str, name: str, item: object) -> JsonDict:
     var_name = _check_str(owner, f"{name}.name", var.get("name"), _ENV_NAME, "an env var name of [-._a-zA-Z0-9]")
     label = f"{name}[{var_name!r}]"
     if var_name in RESERVED_ENV or var_name.startswith(RESERVED_ENV_PREFIX):
-        raise _fail(owner, label, var_name, "a name the training operator does not inject (PET_*, MASTER_*, RANK...)")
+        raise fail(owner, label, var_name, "a name the training operator does not inject (PET_*, MASTER_*, RANK...)")
     if ("value" in var) == ("valueFrom" in var):
-        raise _fail(owner, label, var, "exactly one of 'value' and 'valueFrom'")
+        raise fail(owner, label, var, "exactly one of 'value' and 'valueFrom'")
     if "value" in var and not isinstance(var["value"], str):
-        raise _fail(owner, label, var["value"], "a str value (quote numbers: '1')", TypeError)
+        raise fail(owner, label, var["value"], "a str value (quote numbers: '1')", TypeError)
     if "valueFrom" in var:
         _check_value_from(owner, f"{label}.valueFrom", var["valueFrom"])
     return var
@@ -239,7 +235,7 @@ def _check_env(owner: str, value: object) -> tuple[JsonDict, ...]:
             elif isinstance(val, Mapping) or _is_kubernetes_model(val):
                 items.append({"name": key, "valueFrom": to_plain(owner, f"env[{key!r}]", val)})
             else:
-                raise _fail(owner, f"env[{key!r}]", val, "a str, or a valueFrom such as secret_key_ref(...)", TypeError)
+                raise fail(owner, f"env[{key!r}]", val, "a str, or a valueFrom such as secret_key_ref(...)", TypeError)
     else:
         items = _check_list(owner, "env", value)
     env = tuple(check_env_var(owner, "env", item) for item in items)
@@ -251,7 +247,7 @@ def _check_unique(owner: str, name: str, keys: Sequence[str]) -> None:
     seen: set[str] = set()
     for key in keys:
         if key in seen:
-            raise _fail(owner, name, key, "unique names (this one is given twice)")
+            raise fail(owner, name, key, "unique names (this one is given twice)")
         seen.add(key)
 
 
@@ -260,14 +256,14 @@ def _check_env_from(owner: str, value: object) -> tuple[JsonDict, ...]:
     for index, item in enumerate(_check_list(owner, "env_from", value)):
         label = f"env_from[{index}]"
         if not isinstance(item, dict):
-            raise _fail(owner, label, item, "a mapping such as {'secretRef': {'name': 'creds'}}", TypeError)
+            raise fail(owner, label, item, "a mapping such as {'secretRef': {'name': 'creds'}}", TypeError)
         _check_keys(owner, label, item, ("prefix", "configMapRef", "secretRef"))
         sources = [key for key in ("configMapRef", "secretRef") if key in item]
         if len(sources) != 1:
-            raise _fail(owner, label, item, "exactly one of 'configMapRef' and 'secretRef'")
+            raise fail(owner, label, item, "exactly one of 'configMapRef' and 'secretRef'")
         ref = item[sources[0]]
         if not isinstance(ref, dict):
-            raise _fail(owner, f"{label}.{sources[0]}", ref, "a mapping", TypeError)
+            raise fail(owner, f"{label}.{sources[0]}", ref, "a mapping", TypeError)
         _check_keys(owner, f"{label}.{sources[0]}", ref, ("name", "optional"))
         _check_str(owner, f"{label}.{sources[0]}.name", ref.get("name"), _DNS_1123_SUBDOMAIN, "a object name")
         if "prefix" in item:
@@ -290,30 +286,30 @@ def _check_tolerations(owner: str, value: object) -> tuple[JsonDict, ...]:
     for index, item in enumerate(_check_list(owner, "tolerations", value)):
         label = f"tolerations[{index}]"
         if not isinstance(item, dict):
-            raise _fail(owner, label, item, "a mapping such as {'key': 'nvidia.com/gpu', 'operator': 'Exists'}")
+            raise fail(owner, label, item, "a mapping such as {'key': 'nvidia.com/gpu', 'operator': 'Exists'}")
         # The kubernetes client serializes unset fields as absent, but a hand-written dict may carry explicit Nones.
         item = {key: val for key, val in item.items() if val is not None}
         _check_keys(owner, label, item, _TOLERATION_KEYS)
         operator = item.get("operator", "Equal")
         if operator not in _TOLERATION_OPERATORS:
-            raise _fail(owner, f"{label}.operator", operator, "'Exists' or 'Equal'")
+            raise fail(owner, f"{label}.operator", operator, "'Exists' or 'Equal'")
         if "effect" in item and item["effect"] not in _TOLERATION_EFFECTS:
-            raise _fail(owner, f"{label}.effect", item["effect"], "one of " + ", ".join(_TOLERATION_EFFECTS))
+            raise fail(owner, f"{label}.effect", item["effect"], "one of " + ", ".join(_TOLERATION_EFFECTS))
         for key in ("key", "value"):
             if key in item and not isinstance(item[key], str):
-                raise _fail(owner, f"{label}.{key}", item[key], "a str", TypeError)
+                raise fail(owner, f"{label}.{key}", item[key], "a str", TypeError)
         if item.get("key"):
             check_label_key(owner, f"{label}.key", item["key"])
         if operator == "Exists" and item.get("value"):
-            raise _fail(owner, f"{label}.value", item["value"], "no value with operator 'Exists'")
+            raise fail(owner, f"{label}.value", item["value"], "no value with operator 'Exists'")
         if not item.get("key") and operator != "Exists":
-            raise _fail(owner, f"{label}.operator", operator, "'Exists' when no key is given (tolerate everything)")
+            raise fail(owner, f"{label}.operator", operator, "'Exists' when no key is given (tolerate everything)")
         if "tolerationSeconds" in item:
             seconds = item["tolerationSeconds"]
-            if not isinstance(seconds, int) or isinstance(seconds, bool):
-                raise _fail(owner, f"{label}.tolerationSeconds", seconds, "an int", TypeError)
+            if not is_int(seconds):
+                raise fail(owner, f"{label}.tolerationSeconds", seconds, "an int", TypeError)
             if item.get("effect") != "NoExecute":
-                raise _fail(owner, f"{label}.effect", item.get("effect"), "'NoExecute' with tolerationSeconds")
+                raise fail(owner, f"{label}.effect", item.get("effect"), "'NoExecute' with tolerationSeconds")
         checked.append(item)
     return tuple(checked)
 
@@ -323,12 +319,12 @@ def _check_volumes(owner: str, value: object) -> tuple[JsonDict, ...]:
     for index, item in enumerate(_check_list(owner, "volumes", value)):
         label = f"volumes[{index}]"
         if not isinstance(item, dict):
-            raise _fail(owner, label, item, "a V1Volume-shaped mapping", TypeError)
+            raise fail(owner, label, item, "a V1Volume-shaped mapping", TypeError)
         item = {key: val for key, val in item.items() if val is not None}
         _check_str(owner, f"{label}.name", item.get("name"), _DNS_1123_LABEL, "a DNS-1123 label")
         sources = [key for key in item if key != "name"]
         if len(sources) != 1 or not isinstance(item[sources[0]], dict):
-            raise _fail(owner, label, item, "a name and exactly one volume source, e.g. {'name': 'data', 'pvc': ...}")
+            raise fail(owner, label, item, "a name and exactly one volume source, e.g. {'name': 'data', 'pvc': ...}")
         checked.append(item)
     _check_unique(owner, "volumes", [item["name"] for item in checked])
     return tuple(checked)
@@ -339,18 +335,18 @@ def _check_volume_mounts(owner: str, value: object) -> tuple[JsonDict, ...]:
     for index, item in enumerate(_check_list(owner, "volume_mounts", value)):
         label = f"volume_mounts[{index}]"
         if not isinstance(item, dict):
-            raise _fail(owner, label, item, "a V1VolumeMount-shaped mapping", TypeError)
+            raise fail(owner, label, item, "a V1VolumeMount-shaped mapping", TypeError)
         item = {key: val for key, val in item.items() if val is not None}
         _check_keys(owner, label, item, _MOUNT_KEYS)
         _check_str(owner, f"{label}.name", item.get("name"), _DNS_1123_LABEL, "the name of a volume")
         path = item.get("mountPath")
         if not isinstance(path, str) or not path.startswith("/") or ":" in path:
-            raise _fail(owner, f"{label}.mountPath", path, "an absolute path without ':'")
+            raise fail(owner, f"{label}.mountPath", path, "an absolute path without ':'")
         for key in ("subPath", "subPathExpr", "mountPropagation", "recursiveReadOnly"):
             if key in item and not isinstance(item[key], str):
-                raise _fail(owner, f"{label}.{key}", item[key], "a str", TypeError)
+                raise fail(owner, f"{label}.{key}", item[key], "a str", TypeError)
         if "readOnly" in item and not isinstance(item["readOnly"], bool):
-            raise _fail(owner, f"{label}.readOnly", item["readOnly"], "a bool", TypeError)
+            raise fail(owner, f"{label}.readOnly", item["readOnly"], "a bool", TypeError)
         checked.append(item)
     _check_unique(owner, "volume_mounts (mountPath)", [item["mountPath"] for item in checked])
     return tuple(checked)
@@ -361,7 +357,7 @@ def _check_pod_template(owner: str, value: object) -> JsonDict:
     _check_keys(owner, "pod_template", template, ("metadata", "spec"))
     metadata = template.get("metadata") or {}
     if not isinstance(metadata, dict):
-        raise _fail(owner, "pod_template.metadata", metadata, "a mapping", TypeError)
+        raise fail(owner, "pod_template.metadata", metadata, "a mapping", TypeError)
     metadata = {key: val for key, val in metadata.items() if val is not None}
     _check_keys(owner, "pod_template.metadata", metadata, ("labels", "annotations", "name"))
     if "labels" in metadata:
@@ -374,10 +370,10 @@ def _check_pod_template(owner: str, value: object) -> JsonDict:
     metadata.pop("name", None)
     spec = template.get("spec") or {}
     if not isinstance(spec, dict):
-        raise _fail(owner, "pod_template.spec", spec, "a mapping", TypeError)
+        raise fail(owner, "pod_template.spec", spec, "a mapping", TypeError)
     spec = {key: val for key, val in spec.items() if val is not None}
     if "restartPolicy" in spec:
-        raise _fail(
+        raise fail(
             owner,
             "pod_template.spec.restartPolicy",
             spec["restartPolicy"],
@@ -385,19 +381,35 @@ def _check_pod_template(owner: str, value: object) -> JsonDict:
         )
     containers = spec.get("containers") or []
     if not isinstance(containers, list) or not all(isinstance(c, dict) and c.get("name") for c in containers):
-        raise _fail(owner, "pod_template.spec.containers", containers, "a list of containers, each with a name")
+        raise fail(owner, "pod_template.spec.containers", containers, "a list of containers, each with a name")
     _check_unique(owner, "pod_template.spec.containers", [c["name"] for c in containers])
     for container in containers:
         if container["name"] == "pytorch":
             for key in ("command", "args"):
                 if container.get(key):
-                    raise _fail(
+                    raise fail(
                         owner,
                         f"pod_template.spec.containers['pytorch'].{key}",
                         container[key],
                         "no command or args on the 'pytorch' container: the provider runs the training function "
                         "there (add other containers for sidecars, or use a different image entrypoint)",
                     )
+    for key in ("containers", "initContainers"):
+        items = spec.get(key) or []
+        for item in items if isinstance(items, list) else []:
+            if not isinstance(item, dict):
+                continue
+            where = f"pod_template.spec.{key}[{item.get('name')!r}]"
+            if item.get("image") is not None:
+                # Pod options are not templated: an image here reaches the pod exactly as written.
+                check_image(owner, f"{where}.image", item["image"])
+            resources = item.get("resources")
+            if isinstance(resources, dict):
+                # The same rules as requests/limits given anywhere else (a 'gpu' key, a bad quantity), and the same
+                # normal form: quantities as strings, so that requests and limits compare when merged.
+                for part in ("requests", "limits"):
+                    if resources.get(part) is not None:
+                        resources[part] = dict(check_resources(owner, f"{where}.resources.{part}", resources[part]))
     return {"metadata": metadata, "spec": spec}
 
 
@@ -410,13 +422,11 @@ def _check_name(owner: str, name: str, value: object, what: str) -> str | None:
 def _check_shm(owner: str, value: object) -> str | _Unset | None:
     if value is None or value is UNSET:
         return value
-    if isinstance(value, int) and not isinstance(value, bool):
+    if is_int(value):
         value = str(value)
     number = _POSITIVE_NUMBER.match(value) if isinstance(value, str) else None
-    if not isinstance(value, str) or not _QUANTITY.match(value) or not number or float(number.group(0)) <= 0:
-        raise _fail(
-            owner, "shm_size", value, "a positive memory quantity such as '2Gi', or None for no /dev/shm volume"
-        )
+    if not isinstance(value, str) or not QUANTITY.match(value) or not number or float(number.group(0)) <= 0:
+        raise fail(owner, "shm_size", value, "a positive memory quantity such as '2Gi', or None for no /dev/shm volume")
     return value
 
 
@@ -461,13 +471,13 @@ class PodOptions:
     def __post_init__(self) -> None:
         owner = "PodOptions"
         if self.image_pull_policy is not None and self.image_pull_policy not in IMAGE_PULL_POLICIES:
-            raise _fail(owner, "image_pull_policy", self.image_pull_policy, "one of 'Always', 'IfNotPresent', 'Never'")
+            raise fail(owner, "image_pull_policy", self.image_pull_policy, "one of 'Always', 'IfNotPresent', 'Never'")
         normalized: dict[str, Any] = {
             "image_pull_secrets": _check_pull_secrets(owner, self.image_pull_secrets),
             "env": _check_env(owner, self.env),
             "env_from": _check_env_from(owner, self.env_from),
-            "requests": _check_resources(owner, "requests", self.requests),
-            "limits": _check_resources(owner, "limits", self.limits),
+            "requests": check_resources(owner, "requests", self.requests),
+            "limits": check_resources(owner, "limits", self.limits),
             "node_selector": check_labels(owner, "node_selector", self.node_selector, reserved_ok=True),
             "tolerations": _check_tolerations(owner, self.tolerations),
             "volumes": _check_volumes(owner, self.volumes),
@@ -484,7 +494,7 @@ class PodOptions:
             _check_keys(owner, "affinity", affinity, _AFFINITY_KEYS)
             for key, val in affinity.items():
                 if not isinstance(val, dict):
-                    raise _fail(owner, f"affinity.{key}", val, "a mapping", TypeError)
+                    raise fail(owner, f"affinity.{key}", val, "a mapping", TypeError)
             normalized["affinity"] = MappingProxyType(affinity)
         if self.pod_template is not None:
             normalized["pod_template"] = MappingProxyType(_check_pod_template(owner, self.pod_template))
@@ -557,7 +567,7 @@ class JobOptions:
     def __post_init__(self) -> None:
         owner = "JobOptions"
         if not isinstance(self.suspend, bool):
-            raise _fail(owner, "suspend", self.suspend, "a bool", TypeError)
+            raise fail(owner, "suspend", self.suspend, "a bool", TypeError)
         if self.scheduling_policy is None:
             return
         policy = _check_mapping(owner, "scheduling_policy", self.scheduling_policy)
@@ -565,15 +575,15 @@ class JobOptions:
         for key in ("minAvailable", "scheduleTimeoutSeconds"):
             if key in policy:
                 value = policy[key]
-                if not isinstance(value, int) or isinstance(value, bool):
-                    raise _fail(owner, f"scheduling_policy.{key}", value, "an int", TypeError)
+                if not is_int(value):
+                    raise fail(owner, f"scheduling_policy.{key}", value, "an int", TypeError)
                 if not 0 <= value <= _INT32_MAX:
-                    raise _fail(owner, f"scheduling_policy.{key}", value, f"an int in 0..{_INT32_MAX}")
+                    raise fail(owner, f"scheduling_policy.{key}", value, f"an int in 0..{_INT32_MAX}")
         for key in ("queue", "priorityClass"):
             if key in policy and (not isinstance(policy[key], str) or not policy[key]):
-                raise _fail(owner, f"scheduling_policy.{key}", policy[key], "a non-empty str")
+                raise fail(owner, f"scheduling_policy.{key}", policy[key], "a non-empty str")
         if "minResources" in policy:
             policy["minResources"] = dict(
-                _check_resources(owner, "scheduling_policy.minResources", policy["minResources"])
+                check_resources(owner, "scheduling_policy.minResources", policy["minResources"])
             )
         object.__setattr__(self, "scheduling_policy", MappingProxyType(policy))

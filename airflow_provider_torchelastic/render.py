@@ -12,6 +12,7 @@ The operator's call::
         namespace="ml",             # where everything is created
         image="repo/train:1.0",     # the operator's image; Master/Worker(image=...) override it; may be None
                                     #   when every replica (or the pod_template's pytorch container) names one
+        default_image=None,         # the last resort, [torch_elastic] image: used where nothing above names one
         payload=payload_bytes,      # the serialized function and arguments, mounted at PAYLOAD_PATH
         pod_options=PodOptions(),   # operator-level pod customization, or None
         job_options=JobOptions(),   # PyTorchJob-only settings (schedulingPolicy, suspend), or None
@@ -30,7 +31,6 @@ from __future__ import annotations
 
 import base64
 import copy
-import json
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -47,7 +47,9 @@ from airflow_provider_torchelastic.naming import (
     job_name,
     placeholder_identity,
 )
+from airflow_provider_torchelastic.payload import IMAGE_ENV
 from airflow_provider_torchelastic.pod import JobOptions, PodOptions, merge_pod_options
+from airflow_provider_torchelastic.validation import check_image
 
 __all__ = [
     "CONTAINER_NAME",
@@ -177,7 +179,7 @@ _SUFFIXES: Final[Mapping[str, Decimal]] = {
     "m": Decimal("1e-3"),
     "": Decimal(1),
 }
-_QUANTITY_PARTS = re.compile(r"^([+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)([A-Za-z]*)$")
+_QUANTITY_PARTS = re.compile(r"^([+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)([A-Za-z]*)\Z")
 # Resources the scheduler may overcommit; any other (nvidia.com/gpu ...) needs limits == requests.
 _OVERCOMMITTABLE = ("cpu", "memory", "ephemeral-storage")
 
@@ -254,6 +256,7 @@ class _PodSettings:
 
     where: str
     options: PodOptions
+    #: The replica's image, else the operator's: it wins over the pod template's.
     image: str | None
     requests: Mapping[str, str]
     limits: Mapping[str, str]
@@ -262,6 +265,17 @@ class _PodSettings:
     labels: Mapping[str, str]
     annotations: Mapping[str, str]
     env: Sequence[JsonDict] = ()
+    #: Used only when neither ``image`` nor the pod template's ``pytorch`` container names one.
+    default_image: str | None = None
+    #: False only for a parse-time check, when the image may still come at run time.
+    image_required: bool = True
+
+
+_NO_IMAGE: Final = (
+    "an image: pass image= to the operator, set Master/Worker(image=...), or set the 'pytorch' container's image in "
+    "PodOptions(pod_template=...); or give every task a default with the Airflow option [torch_elastic] image "
+    "(env AIRFLOW__TORCH_ELASTIC__IMAGE)"
+)
 
 
 def _render_pod_template(settings: _PodSettings) -> JsonDict:
@@ -282,19 +296,26 @@ def _render_pod_template(settings: _PodSettings) -> JsonDict:
         containers.insert(0, container)
     cwhere = f"{where}.spec.containers[{CONTAINER_NAME!r}]"
 
-    if settings.image is not None:
-        _set(cwhere, container, "image", settings.image, "the operator's or replica's image")
-    if not container.get("image"):
-        raise _fail(f"{cwhere}.image", None, "an image: pass image= to the operator or set it on the replica")
+    # Most specific first: the replica's or operator's image, the template's, then the configured default. The
+    # template is the lower layer, so an image given to the task replaces its image rather than conflicting with it.
+    image = settings.image or container.get("image") or settings.default_image
+    if image:
+        container["image"] = image
+    elif settings.image_required:
+        raise _fail(f"{cwhere}.image", None, _NO_IMAGE)
     for index, other in enumerate(containers):
-        if not other.get("image"):
+        if other is not container and not other.get("image"):
             raise _fail(f"{where}.spec.containers[{index}].image", other.get("image"), "an image on every container")
     _set(cwhere, container, "command", settings.command, "the provider (the runner's command line)")
     if options.image_pull_policy is not None:
         _set(cwhere, container, "imagePullPolicy", options.image_pull_policy, "PodOptions.image_pull_policy")
 
     env = _merge_named(f"{cwhere}.env", container.get("env", []), options.env_vars, "name", "PodOptions.env")
-    env = _merge_named(f"{cwhere}.env", env, settings.env, "name", "the provider")
+    provided = list(settings.env)
+    if image:
+        # The runner names the image it runs in when it cannot read a payload: "rebuild <this image>".
+        provided.append({"name": IMAGE_ENV, "value": image})
+    env = _merge_named(f"{cwhere}.env", env, provided, "name", "the provider")
     if env:
         container["env"] = env
     env_from = list(container.get("envFrom", []))
@@ -366,7 +387,7 @@ def _render_pod_template(settings: _PodSettings) -> JsonDict:
 
 
 @dataclass(frozen=True, kw_only=True)
-class _RenderInputs:
+class RenderInputs:
     config: TaskConfig
     name: str
     namespace: str
@@ -376,9 +397,11 @@ class _RenderInputs:
     labels: Mapping[str, str]
     annotations: Mapping[str, str]
     configmap: str
+    default_image: str | None = None
+    image_required: bool = True
 
 
-def _metadata(inputs: _RenderInputs) -> JsonDict:
+def _metadata(inputs: RenderInputs) -> JsonDict:
     return {
         "name": inputs.name,
         "namespace": inputs.namespace,
@@ -387,7 +410,7 @@ def _metadata(inputs: _RenderInputs) -> JsonDict:
     }
 
 
-def _render_pod(inputs: _RenderInputs) -> JsonDict:
+def render_pod(inputs: RenderInputs) -> JsonDict:
     config = inputs.config
     if not isinstance(config, Elastic):  # pragma: no cover - workload_for sends only single-node Elastic here
         raise TypeError(f"a single Pod renders only Elastic(nnodes=1), got {config!r}")
@@ -408,6 +431,8 @@ def _render_pod(inputs: _RenderInputs) -> JsonDict:
             where="Pod",
             options=inputs.options,
             image=inputs.image,
+            default_image=inputs.default_image,
+            image_required=inputs.image_required,
             requests=inputs.options.requests,
             limits=inputs.options.limits,
             command=command,
@@ -428,7 +453,7 @@ def _render_pod(inputs: _RenderInputs) -> JsonDict:
 
 
 def _replica_spec(
-    inputs: _RenderInputs, replica_type: str, replica: Master | Worker | None, replicas: int, command: list[str]
+    inputs: RenderInputs, replica_type: str, replica: Master | Worker | None, replicas: int, command: list[str]
 ) -> JsonDict:
     replica = replica or Worker()
     options = merge_pod_options(inputs.options, replica.pod)
@@ -437,6 +462,8 @@ def _replica_spec(
             where=f"pytorchReplicaSpecs.{replica_type}.template",
             options=options,
             image=replica.image if replica.image is not None else inputs.image,
+            default_image=inputs.default_image,
+            image_required=inputs.image_required,
             requests={**options.requests, **replica.requests},
             limits={**options.limits, **replica.limits},
             command=command,
@@ -449,7 +476,7 @@ def _replica_spec(
     return {"replicas": replicas, "restartPolicy": replica.restart_policy.value, "template": template}
 
 
-def _run_policy(inputs: _RenderInputs) -> JsonDict:
+def _run_policy(inputs: RenderInputs) -> JsonDict:
     """Only what was given: the training operator's defaults stay its own."""
     run_policy: JsonDict = {}
     policy = inputs.config.run_policy
@@ -470,7 +497,7 @@ def _run_policy(inputs: _RenderInputs) -> JsonDict:
     return run_policy
 
 
-def _render_pytorchjob(inputs: _RenderInputs) -> JsonDict:
+def render_pytorchjob(inputs: RenderInputs) -> JsonDict:
     config = inputs.config
     launch = config_to_launch_spec(config)
     # No --nnodes: the training operator sets PET_NNODES ("min:max" for elastic, the replica count otherwise).
@@ -502,12 +529,12 @@ def _render_pytorchjob(inputs: _RenderInputs) -> JsonDict:
     return {"apiVersion": PYTORCHJOB_API_VERSION, "kind": PYTORCHJOB_KIND, "metadata": _metadata(inputs), "spec": spec}
 
 
-_RENDERERS: Final[Mapping[Workload, Callable[[_RenderInputs], JsonDict]]] = {
-    Workload.POD: _render_pod,
-    Workload.PYTORCHJOB: _render_pytorchjob,
+_RENDERERS: Final[Mapping[Workload, Callable[[RenderInputs], JsonDict]]] = {
+    Workload.POD: render_pod,
+    Workload.PYTORCHJOB: render_pytorchjob,
 }
 
-_DNS_1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+_DNS_1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?\Z")
 
 
 def render_manifests(
@@ -519,15 +546,27 @@ def render_manifests(
     payload: bytes,
     pod_options: PodOptions | None = None,
     job_options: JobOptions | None = None,
+    renderer: Callable[[RenderInputs], JsonDict] | None = None,
+    default_image: str | None = None,
+    require_image: bool = True,
 ) -> list[JsonDict]:
-    """The objects one try of a task creates, in creation order: ``[ConfigMap, PyTorchJob]`` or ``[ConfigMap, Pod]``."""
+    """The objects one try of a task creates, in creation order: ``[ConfigMap, PyTorchJob]`` or ``[ConfigMap, Pod]``.
+
+    ``renderer`` renders the job object (``jobkinds.for_config(config).render`` is what the operator passes); by
+    default the built-in kind for the config.
+
+    Each pod's image is, most specific first: its replica's (``Master``/``Worker(image=...)``), ``image``, the pod
+    template's ``pytorch`` container's, ``default_image``. A pod with none is an error unless ``require_image`` is
+    False (a parse-time check, where the image may come at run time): objects rendered so are checked, not submitted.
+    """
     config = check_task_config(config)
     if not isinstance(identity, RunIdentity):
         raise TypeError(f"identity: expected a RunIdentity(...), got {identity!r}")
     if not isinstance(namespace, str) or not _DNS_1123_LABEL.match(namespace):
         raise _fail("namespace", namespace, "a namespace name (a DNS-1123 label)")
-    if image is not None and (not isinstance(image, str) or not image.strip() or image != image.strip()):
-        raise _fail("image", image, "a non-empty image reference without surrounding whitespace, or None")
+    # Rendered values only: a "{{ ... }}" left in an image is refused here, never submitted.
+    check_image("", "image", image)
+    check_image("", "default_image", default_image)
     if pod_options is not None and not isinstance(pod_options, PodOptions):
         raise TypeError(f"pod_options: expected a PodOptions(...) or None, got {pod_options!r}")
     if job_options is not None and not isinstance(job_options, JobOptions):
@@ -543,7 +582,7 @@ def render_manifests(
         labels={**options.labels, **labels},
         annotations={**options.annotations, **annotations},
     )
-    inputs = _RenderInputs(
+    inputs = RenderInputs(
         config=config,
         name=name,
         namespace=namespace,
@@ -553,8 +592,10 @@ def render_manifests(
         labels=labels,
         annotations=annotations,
         configmap=configmap["metadata"]["name"],
+        default_image=default_image,
+        image_required=require_image,
     )
-    workload = _RENDERERS[workload_for(config)](inputs)
+    workload = (renderer or _RENDERERS[workload_for(config)])(inputs)
     return [configmap, workload]
 
 
@@ -567,8 +608,14 @@ def check_renderable(
     dag_id: str = "dag",
     task_id: str = "task",
     namespace: str = "default",
+    default_image: str | None = None,
+    require_image: bool = True,
 ) -> None:
-    """Render once with a placeholder identity and an empty payload, so that conflicts fail at DAG-parse time."""
+    """Render once with a placeholder identity and an empty payload, so that conflicts fail at DAG-parse time.
+
+    ``require_image=False`` where the image is only known at run time (a templated or mapped image, or an execution
+    mode read from the configuration then): everything else is still checked.
+    """
     render_manifests(
         config,
         identity=placeholder_identity(dag_id, task_id),
@@ -577,72 +624,25 @@ def check_renderable(
         payload=b"",
         pod_options=pod_options,
         job_options=job_options,
+        default_image=default_image,
+        require_image=require_image,
     )
 
 
 # ---------------------------------------------------------------------------------------------------- UI summary
 
-_PLAIN_SCALAR = re.compile(r"^[A-Za-z_/][-A-Za-z0-9_./]*$")
-_YAML_WORDS = frozenset({"true", "false", "yes", "no", "on", "off", "null", "y", "n"})
-
-
-def _yaml_quote(text: str) -> str:
-    """A YAML double-quoted scalar; everything but printable ASCII is escaped, so any reader accepts it."""
-    out = []
-    for char in text:
-        code = ord(char)
-        if char in '"\\':
-            out.append("\\" + char)
-        elif 0x20 <= code < 0x7F:
-            out.append(char)
-        elif code < 0x10000:
-            out.append(f"\\u{code:04x}")
-        else:
-            out.append(f"\\U{code:08x}")
-    return '"' + "".join(out) + '"'
-
-
-def _yaml_scalar(value: Any) -> str:
-    if isinstance(value, str):
-        if _PLAIN_SCALAR.match(value) and value.lower() not in _YAML_WORDS:
-            return value
-        return _yaml_quote(value)
-    if isinstance(value, dict):
-        return "{}"
-    if isinstance(value, list):
-        return "[]"
-    return json.dumps(value)
-
-
-def _yaml_lines(value: Any, indent: int) -> list[str]:
-    pad = " " * indent
-    lines: list[str] = []
-    if isinstance(value, dict) and value:
-        for key, item in value.items():
-            if isinstance(item, dict) and item:
-                lines.append(f"{pad}{_yaml_scalar(str(key))}:")
-                lines += _yaml_lines(item, indent + 2)
-            elif isinstance(item, list) and item:
-                lines.append(f"{pad}{_yaml_scalar(str(key))}:")
-                lines += _yaml_lines(item, indent)
-            else:
-                lines.append(f"{pad}{_yaml_scalar(str(key))}: {_yaml_scalar(item)}")
-    elif isinstance(value, list) and value:
-        for item in value:
-            if isinstance(item, dict | list) and item:
-                sub = _yaml_lines(item, indent + 2)
-                sub[0] = f"{pad}- {sub[0][indent + 2 :]}"
-                lines += sub
-            else:
-                lines.append(f"{pad}- {_yaml_scalar(item)}")
-    else:
-        lines.append(pad + _yaml_scalar(value))
-    return lines
-
 
 def to_yaml(documents: Sequence[Any]) -> str:
-    """A small block-style YAML writer for JSON-shaped data (the core stays standard-library only)."""
-    return "".join("---\n" + "\n".join(_yaml_lines(document, 0)) + "\n" for document in documents)
+    """JSON-shaped documents as block-style YAML, each opened by ``---``, keys in their given order.
+
+    PyYAML comes with Airflow; it is imported here, not with this module, so that rendering stays cheap and
+    dependency-free for the runner and for DAG parsing.
+    """
+    import yaml
+
+    return yaml.safe_dump_all(
+        list(documents), explicit_start=True, sort_keys=False, default_flow_style=False, width=120
+    )
 
 
 def elide_payload(manifest: JsonDict) -> JsonDict:

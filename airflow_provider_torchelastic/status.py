@@ -1,35 +1,40 @@
-"""The one state machine that waits for a job: pure decisions over what the API server says.
+"""Pure decisions over what the API server says about a job: where it stands and, once it ended, its verdict.
 
-The worker (``deferrable=False``) and the trigger (``deferrable=True``) both drive :func:`watch_job`, a generator
-that asks for I/O (fetch the job and its pods, read a pod's log, sleep, log a line) and decides from the answers.
-They differ only in how they carry out the requests (sync ``kubernetes`` client or async ``kubernetes_asyncio``),
-never in what they decide. Objects are the API's own JSON (camelCase dicts). No I/O, no Airflow, no kubernetes.
+One decision function per kind of job (``decide_pod``, ``decide_pytorchjob``); :mod:`jobkinds` says which kind
+uses which, and :mod:`wait` drives them. Objects are the API's own JSON (camelCase dicts). No I/O, no Airflow, no
+kubernetes.
 """
 
 from __future__ import annotations
 
 import calendar
 import time
-from collections.abc import Generator, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
 from enum import Enum
-from typing import Any, Final, TypeAlias
+from typing import Any, Final
 
 from airflow_provider_torchelastic.outcome import NodeReport, Verdict, WorkerFailure, decide_run, decode_outcome
 
 __all__ = [
-    "FetchJob",
+    "FINISH_ACTIONS",
     "JobRef",
+    "LogCursor",
     "Phase",
-    "ReadLog",
     "Snapshot",
-    "Sleep",
     "WaitDecision",
     "WaitPolicy",
-    "decide",
-    "watch_job",
+    "decide_pod",
+    "decide_pytorchjob",
+    "job_gone",
+    "new_log_lines",
+    "pod_finished",
+    "pytorchjob_finished",
 ]
 
+#: What happens to the job once it ended: delete it, keep it, or delete it only when it succeeded (the default:
+#: a failed job's pods and events stay for debugging; the PyTorchJob's ttl / cleanPodPolicy still apply).
+FINISH_ACTIONS: Final = ("delete_succeeded", "delete", "keep")
 TRAINING_CONTAINER: Final = "pytorch"
 
 #: Container waiting reasons that will not resolve by themselves: fail fast instead of waiting for a timeout.
@@ -37,7 +42,7 @@ STUCK_WAITING_REASONS: Final = frozenset(
     {"ImagePullBackOff", "ErrImagePull", "InvalidImageName", "CreateContainerConfigError", "CreateContainerError"}
 )
 #: Of those, the ones where a retry could help (capacity may free up); a wrong image or config will not.
-_RETRYABLE_STUCK_REASONS: Final = frozenset({"Unschedulable"})
+_RECOVERABLE_STUCK_REASONS: Final = frozenset({"Unschedulable"})
 
 
 class Phase(str, Enum):
@@ -53,18 +58,11 @@ class Phase(str, Enum):
 
 @dataclass(frozen=True, kw_only=True)
 class JobRef:
-    """Which object to wait for. ``kind`` is ``PyTorchJob`` or ``Pod``."""
+    """Which object to wait for; ``kind`` names a registered job kind (:mod:`jobkinds`), e.g. ``PyTorchJob``."""
 
     kind: str
     name: str
     namespace: str
-
-    @property
-    def label_selector(self) -> str:
-        # The training operator labels its pods with the job name; our single Pod is its own only pod.
-        if self.kind == "PyTorchJob":
-            return f"training.kubeflow.org/job-name={self.name}"
-        return ""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -77,6 +75,22 @@ class WaitPolicy:
     log_pods: int = 8
     #: Seconds between progress lines while nothing changes.
     progress_interval: float = 60.0
+    #: Unix time by which the task must end (its ``execution_timeout``): the wait deletes the job then and fails.
+    #: Airflow does not enforce ``execution_timeout`` while a task is deferred, so the wait does, on both paths.
+    deadline: float | None = None
+    #: What the wait does with the job once it ended: one of :data:`FINISH_ACTIONS`.
+    finish_action: str = "delete_succeeded"
+
+    def __post_init__(self) -> None:
+        if self.finish_action not in FINISH_ACTIONS:
+            raise ValueError(
+                f"on_finish_action: expected one of {', '.join(map(repr, FINISH_ACTIONS))}, got {self.finish_action!r}"
+            )
+
+    def keeps(self, decision: WaitDecision) -> bool:
+        """Whether the ended job stays (for debugging) rather than being deleted."""
+        succeeded = decision.phase is Phase.SUCCEEDED
+        return self.finish_action == "keep" or (self.finish_action == "delete_succeeded" and not succeeded)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -197,60 +211,107 @@ def _format_elapsed(seconds: float) -> str:
     return f"{hours}h{minutes:02d}m{secs:02d}s" if hours else f"{minutes}m{secs:02d}s"
 
 
-# --- the decision ------------------------------------------------------------------------------------------------
+# --- the decisions, one per kind of job (airflow_provider_torchelastic.jobkinds maps kinds to them) -------------
 
 
-def decide(ref: JobRef, snapshot: Snapshot, policy: WaitPolicy) -> WaitDecision:
-    """Where the job stands, and once it ended, its verdict (rank 0's result or the root cause)."""
-    job = snapshot.job
-    if job is None:
-        return WaitDecision(
-            phase=Phase.FAILED,
-            progress=f"{ref.kind} {ref.namespace}/{ref.name} is gone",
-            verdict=Verdict(
-                succeeded=False,
-                recoverable=True,
-                detail=f"{ref.kind} {ref.namespace}/{ref.name} was deleted before it finished (outside Airflow?)",
-            ),
-        )
-    pods = [job] if ref.kind == "Pod" else list(snapshot.pods)
-    created = parse_time(job.get("metadata", {}).get("creationTimestamp")) or snapshot.now
-    elapsed = _format_elapsed(snapshot.now - created)
-    total = 1 if ref.kind == "Pod" else _total_replicas(job)
-    running = sum(1 for pod in pods if pod.get("status", {}).get("phase") == "Running")
+def job_gone(ref: JobRef) -> WaitDecision:
+    """The job was deleted before it finished (by someone else: we delete only after deciding)."""
+    return WaitDecision(
+        phase=Phase.FAILED,
+        progress=f"{ref.kind} {ref.namespace}/{ref.name} is gone",
+        verdict=Verdict(
+            succeeded=False,
+            recoverable=True,
+            detail=f"{ref.kind} {ref.namespace}/{ref.name} was deleted before it finished (outside Airflow?)",
+        ),
+    )
 
-    def progress(state: str) -> str:
-        return f"{ref.kind} {ref.name}: {state}; pods running {running}/{total}{_ELAPSED}{elapsed}"
 
-    reports = [report for pod in pods if (report := pod_report(pod)) is not None]
+@dataclass(frozen=True, kw_only=True)
+class _Observed:
+    """What every kind's decision starts from: the job's pods, their reports, and the progress line's parts."""
 
-    # 1. Stuck pods fail fast, with Kubernetes' own words.
-    for pod in pods:
+    ref: JobRef
+    job: Mapping[str, Any]
+    pods: Sequence[Mapping[str, Any]]
+    total: int
+    now: float
+
+    @property
+    def created(self) -> float:
+        return parse_time(self.job.get("metadata", {}).get("creationTimestamp")) or self.now
+
+    @property
+    def running(self) -> int:
+        return sum(1 for pod in self.pods if pod.get("status", {}).get("phase") == "Running")
+
+    def progress(self, state: str) -> str:
+        elapsed = _format_elapsed(self.now - self.created)
+        return f"{self.ref.kind} {self.ref.name}: {state}; pods running {self.running}/{self.total}{_ELAPSED}{elapsed}"
+
+    def reports(self) -> list[NodeReport]:
+        return [report for pod in self.pods if (report := pod_report(pod)) is not None]
+
+
+def _stuck_decision(seen: _Observed, policy: WaitPolicy) -> WaitDecision | None:
+    """Stuck pods fail fast, with Kubernetes' own words."""
+    for pod in seen.pods:
         stuck = _stuck_reason(pod)
         if stuck is None:
             continue
-        since = parse_time(pod.get("metadata", {}).get("creationTimestamp")) or created
-        if snapshot.now - since >= policy.pending_grace_seconds:
+        since = parse_time(pod.get("metadata", {}).get("creationTimestamp")) or seen.created
+        if seen.now - since >= policy.pending_grace_seconds:
             reason, message = stuck
             name = pod.get("metadata", {}).get("name", "?")
             return WaitDecision(
                 phase=Phase.FAILED,
-                progress=progress(f"failed ({reason})"),
+                progress=seen.progress(f"failed ({reason})"),
                 verdict=Verdict(
                     succeeded=False,
-                    recoverable=reason in _RETRYABLE_STUCK_REASONS,
+                    recoverable=reason in _RECOVERABLE_STUCK_REASONS,
                     node=name,
                     detail=f"pod {name} stuck in {reason} for more than {policy.pending_grace_seconds:.0f} s: "
                     f"{message}".rstrip(": "),
                 ),
             )
+    return None
 
-    if ref.kind == "Pod":
-        phase = job.get("status", {}).get("phase", "Pending")
-        if phase in ("Succeeded", "Failed"):
-            verdict = decide_run(reports) if reports else Verdict(succeeded=False, detail=f"pod ended {phase}")
-            return WaitDecision(phase=_phase_of(verdict), progress=progress(phase), verdict=verdict)
-        return WaitDecision(phase=Phase.RUNNING if phase == "Running" else Phase.PENDING, progress=progress(phase))
+
+def pod_finished(pod: Mapping[str, Any]) -> bool:
+    return pod.get("status", {}).get("phase") in ("Succeeded", "Failed")
+
+
+def decide_pod(ref: JobRef, snapshot: Snapshot, policy: WaitPolicy) -> WaitDecision:
+    """A single Pod (one node): it is its own only pod."""
+    job = snapshot.job
+    if job is None:
+        return job_gone(ref)
+    seen = _Observed(ref=ref, job=job, pods=[job], total=1, now=snapshot.now)
+    stuck = _stuck_decision(seen, policy)
+    if stuck is not None:
+        return stuck
+    phase = job.get("status", {}).get("phase", "Pending")
+    if pod_finished(job):
+        reports = seen.reports()
+        verdict = decide_run(reports) if reports else Verdict(succeeded=False, detail=f"pod ended {phase}")
+        return WaitDecision(phase=_phase_of(verdict), progress=seen.progress(phase), verdict=verdict)
+    return WaitDecision(phase=Phase.RUNNING if phase == "Running" else Phase.PENDING, progress=seen.progress(phase))
+
+
+def pytorchjob_finished(job: Mapping[str, Any]) -> bool:
+    return _condition(job, "Succeeded") is not None or _condition(job, "Failed") is not None
+
+
+def decide_pytorchjob(ref: JobRef, snapshot: Snapshot, policy: WaitPolicy) -> WaitDecision:
+    """A Kubeflow PyTorchJob: its conditions, and the reports of its pods."""
+    job = snapshot.job
+    if job is None:
+        return job_gone(ref)
+    seen = _Observed(ref=ref, job=job, pods=list(snapshot.pods), total=_total_replicas(job), now=snapshot.now)
+    stuck = _stuck_decision(seen, policy)
+    if stuck is not None:
+        return stuck
+    reports = seen.reports()
 
     failed = _condition(job, "Failed")
     if failed is not None:
@@ -261,22 +322,23 @@ def decide(ref: JobRef, snapshot: Snapshot, policy: WaitPolicy) -> WaitDecision:
             by_condition = _failed_condition_verdict(job, failed)
             if verdict.succeeded or not verdict.node or by_condition.detail.startswith(_DEADLINE_PREFIX):
                 verdict = by_condition
-        return WaitDecision(phase=Phase.FAILED, progress=progress("Failed"), verdict=verdict)
+        return WaitDecision(phase=Phase.FAILED, progress=seen.progress("Failed"), verdict=verdict)
 
     if _condition(job, "Succeeded") is not None:
         # An elastic PyTorchJob is Succeeded as soon as *one* worker succeeds; rank 0 may be on another pod that
         # is still at its exit barrier. Wait for the pod that reports rank 0's result.
         holders = [r for r in reports if r.outcome is not None and r.outcome.holds_rank0]
-        ended = len(reports) >= len(pods)
+        ended = len(reports) >= len(seen.pods)
         if holders or ended:
             verdict = decide_run(reports)
-            return WaitDecision(phase=_phase_of(verdict), progress=progress("Succeeded"), verdict=verdict)
-        return WaitDecision(phase=Phase.RUNNING, progress=progress("Succeeded, waiting for rank 0's pod"))
+            return WaitDecision(phase=_phase_of(verdict), progress=seen.progress("Succeeded"), verdict=verdict)
+        return WaitDecision(phase=Phase.RUNNING, progress=seen.progress("Succeeded, waiting for rank 0's pod"))
 
     for state in ("Restarting", "Running", "Suspended"):
         if _condition(job, state) is not None:
-            return WaitDecision(phase=Phase.RUNNING if running else Phase.PENDING, progress=progress(state))
-    return WaitDecision(phase=Phase.PENDING, progress=progress("Created" if _condition(job, "Created") else "Pending"))
+            return WaitDecision(phase=Phase.RUNNING if seen.running else Phase.PENDING, progress=seen.progress(state))
+    created = "Created" if _condition(job, "Created") else "Pending"
+    return WaitDecision(phase=Phase.PENDING, progress=seen.progress(created))
 
 
 def _phase_of(verdict: Verdict) -> Phase:
@@ -297,36 +359,7 @@ def _failed_condition_verdict(job: Mapping[str, Any], condition: Mapping[str, An
     return Verdict(succeeded=False, recoverable=False, detail=f"the PyTorchJob failed: {message}")
 
 
-# --- the protocol that the sync and async drivers carry out ---------------------------------------------------
-
-
-@dataclass(frozen=True)
-class FetchJob:
-    """Get the job (None if 404) and its pods; answer with a :class:`Snapshot`."""
-
-    ref: JobRef
-
-
-@dataclass(frozen=True)
-class ReadLog:
-    """Read the training container's log of ``pod`` with timestamps, from ``since_seconds`` ago (None: all)."""
-
-    pod: str
-    namespace: str
-    since_seconds: int | None
-
-
-@dataclass(frozen=True)
-class Sleep:
-    seconds: float
-
-
-@dataclass(frozen=True)
-class EmitLog:
-    line: str
-
-
-Request: TypeAlias = FetchJob | ReadLog | Sleep | EmitLog
+# --- pod logs ------------------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -379,47 +412,3 @@ def _split_stamp(raw: str, previous: str) -> tuple[str, str]:
         return previous, raw  # a line without a timestamp keeps its place after the previous one
     base, _, fraction = stamp[:-1].partition(".")
     return f"{base}.{fraction.ljust(9, '0')[:9]}Z", line
-
-
-@dataclass(kw_only=True)
-class _WatchState:
-    #: The progress line without its elapsed time: a change of phase or of running pods is logged at once.
-    last_state: str = ""
-    last_logged: float = 0.0
-    cursors: dict[str, LogCursor] = field(default_factory=dict)
-
-
-def watch_job(ref: JobRef, policy: WaitPolicy) -> Generator[Request, Any, WaitDecision]:
-    """Poll until the job ends; yields I/O requests, returns the final decision.
-
-    ``FetchJob`` is answered with a :class:`Snapshot`, ``ReadLog`` with the log text (``""`` when unavailable),
-    ``Sleep`` and ``EmitLog`` with ``None``.
-    """
-    state = _WatchState()
-    while True:
-        snapshot = yield FetchJob(ref)
-        decision = decide(ref, snapshot, policy)
-        current = decision.progress.split(_ELAPSED)[0]
-        if current != state.last_state or snapshot.now - state.last_logged >= policy.progress_interval:
-            # On change, and as a heartbeat every progress_interval: a long quiet job still shows it is alive.
-            yield EmitLog(decision.progress)
-            state.last_state, state.last_logged = current, snapshot.now
-        yield from _stream_logs(ref, snapshot, policy, state)
-        if decision.phase.is_terminal:
-            return decision
-        yield Sleep(policy.poll_interval)
-
-
-def _stream_logs(
-    ref: JobRef, snapshot: Snapshot, policy: WaitPolicy, state: _WatchState
-) -> Generator[Request, Any, None]:
-    pods = [snapshot.job] if ref.kind == "Pod" and snapshot.job is not None else list(snapshot.pods)
-    started = [p for p in pods if p.get("status", {}).get("phase") in ("Running", "Succeeded", "Failed")]
-    for pod in sorted(started, key=lambda p: p.get("metadata", {}).get("name", ""))[: policy.log_pods]:
-        name = pod["metadata"]["name"]
-        cursor = state.cursors.get(name, LogCursor())
-        since = None if not cursor.last_seen else max(1, int(snapshot.now - cursor.last_seen) + 2)
-        text = yield ReadLog(pod=name, namespace=ref.namespace, since_seconds=since)
-        lines, state.cursors[name] = new_log_lines(cursor, text or "")
-        for line in lines:
-            yield EmitLog(f"[{name}] {line}")

@@ -1,21 +1,20 @@
 """The trigger that waits for a PyTorchJob (or the single Pod) while the task is deferred.
 
-It drives the same :func:`~airflow_provider_torchelastic.status.watch_job` state machine as the worker does with
-``deferrable=False``; only the I/O is async. Its arguments are one frozen dataclass, so ``serialize()`` cannot drift
-from ``__init__``, and they carry the connection as resolved on the worker (the triggerer needs no connection).
+It drives the same wait core (:func:`~airflow_provider_torchelastic.wait.wait_for_job`) as the worker does with
+``deferrable=False``, deadline, clean-up and all; only the I/O is async. Its arguments are one frozen dataclass, so
+``serialize()`` cannot drift from ``__init__``, and they carry the connection as resolved on the worker (the
+triggerer needs no connection).
 """
 
 from __future__ import annotations
 
-import asyncio
-import time
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Final
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
-from airflow_provider_torchelastic.status import JobRef, WaitPolicy, watch_job
+from airflow_provider_torchelastic.status import JobRef, WaitPolicy
 
 __all__ = ["EVENT_DONE", "EVENT_ERROR", "TorchElasticJobTrigger", "WatchArgs"]
 
@@ -39,11 +38,13 @@ class WatchArgs:
     poll_interval: float = 10.0
     pending_grace_seconds: float = 120.0
     log_pods: int = 8
-    #: Delete the job when a user kills the deferred task (mark failed / clear).
+    #: Delete the job when a user kills the deferred task (mark failed / clear), unless it has finished.
     delete_on_kill: bool = True
     #: Unix time by which the task must end (its ``execution_timeout``); the trigger then deletes the job and
     #: fails the task. Airflow does not enforce ``execution_timeout`` while a task is deferred.
     deadline: float | None = None
+    #: What the trigger does with the job once it ended (``on_finish_action``).
+    finish_action: str = "delete_succeeded"
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     @property
@@ -53,7 +54,11 @@ class WatchArgs:
     @property
     def policy(self) -> WaitPolicy:
         return WaitPolicy(
-            poll_interval=self.poll_interval, pending_grace_seconds=self.pending_grace_seconds, log_pods=self.log_pods
+            poll_interval=self.poll_interval,
+            pending_grace_seconds=self.pending_grace_seconds,
+            log_pods=self.log_pods,
+            deadline=self.deadline,
+            finish_action=self.finish_action,
         )
 
 
@@ -64,6 +69,8 @@ class TorchElasticJobTrigger(BaseTrigger):
         super().__init__()
         known = {f.name for f in fields(WatchArgs)}
         self.args = WatchArgs(**{k: v for k, v in kwargs.items() if k in known})
+        #: Set once the job's decision was reached: a kill after that has nothing to stop.
+        self._finished = False
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return f"{type(self).__module__}.{type(self).__qualname__}", asdict(self.args)
@@ -81,38 +88,31 @@ class TorchElasticJobTrigger(BaseTrigger):
         )
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
-        from airflow_provider_torchelastic.kube import AsyncKube, drive_async
+        from airflow_provider_torchelastic.kube import AsyncKube
+        from airflow_provider_torchelastic.wait import drive_async, wait_for_job
 
         args = self.args
         try:
             async with self._hook().get_conn() as api:
-                waiting = drive_async(watch_job(args.ref, args.policy), AsyncKube(api), self.log.info)
-                remaining = None if args.deadline is None else max(0.0, args.deadline - time.time())
-                decision = await asyncio.wait_for(waiting, timeout=remaining)
-        except TimeoutError:
-            self.log.error("execution_timeout reached: deleting %s %s/%s", args.kind, args.namespace, args.name)
-            await self._delete()
-            yield TriggerEvent({"status": EVENT_ERROR, "message": "execution_timeout reached; the job was deleted"})
-            return
-        except Exception as e:  # the event carries it to the worker, which fails the task with it
-            self.log.exception("Waiting for %s %s failed", self.args.kind, self.args.name)
+                decision = await drive_async(wait_for_job(args.ref, args.policy), AsyncKube(api), self.log.info)
+        except Exception as e:  # not reached through the wait core (e.g. no usable connection): the worker says so
+            self.log.exception("Waiting for %s %s failed", args.kind, args.name)
             yield TriggerEvent({"status": EVENT_ERROR, "message": f"{type(e).__name__}: {e}"})
             return
+        self._finished = True
         yield TriggerEvent({"status": EVENT_DONE, **decision.to_event()})
 
     async def on_kill(self) -> None:
-        """A user marked the deferred task failed or cleared it: the job must not keep the GPUs."""
-        if self.args.delete_on_kill:
-            await self._delete()
+        """A user marked the deferred task failed or cleared it: the job must not keep the GPUs.
 
-    async def _delete(self) -> None:
+        Airflow 3.3's triggerer calls this only on such a user action, never on a restart or a timeout. A job that
+        has finished is left alone: a stale trigger (one left behind by ``airflow dags test``, say) cancelled long
+        after its job ended must not delete a job that ``on_finish_action="keep"`` kept.
+        """
+        if not self.args.delete_on_kill or self._finished:
+            return
         from airflow_provider_torchelastic.kube import AsyncKube
-        from airflow_provider_torchelastic.render import payload_configmap_name
+        from airflow_provider_torchelastic.wait import drive_async, stop_job
 
-        args = self.args
         async with self._hook().get_conn() as api:
-            kube = AsyncKube(api)
-            deleted = await kube.delete(args.kind, args.name, args.namespace)
-            # Owned by the job and garbage-collected with it; explicit where no garbage collector runs.
-            await kube.delete("ConfigMap", payload_configmap_name(args.name), args.namespace)
-        self.log.info("Deleted %s %s/%s (existed: %s)", args.kind, args.namespace, args.name, deleted)
+            await drive_async(stop_job(self.args.ref), AsyncKube(api), self.log.info)

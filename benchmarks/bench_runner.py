@@ -83,6 +83,8 @@ def bench_imports(repeat: int) -> dict[str, float]:
 
 def bench_payload(repeat: int) -> dict[str, float]:
     os.environ.setdefault("AIRFLOW_HOME", tempfile.mkdtemp())
+    # The quickstart names no image: parsed for Kubernetes it needs [torch_elastic] image; locally it needs none.
+    os.environ.setdefault("AIRFLOW__TORCH_ELASTIC__EXECUTION", "local")
     sys.path.insert(0, str(REPO / "example_dags"))
     import torch_elastic_quickstart as quickstart  # type: ignore[import-not-found]
 

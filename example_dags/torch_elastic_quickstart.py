@@ -1,8 +1,10 @@
 """Quickstart: train a small classifier with DistributedDataParallel on 2 workers, then print rank 0's result.
 
-Runs locally (``AIRFLOW__TORCH_ELASTIC__EXECUTION=local``) or on Kubernetes (the default) without a change. Nothing
-is downloaded: the data set is generated, with a fixed seed, inside the training function. The function and the
-helpers beside it are shipped to the workers by value, so they need not exist where training runs.
+Runs locally (``AIRFLOW__TORCH_ELASTIC__EXECUTION=local``) or on Kubernetes (the default) without a change: on
+Kubernetes the pod runs the image of the Airflow option ``[torch_elastic] image`` (``AIRFLOW__TORCH_ELASTIC__IMAGE``),
+which must then be set where the DAG is parsed and where it runs. Nothing is downloaded: the data set is generated,
+with a fixed seed, inside the training function. The function and the helpers beside it are shipped to the workers
+by value, so they need not exist where training runs.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ def make_dataset(n_samples: int, seed: int):  # -> tuple[Tensor, Tensor]
     return features, labels
 
 
-@task.torch_elastic(task_config=Elastic(nnodes=1, nproc_per_node=2), image=os.environ.get("TORCHELASTIC_IMAGE"))
+@task.torch_elastic(task_config=Elastic(nnodes=1, nproc_per_node=2))
 def train(epochs: int = 30, lr: float = 0.05) -> dict:
     import torch
     import torch.distributed as dist

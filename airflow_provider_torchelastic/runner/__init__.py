@@ -38,6 +38,7 @@ from airflow_provider_torchelastic.errors import (
     RecoverableError,
 )
 from airflow_provider_torchelastic.outcome import (
+    TERMINATION_MESSAGE_LIMIT,
     ResultTooLargeError,
     WorkerFailure,
     encode_failure,
@@ -119,7 +120,14 @@ def _build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
         default=env.get("TORCHELASTIC_RESULT_FILE"),
         help="where this node writes its outcome (rank 0's result, or the failure); a pod's terminationMessagePath",
     )
-    parser.add_argument("--max-result-bytes", type=int, default=None, help="refuse a larger outcome document")
+    # The same limit everywhere (local execution and pods): a result that works locally must work on Kubernetes,
+    # where the termination message keeps at most this much.
+    parser.add_argument(
+        "--max-result-bytes",
+        type=int,
+        default=TERMINATION_MESSAGE_LIMIT,
+        help="refuse a larger outcome document (default: a Kubernetes termination message's limit)",
+    )
     parser.add_argument("--nnodes", default=env_default("NNODES", "1"), help="N or MIN:MAX (env PET_NNODES)")
     parser.add_argument("--nproc-per-node", default=env_default("NPROC_PER_NODE", "1"), help="N, auto, cpu or gpu")
     parser.add_argument("--start-method", default=env.get("PET_START_METHOD", "spawn"), choices=["spawn", "fork"])
@@ -410,7 +418,7 @@ def _report_usage_error(argv: Sequence[str] | None, error: RunnerUsageError) -> 
     """Publish a settings error where the outcome would have gone, so a pod says why it did not start."""
     hint = argparse.ArgumentParser(add_help=False)
     hint.add_argument("--result-file", default=os.environ.get("TORCHELASTIC_RESULT_FILE"))
-    hint.add_argument("--max-result-bytes", type=int, default=None)
+    hint.add_argument("--max-result-bytes", type=int, default=TERMINATION_MESSAGE_LIMIT)
     try:
         known, _ = hint.parse_known_args(argv)
     except SystemExit:  # even these two are unreadable: stderr is all we have

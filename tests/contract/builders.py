@@ -31,6 +31,7 @@ def render(
     pod_options: PodOptions | None = None,
     job_options: JobOptions | None = None,
     image: str | None = IMAGE,
+    default_image: str | None = None,
     payload: bytes = PAYLOAD,
     **identity_overrides: Any,
 ) -> list[dict[str, Any]]:
@@ -42,6 +43,7 @@ def render(
         payload=payload,
         pod_options=pod_options,
         job_options=job_options,
+        default_image=default_image,
     )
 
 

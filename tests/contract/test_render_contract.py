@@ -30,10 +30,12 @@ from airflow_provider_torchelastic.render import (
     Workload,
     check_renderable,
     payload_configmap_owner_reference,
+    render_manifests,
     summarize_for_ui,
+    to_yaml,
     workload_for,
 )
-from tests.contract.builders import IMAGE, pod_specs, pytorch_container, render, workload
+from tests.contract.builders import IMAGE, identity, pod_specs, pytorch_container, render, workload
 from tests.contract.schemas import (
     KUBERNETES_VERSIONS,
     REPO_ROOT,
@@ -418,7 +420,6 @@ def test_conflicts_fail_at_construction(kwargs: dict[str, Any], match: str) -> N
 @pytest.mark.parametrize(
     ("options", "match"),
     [
-        (PodOptions(pod_template={"spec": {"containers": [{"name": "pytorch", "image": "other:1"}]}}), "image"),
         (
             PodOptions(
                 env={"A": "options"},
@@ -458,6 +459,63 @@ def test_image_may_come_from_the_replica_or_template_only() -> None:
     validate_rendered(render(Elastic(nnodes=2), image=None, pod_options=templated))
     with pytest.raises(ValueError, match="image"):
         render(Elastic(), image=None)
+
+
+def _images(manifests: list[dict[str, Any]]) -> dict[str, str]:
+    return {kind: pytorch_container(spec)["image"] for kind, spec in pod_specs(workload(manifests)).items()}
+
+
+def test_image_precedence_replica_operator_template_default() -> None:
+    template = PodOptions(pod_template={"spec": {"containers": [{"name": "pytorch", "image": "tpl:1"}]}})
+    config = PyTorch(master=Master(image="master:1"), worker=Worker(replicas=1))
+
+    def images(image: str | None, options: PodOptions | None, default: str | None = "default:1") -> dict[str, str]:
+        manifests = render_manifests(
+            config,
+            identity=identity(),
+            namespace="ml",
+            image=image,
+            payload=b"",
+            pod_options=options,
+            default_image=default,
+        )
+        validate_rendered(manifests)
+        return _images(manifests)
+
+    assert images("op:1", template) == {"Master": "master:1", "Worker": "op:1"}
+    assert images(None, template) == {"Master": "master:1", "Worker": "tpl:1"}
+    assert images(None, None) == {"Master": "master:1", "Worker": "default:1"}
+    # The operator's image replaces the template's without a conflict: the template is the lower layer.
+    assert _images(render(Elastic(), pod_options=template)) == {"Pod": IMAGE}
+
+
+def test_no_image_anywhere_names_every_place_an_image_can_come_from() -> None:
+    for config in (Elastic(), Elastic(nnodes=2), PyTorch(master=Master(image="m:1"), worker=Worker(replicas=1))):
+        with pytest.raises(ValueError) as info:
+            render(config, image=None)
+        message = str(info.value)
+        assert ".image: expected an image" in message and message.endswith("got None"), message
+        for place in ("image=", "Master/Worker(image=", "pod_template", "[torch_elastic] image"):
+            assert place in message, (place, message)
+        assert "AIRFLOW__TORCH_ELASTIC__IMAGE" in message
+
+
+def test_parse_time_check_may_leave_the_image_to_run_time() -> None:
+    check_renderable(Elastic(nnodes=2), image=None, require_image=False)
+    with pytest.raises(ValueError, match="image"):
+        check_renderable(Elastic(nnodes=2), image=None)
+    # Side containers are known at parse time: their images are still required.
+    sidecar = PodOptions(pod_template={"spec": {"containers": [{"name": "side"}]}})
+    with pytest.raises(ValueError, match=r"containers\[1\]\.image"):
+        check_renderable(Elastic(), image=None, pod_options=sidecar, require_image=False)
+
+
+@pytest.mark.parametrize("image", ["Registry/Train:1", "a b", "train:", "{{ var.value.image }}"])
+def test_render_refuses_what_is_not_an_image_reference(image: str) -> None:
+    with pytest.raises(ValueError, match=r"^image: expected an image reference"):
+        render(Elastic(), image=image)
+    with pytest.raises(ValueError, match=r"^default_image: expected an image reference"):
+        render(Elastic(), image=None, default_image=image)
 
 
 # --------------------------------------------------------------------------------------------- payload
@@ -525,6 +583,19 @@ def test_summary_of_a_huge_job_still_fits_and_says_where_the_rest_is() -> None:
     digest = next(iter(yaml.safe_load_all(text)))
     assert digest["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] == 7
     assert digest["spec"]["pytorchReplicaSpecs"]["Worker"]["pytorch"]["resources"]["limits"]["nvidia.com/gpu"] == "8"
+
+
+def test_yaml_round_trips_and_stays_block_style_in_key_order() -> None:
+    documents = [
+        {"z": 1, "a": {"list": [1, "two", {"k": None}], "empty": {}, "none": []}},
+        {"float": 1e100, "inf": float("inf"), "tiny": 1e-9, "text": "yes", "multi": "a\nb", "key: colon": "x"},
+        {"unicode": "naïve ✓", "quote": 'it\'s "quoted"', "number_like": "1.0", "octal_like": "0755"},
+    ]
+    text = to_yaml(documents)
+    assert list(yaml.safe_load_all(text)) == documents
+    assert text.startswith("---\n")
+    assert "z: 1\na:\n" in text, text  # key order kept, nested mappings in block style
+    assert "{k" not in text, text
 
 
 def test_summary_is_cut_when_even_the_digest_is_too_long() -> None:

@@ -218,17 +218,21 @@ def replica(cls: type[Master] | type[Worker], **extra: Any) -> st.SearchStrategy
     )
 
 
-elastic = st.builds(
-    Elastic,
-    nnodes=nnodes(),
-    nproc_per_node=nproc,
-    start_method=st.sampled_from(["spawn", "fork"]),
-    monitor_interval=st.sampled_from([0.1, 1, 5, 30.0]),
-    max_restarts=st.integers(0, 5),
-    rdzv_configs=st.dictionaries(
-        st.sampled_from(["timeout", "join_timeout", "last_call_timeout"]), st.integers(1, 3600)
-    ),
-    run_policy=run_policy,
+# One node is a plain Pod, which honours only the deadline of a RunPolicy (Elastic refuses the rest).
+single_node_run_policy = st.none() | st.builds(RunPolicy, active_deadline_seconds=st.none() | st.integers(1, 10**6))
+elastic = nnodes().flatmap(
+    lambda n: st.builds(
+        Elastic,
+        nnodes=st.just(n),
+        nproc_per_node=nproc,
+        start_method=st.sampled_from(["spawn", "fork"]),
+        monitor_interval=st.sampled_from([0.1, 1, 5, 30.0]),
+        max_restarts=st.integers(0, 5),
+        rdzv_configs=st.dictionaries(
+            st.sampled_from(["timeout", "join_timeout", "last_call_timeout"]), st.integers(1, 3600)
+        ),
+        run_policy=single_node_run_policy if str(n).split(":")[-1] == "1" else run_policy,
+    )
 )
 pytorch = st.integers(0, 6).flatmap(
     lambda workers: st.builds(

@@ -112,3 +112,20 @@ with DAG(
 ):
     # execution is not set: [torch_elastic] execution decides, when the task runs.
     TorchElasticOperator(task_id="train", python_callable=world_size, task_config=small(nproc_per_node=1))
+
+
+def six_kilobytes() -> str:
+    return "x" * 6000
+
+
+with DAG(
+    "te_result_over_the_limit",
+    schedule=None,
+    start_date=START,
+    catchup=False,
+    default_args={"retries": 1, "retry_delay": timedelta(0), "on_failure_callback": record_failure},
+):
+    # 6 KB from rank 0: over a Kubernetes termination message's 4096 bytes, so refused locally as well.
+    TorchElasticOperator(
+        task_id="train", python_callable=six_kilobytes, task_config=small(nproc_per_node=1), execution="local"
+    )

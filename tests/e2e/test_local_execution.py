@@ -92,7 +92,7 @@ def test_recoverable_failure_is_retried_and_succeeds(failure_dir: Path) -> None:
     assert result.tasks == {("train", -1): ("success", 2)}
     assert result.xcom() == {"try_number": 2, "rank": 0}
     first_try = (failure_dir / "te_recoverable_retry.train.try1.txt").read_text()
-    assert first_try.startswith("airflow_provider_torchelastic.operators.TrainingRetryableError: ")
+    assert first_try.startswith("airflow_provider_torchelastic.operators.TrainingRecoverableError: ")
     assert "rank 0" in first_try and "TransientStorageError: object store unavailable on try 1" in first_try
     assert "(recoverable)" in first_try
 
@@ -114,6 +114,16 @@ def test_permanent_failure_fails_without_retrying(failure_dir: Path, capfd: pyte
     assert "in fail_on_rank_1" in text
 
 
+def test_a_result_over_the_kubernetes_limit_fails_locally_too(failure_dir: Path) -> None:
+    # One limit wherever the task runs: what works locally must work on Kubernetes (4096-byte termination message).
+    result = run_dag("te_result_over_the_limit")
+    assert result.state == "failed", result
+    assert result.tasks == {("train", -1): ("failed", 1)}, "a result that is too large is not worth a retry"
+    error = (failure_dir / "te_result_over_the_limit.train.try1.txt").read_text()
+    assert error.startswith("airflow_provider_torchelastic.operators.TrainingFailedError: "), error
+    assert "more than the limit of 4096 bytes" in error, error
+
+
 def test_execution_from_airflow_config_local(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("AIRFLOW__TORCH_ELASTIC__EXECUTION", "local")
     result = run_dag("te_execution_from_config")
@@ -121,15 +131,14 @@ def test_execution_from_airflow_config_local(monkeypatch: pytest.MonkeyPatch) ->
     assert result.xcom() == 1
 
 
-def test_execution_defaults_to_kubernetes(monkeypatch: pytest.MonkeyPatch, failure_dir: Path) -> None:
-    # Unset, [torch_elastic] execution is "kubernetes": this DAG (no image) then fails before submitting anything,
-    # with a message that names the missing setting.
+def test_execution_defaults_to_kubernetes(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Unset, [torch_elastic] execution is "kubernetes": with no image anywhere (this DAG names none, and no
+    # [torch_elastic] image is configured) the DAG file fails to parse, naming the places an image can come from.
     monkeypatch.delenv("AIRFLOW__TORCH_ELASTIC__EXECUTION", raising=False)
-    result = run_dag("te_execution_from_config")
-    assert result.state == "failed", result
-    error = (failure_dir / "te_execution_from_config.train.try1.txt").read_text()
-    assert "Cannot build the Kubernetes objects" in error and "image" in error, error
-    assert "TrainingFailedError" in error  # a configuration error: no retry
+    monkeypatch.delenv("AIRFLOW__TORCH_ELASTIC__IMAGE", raising=False)
+    with pytest.raises(AssertionError, match="AIRFLOW__TORCH_ELASTIC__IMAGE") as info:
+        load_dag("te_execution_from_config")
+    assert "torch_elastic_e2e.py" in str(info.value)
 
 
 def test_quickstart_dag_trains_a_classifier(monkeypatch: pytest.MonkeyPatch) -> None:

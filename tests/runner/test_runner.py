@@ -200,6 +200,28 @@ def test_payload_from_another_python_is_refused(tmp_path: Path) -> None:
     assert "Python 3.99" in failure.message and f"Python {HERE_PYTHON}" in failure.message
 
 
+def test_payload_of_a_newer_format_names_both_versions_and_the_image(tmp_path: Path) -> None:
+    from airflow_provider_torchelastic import __version__
+    from airflow_provider_torchelastic.payload import FORMAT_VERSION
+
+    data = dump_payload(world_size)
+    header_line, _, body = data[len(MAGIC) :].partition(b"\n")
+    header = {**json.loads(header_line), "format": FORMAT_VERSION + 1, "provider": "9.9.0"}
+    image = "registry.example.com/ml/runner:0.1.0"
+    run = run_runner(
+        tmp_path, payload=MAGIC + json.dumps(header).encode() + b"\n" + body, env=runner_env(TORCHELASTIC_IMAGE=image)
+    )
+    assert run.returncode == EXIT_USAGE, run.describe()
+    failure = run.outcome.failure  # type: ignore[union-attr]
+    assert failure is not None and failure.exception == "PayloadError", run.describe()
+    for words in (
+        f"airflow-provider-torchelastic 9.9.0 (payload format {FORMAT_VERSION + 1})",
+        f"the image {image} has airflow-provider-torchelastic {__version__} (payload format {FORMAT_VERSION})",
+        f"rebuild the image {image} with airflow-provider-torchelastic 9.9.0",
+    ):
+        assert words in failure.message, failure.message
+
+
 def test_missing_payload_file_is_a_usage_error(tmp_path: Path) -> None:
     result_file = tmp_path / "result.json"
     command = runner_command(tmp_path / "absent.bin", result_file, nproc=2)

@@ -184,6 +184,211 @@ INVALID: list[Any] = [
         "Master(...)",
         id="pytorch-master-type",
     ),
+    # Elastic.monitor_interval: seconds, never a bool or NaN
+    pytest.param(
+        lambda: Elastic(monitor_interval=True),
+        "Elastic.monitor_interval",
+        True,
+        TypeError,
+        "seconds > 0",
+        id="monitor-bool",
+    ),
+    pytest.param(
+        lambda: Elastic(monitor_interval=float("nan")),
+        "Elastic.monitor_interval",
+        float("nan"),
+        ValueError,
+        "seconds > 0",
+        id="monitor-nan",
+    ),
+    # Elastic.rdzv_configs: what torch reads as ints must be ints; nothing may break the k=v,k=v serialization
+    pytest.param(
+        lambda: Elastic(rdzv_configs={"timeout": 1.5}),
+        "Elastic.rdzv_configs['timeout']",
+        1.5,
+        TypeError,
+        "an int >= 1",
+        id="rdzv-timeout-float",
+    ),
+    pytest.param(
+        lambda: Elastic(rdzv_configs={"join_timeout": True}),
+        "Elastic.rdzv_configs['join_timeout']",
+        True,
+        TypeError,
+        "an int >= 1",
+        id="rdzv-timeout-bool",
+    ),
+    pytest.param(
+        lambda: Elastic(rdzv_configs={"last_call_timeout": "30"}),
+        "Elastic.rdzv_configs['last_call_timeout']",
+        "30",
+        TypeError,
+        "an int >= 1",
+        id="rdzv-timeout-str",
+    ),
+    pytest.param(
+        lambda: Elastic(rdzv_configs={"close_timeout": 0}),
+        "Elastic.rdzv_configs['close_timeout']",
+        0,
+        ValueError,
+        "an int >= 1",
+        id="rdzv-timeout-0",
+    ),
+    pytest.param(
+        lambda: Elastic(rdzv_configs={"keep_alive_max_attempt": 2.0}),
+        "Elastic.rdzv_configs['keep_alive_max_attempt']",
+        2.0,
+        TypeError,
+        "an int >= 1",
+        id="rdzv-keep-alive-float",
+    ),
+    pytest.param(
+        lambda: Elastic(rdzv_configs={"read_timeout": -1}),
+        "Elastic.rdzv_configs['read_timeout']",
+        -1,
+        ValueError,
+        "an int >= 1",
+        id="rdzv-read-timeout",
+    ),
+    pytest.param(
+        lambda: Elastic(rdzv_configs={"is_host": "maybe"}),
+        "Elastic.rdzv_configs['is_host']",
+        "maybe",
+        TypeError,
+        "a bool",
+        id="rdzv-is-host",
+    ),
+    pytest.param(
+        lambda: Elastic(rdzv_configs={"x": "a,b"}),
+        "Elastic.rdzv_configs['x']",
+        "a,b",
+        ValueError,
+        "without ',' or '='",
+        id="rdzv-value-comma",
+    ),
+    pytest.param(
+        lambda: Elastic(rdzv_configs={"x": "a=b"}),
+        "Elastic.rdzv_configs['x']",
+        "a=b",
+        ValueError,
+        "without ',' or '='",
+        id="rdzv-value-equals",
+    ),
+    pytest.param(
+        lambda: Elastic(rdzv_configs={"x": ""}),
+        "Elastic.rdzv_configs['x']",
+        "",
+        ValueError,
+        "non-empty",
+        id="rdzv-value-empty",
+    ),
+    pytest.param(
+        lambda: Elastic(rdzv_configs={"a=b": 1}),
+        "Elastic.rdzv_configs",
+        "a=b",
+        ValueError,
+        "without ',' or '='",
+        id="rdzv-key-equals",
+    ),
+    pytest.param(
+        lambda: Elastic(rdzv_configs={"a,b": 1}),
+        "Elastic.rdzv_configs",
+        "a,b",
+        ValueError,
+        "without ',' or '='",
+        id="rdzv-key-comma",
+    ),
+    pytest.param(
+        lambda: Elastic(rdzv_configs={"": 1}), "Elastic.rdzv_configs", "", ValueError, "non-empty", id="rdzv-key-empty"
+    ),
+    pytest.param(
+        lambda: Elastic(rdzv_configs={1: 1}), "Elastic.rdzv_configs", 1, TypeError, "string keys", id="rdzv-key-int"
+    ),
+    pytest.param(
+        lambda: Elastic(rdzv_configs={"x": None}),
+        "Elastic.rdzv_configs['x']",
+        None,
+        TypeError,
+        "a str, int, float or bool",
+        id="rdzv-value-none",
+    ),
+    pytest.param(
+        lambda: Elastic(rdzv_configs={"x": [1, 2]}),
+        "Elastic.rdzv_configs['x']",
+        [1, 2],
+        TypeError,
+        "a str, int, float or bool",
+        id="rdzv-value-list",
+    ),
+    # GPUs: Kubernetes has no "gpu" resource; the device plugins register vendor-prefixed names
+    pytest.param(
+        lambda: Worker(limits={"gpu": 1}), "Worker.limits", "gpu", ValueError, "'nvidia.com/gpu'", id="gpu-limit"
+    ),
+    pytest.param(
+        lambda: Master(requests={"GPU": 1}), "Master.requests", "GPU", ValueError, "'amd.com/gpu'", id="gpu-upper"
+    ),
+    pytest.param(
+        lambda: Worker(limits={"gpus": 2}), "Worker.limits", "gpus", ValueError, "'nvidia.com/gpu'", id="gpu-plural"
+    ),
+    pytest.param(
+        lambda: Worker(limits={"nvidia.com/gpus": 2}),
+        "Worker.limits",
+        "nvidia.com/gpus",
+        ValueError,
+        "'nvidia.com/gpu'",
+        id="gpu-vendor-plural",
+    ),
+    pytest.param(
+        lambda: Worker(limits={"nvidia-gpu": 2}),
+        "Worker.limits",
+        "nvidia-gpu",
+        ValueError,
+        "'nvidia.com/gpu'",
+        id="gpu-unprefixed",
+    ),
+    # One node runs as a plain Pod: job-level policies would be dropped silently
+    pytest.param(
+        lambda: Elastic(run_policy=RunPolicy(ttl_seconds_after_finished=60)),
+        "Elastic.run_policy",
+        RunPolicy(ttl_seconds_after_finished=60),
+        ValueError,
+        "ttl_seconds_after_finished",
+        id="single-node-ttl",
+    ),
+    pytest.param(
+        lambda: Elastic(nnodes="1:1", run_policy=RunPolicy(backoff_limit=2, clean_pod_policy="All")),
+        "Elastic.run_policy",
+        RunPolicy(backoff_limit=2, clean_pod_policy="All"),
+        ValueError,
+        "clean_pod_policy, backoff_limit",
+        id="single-node-backoff-clean",
+    ),
+    # Replica images: a reference the container runtime can pull (replicas are not templated)
+    pytest.param(
+        lambda: Worker(image="Registry/Train:1"),
+        "Worker.image",
+        "Registry/Train:1",
+        ValueError,
+        "image reference",
+        id="image-uppercase",
+    ),
+    pytest.param(
+        lambda: Master(image="{{ var.value.image }}"),
+        "Master.image",
+        "{{ var.value.image }}",
+        ValueError,
+        "image reference",
+        id="image-template",
+    ),
+    pytest.param(lambda: Master(image=3), "Master.image", 3, TypeError, "image reference", id="image-int"),
+    pytest.param(
+        lambda: Master(image="train:1\n"),
+        "Master.image",
+        "train:1\n",
+        ValueError,
+        "image reference",
+        id="image-newline",
+    ),
 ]
 
 
@@ -278,6 +483,57 @@ def test_rdzv_configs_defaults_merged_with_user_keys() -> None:
     assert config.rdzv_configs["timeout"] == 900, "the config must not alias the caller's dict"
     # The defaults are shared: instances must not be able to change them for everyone.
     assert dict(Elastic().rdzv_configs) == {"timeout": 900, "join_timeout": 900}
+
+
+def test_rdzv_configs_accept_what_torch_reads() -> None:
+    from airflow_provider_torchelastic.launch import format_rdzv_conf
+
+    configs = {
+        "join_timeout": 60,
+        "last_call_timeout": 5,
+        "close_timeout": 10,
+        "heartbeat_timeout": 30,
+        "read_timeout": 60,
+        "keep_alive_interval": 5,
+        "keep_alive_max_attempt": 3,
+        "is_host": False,
+        "store_type": "tcp",
+        "my_key": 0.5,  # keys torch does not know stay free-form
+    }
+    config = Elastic(nnodes=2, rdzv_configs=configs)
+    assert dict(config.rdzv_configs) == {"timeout": 900, **configs}
+    assert Elastic(rdzv_configs={"is_host": 1}).rdzv_configs["is_host"] == 1
+    # What reaches --rdzv-conf splits back into exactly these pairs.
+    pairs = [item.split("=") for item in format_rdzv_conf(config.rdzv_configs).split(",")]
+    assert [key for key, _ in pairs] == list(config.rdzv_configs)
+
+
+def test_single_node_refuses_job_level_run_policy_but_keeps_the_deadline() -> None:
+    with pytest.raises(ValueError) as info:
+        Elastic(nnodes=1, run_policy=RunPolicy(ttl_seconds_after_finished=60, backoff_limit=1, clean_pod_policy="All"))
+    message = str(info.value)
+    assert "clean_pod_policy, ttl_seconds_after_finished, backoff_limit" in message, message
+    assert "multi-node" in message and "nnodes > 1" in message, message
+    assert Elastic(run_policy=RunPolicy(active_deadline_seconds=60)).run_policy == RunPolicy(active_deadline_seconds=60)
+    # More than one node, or a range, is a PyTorchJob, which honours them all.
+    for nnodes in (2, "1:2"):
+        Elastic(nnodes=nnodes, run_policy=RunPolicy(ttl_seconds_after_finished=60, backoff_limit=1))
+
+
+@pytest.mark.parametrize(
+    "image",
+    [
+        "train",
+        "img/master:1",
+        "registry.example.com/ml/train:1.0",
+        "localhost:5000/ml/train",
+        "ghcr.io/org/train-image_x:2.6-cuda12.4",
+        "ghcr.io/a/b@sha256:" + "a" * 64,
+        "registry.example.com:443/a/b:tag@sha256:" + "0" * 64,
+    ],
+)
+def test_replica_image_references(image: str) -> None:
+    assert Worker(image=image).image == image
 
 
 @pytest.mark.parametrize(

@@ -107,7 +107,7 @@ def test_trigger_serializes_to_json_and_rebuilds_identically() -> None:
     assert rebuilt.args == args and rebuilt.serialize() == (classpath, kwargs)
 
 
-def test_trigger_error_for_an_unreachable_cluster_is_an_event_not_a_crash() -> None:
+def test_trigger_for_an_unreachable_cluster_ends_in_a_recoverable_failure_not_a_crash() -> None:
     trigger = TorchElasticJobTrigger(
         kind="Pod",
         name="x",
@@ -130,13 +130,17 @@ def test_trigger_error_for_an_unreachable_cluster_is_an_event_not_a_crash() -> N
 
     import airflow_provider_torchelastic.kube as kube
 
-    original = kube.MAX_TRANSIENT_FAILURES
-    kube.MAX_TRANSIENT_FAILURES = 0  # connection refused is transient; do not back off in a unit test
+    original = kube.MAX_RECOVERABLE_FAILURES
+    kube.MAX_RECOVERABLE_FAILURES = 0  # connection refused is recoverable; do not back off in a unit test
     try:
         event = asyncio.run(first_event())
     finally:
-        kube.MAX_TRANSIENT_FAILURES = original
-    assert event["status"] == "error" and "KubeError" in str(event["message"])
+        kube.MAX_RECOVERABLE_FAILURES = original
+    # The wait core turns "cannot observe the job" into a recoverable failure (and tries to delete the job).
+    decision = WaitDecision.from_event(event)
+    assert event["status"] == "done" and decision.phase is Phase.FAILED
+    assert decision.verdict is not None and decision.verdict.recoverable
+    assert "waiting for Pod ml/x failed" in decision.verdict.detail
 
 
 def test_wait_decision_event_round_trip_is_json() -> None:

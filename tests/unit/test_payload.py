@@ -65,7 +65,10 @@ def test_header_fields() -> None:
     # The header is readable without unpickling anything.
     assert data.startswith(MAGIC)
     raw = json.loads(data[len(MAGIC) :].split(b"\n", 1)[0])
-    assert raw == {"format": 1, "python": HERE_PYTHON, "cloudpickle": cloudpickle.__version__}
+    from airflow_provider_torchelastic import __version__
+
+    assert header.provider == __version__
+    assert raw == {"format": 1, "python": HERE_PYTHON, "cloudpickle": cloudpickle.__version__, "provider": __version__}
     assert cloudpickle.loads(body)["args"] == ()
 
 

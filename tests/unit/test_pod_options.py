@@ -95,6 +95,8 @@ def test_gpu_quantities_are_normalized_to_strings() -> None:
         ({"env_from": [{"secret": {"name": "a"}}]}, ValueError, "env_from"),
         ({"requests": {"cpu": "fast"}}, ValueError, "requests"),
         ({"limits": {"nvidia.com/gpu": [1]}}, ValueError, "limits"),
+        ({"limits": {"gpu": 1}}, ValueError, r"limits: expected .*'nvidia\.com/gpu'.*got 'gpu'"),
+        ({"requests": {"GPU": 1}}, ValueError, r"requests: expected .*'amd\.com/gpu'.*got 'GPU'"),
         ({"node_selector": {"zone": "a b"}}, ValueError, "node_selector"),
         ({"tolerations": [{"key": "gpu", "operator": "Maybe"}]}, ValueError, "tolerations"),
         ({"tolerations": [{"key": "gpu", "efect": "NoSchedule"}]}, ValueError, "efect"),
@@ -121,6 +123,27 @@ def test_gpu_quantities_are_normalized_to_strings() -> None:
         ({"pod_template": {"spec": {"containers": [{"image": "x"}]}}}, ValueError, "containers"),
         ({"pod_template": {"metadata": {"labels": {"training.kubeflow.org/replica-type": "x"}}}}, ValueError, "labels"),
         ({"volumes": [{"name": "a", "emptyDir": object()}]}, TypeError, "volumes"),
+        # "$" would let a trailing newline through: every pattern must match the whole value
+        ({"labels": {"team": "ml\n"}}, ValueError, "labels"),
+        ({"node_selector": {"zone\n": "a"}}, ValueError, "node_selector"),
+        ({"service_account_name": "trainer\n"}, ValueError, "service_account_name"),
+        ({"env": {"A\n": "x"}}, ValueError, "env"),
+        ({"volumes": [{"name": "data\n", "emptyDir": {}}]}, ValueError, "volumes"),
+        ({"limits": {"cpu": "1\n"}}, ValueError, "limits"),
+        ({"requests": {"cpu\n": "1"}}, ValueError, "requests"),
+        ({"shm_size": "1Gi\n"}, ValueError, "shm_size"),
+        ({"pod_template": {"spec": {"containers": [{"name": "side", "image": "Side:1"}]}}}, ValueError, "image"),
+        ({"pod_template": {"spec": {"initContainers": [{"name": "i", "image": "i:1\n"}]}}}, ValueError, "image"),
+        (
+            {"pod_template": {"spec": {"containers": [{"name": "pytorch", "resources": {"limits": {"gpu": 1}}}]}}},
+            ValueError,
+            r"containers\['pytorch'\]\.resources\.limits: expected .*'nvidia\.com/gpu'",
+        ),
+        (
+            {"pod_template": {"spec": {"initContainers": [{"name": "i", "resources": {"requests": {"cpu": "x"}}}]}}},
+            ValueError,
+            r"initContainers\['i'\]\.resources\.requests\['cpu'\]",
+        ),
     ],
 )
 def test_invalid_options_name_the_field(kwargs: dict[str, Any], exc: type[Exception], field: str) -> None:
@@ -189,6 +212,7 @@ def test_job_options() -> None:
         ({"scheduling_policy": {"minAvailable": 2**31}}, ValueError, "minAvailable"),
         ({"scheduling_policy": {"queue": ""}}, ValueError, "queue"),
         ({"scheduling_policy": {"minResources": {"cpu": "x"}}}, ValueError, "minResources"),
+        ({"scheduling_policy": {"minResources": {"gpu": 8}}}, ValueError, "nvidia.com/gpu"),
     ],
 )
 def test_invalid_job_options(kwargs: dict[str, Any], exc: type[Exception], field: str) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
+import os
 import re
 import subprocess
 import sys
@@ -31,7 +32,9 @@ EXPORTED = {
 }
 
 
-def run_python(code: str, *, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+def run_python(
+    code: str, *, timeout: float = 120, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-c", textwrap.dedent(code)],
         cwd=REPO_ROOT,
@@ -39,6 +42,7 @@ def run_python(code: str, *, timeout: float = 120) -> subprocess.CompletedProces
         text=True,
         timeout=timeout,
         check=False,
+        env=None if env is None else {**os.environ, **env},
     )
 
 
@@ -84,7 +88,9 @@ HEAVY_MODULES_CHECK = """
     ids=["package", "operator", "decorator", "quickstart-dag"],
 )
 def test_dag_file_imports_leave_torch_and_kubernetes_out(imports: str) -> None:
-    proc = run_python(HEAVY_MODULES_CHECK.format(imports=imports))
+    # The quickstart names no image: where Kubernetes is the default execution, the configured image is its image.
+    image = {"AIRFLOW__TORCH_ELASTIC__IMAGE": "registry.example.com/ml/torchelastic-runner:0.1.0"}
+    proc = run_python(HEAVY_MODULES_CHECK.format(imports=imports), env=image)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout.strip().splitlines()[-1]) == []
 
@@ -156,6 +162,26 @@ def test_airflow_providers_list_shows_the_package() -> None:
     assert ours[0]["version"] == airflow_provider_torchelastic.__version__
 
 
+def test_quickstart_takes_its_image_from_the_airflow_option() -> None:
+    code = """
+        from airflow.dag_processing.dagbag import DagBag
+        bag = DagBag(dag_folder="example_dags", safe_mode=False)
+        print(bag.import_errors)
+        pod = bag.dags["torch_elastic_quickstart"].get_task("train").render_manifests()[1]
+        print(pod["spec"]["containers"][0]["image"])
+    """
+    # The DAG file has no image setting of its own (it once read TORCHELASTIC_IMAGE): the option is the one place.
+    env = {"AIRFLOW__TORCH_ELASTIC__IMAGE": "cfg.example.com/runner:1", "TORCHELASTIC_IMAGE": "env.example.com/x:1"}
+    proc = run_python(code, env=env, timeout=180)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip().splitlines()[-2:] == ["{}", "cfg.example.com/runner:1"]
+    unset = {"AIRFLOW__TORCH_ELASTIC__IMAGE": "", "AIRFLOW__TORCH_ELASTIC__EXECUTION": "kubernetes"}
+    proc = run_python("import example_dags.torch_elastic_quickstart", env=unset)
+    assert proc.returncode != 0 and "AIRFLOW__TORCH_ELASTIC__IMAGE" in proc.stderr, proc.stderr
+    local = {"AIRFLOW__TORCH_ELASTIC__IMAGE": "", "AIRFLOW__TORCH_ELASTIC__EXECUTION": "local"}
+    assert run_python("import example_dags.torch_elastic_quickstart", env=local).returncode == 0
+
+
 def test_task_decorator_resolves() -> None:
     from airflow.sdk import task
 
@@ -200,9 +226,10 @@ def test_operator_construction_errors(kwargs: dict, exc: type[Exception], patter
         TorchElasticOperator(**{"task_id": "train", "python_callable": train, **kwargs})
 
 
-def test_operator_defaults() -> None:
+def test_operator_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
     from airflow_provider_torchelastic import Elastic, TorchElasticOperator
 
+    monkeypatch.setenv("AIRFLOW__TORCH_ELASTIC__IMAGE", "registry.example.com/ml/torchelastic-runner:0.1.0")
     op = TorchElasticOperator(task_id="train", python_callable=train, op_args=(1,), op_kwargs={"a": 2})
     assert op.task_config == Elastic() and op.execution is None
     assert (op.op_args, op.op_kwargs) == ([1], {"a": 2})

@@ -1,4 +1,4 @@
-"""The wait state machine: decisions from job and pod JSON, with a fake clock; no I/O."""
+"""The decisions of each job kind, from job and pod JSON, with a fake clock; no I/O."""
 
 from __future__ import annotations
 
@@ -6,28 +6,28 @@ from typing import Any
 
 import pytest
 
+from airflow_provider_torchelastic import jobkinds
 from airflow_provider_torchelastic.outcome import WorkerFailure, encode_failure, encode_success
 from airflow_provider_torchelastic.status import (
-    EmitLog,
-    FetchJob,
     JobRef,
     LogCursor,
     Phase,
-    ReadLog,
-    Sleep,
     Snapshot,
     WaitDecision,
     WaitPolicy,
-    decide,
     new_log_lines,
-    watch_job,
 )
+from airflow_provider_torchelastic.wait import DeleteJob, EmitLog, FetchJob, ReadLog, Sleep, wait_for_job
 
 T0 = 1_800_000_000.0
 STAMP0 = "2027-01-15T08:00:00Z"  # == T0
 JOB = JobRef(kind="PyTorchJob", name="train-abc", namespace="ml")
 POD = JobRef(kind="Pod", name="train-abc", namespace="ml")
 POLICY = WaitPolicy(poll_interval=5, pending_grace_seconds=60)
+
+
+def decide(ref: JobRef, snapshot: Snapshot, policy: WaitPolicy) -> WaitDecision:
+    return jobkinds.get(ref.kind).decide(ref, snapshot, policy)
 
 
 def make_job(
@@ -126,7 +126,7 @@ def test_failed_job_root_cause_is_the_earliest_failure_across_pods() -> None:
     assert d.verdict.failure.exception == "KeyError" and not d.verdict.recoverable
 
 
-def test_recoverable_failure_and_oom_are_retryable() -> None:
+def test_recoverable_failure_and_oom_are_recoverable() -> None:
     pods = [make_pod("w0", "Failed", exit_code=200, message=failure(1, T0 + 1, recoverable=True))]
     d = decide(JOB, Snapshot(job=make_job("Failed"), pods=pods, now=T0 + 5), POLICY)
     assert d.verdict is not None and d.verdict.recoverable
@@ -135,7 +135,7 @@ def test_recoverable_failure_and_oom_are_retryable() -> None:
     assert d.verdict is not None and d.verdict.recoverable and "OOMKilled" in d.verdict.detail
 
 
-def test_evicted_pod_without_exit_code_is_retryable() -> None:
+def test_evicted_pod_without_exit_code_is_recoverable() -> None:
     pod = make_pod("train-abc", "Failed", reason="Evicted")
     pod["status"]["containerStatuses"] = []
     d = decide(POD, Snapshot(job=pod, now=T0 + 5), POLICY)
@@ -171,7 +171,7 @@ def test_deadline_failure_names_the_deadline() -> None:
     assert d.verdict is not None and "active_deadline_seconds=600" in d.verdict.detail
 
 
-def test_job_gone_is_a_retryable_failure() -> None:
+def test_job_gone_is_a_recoverable_failure() -> None:
     d = decide(JOB, Snapshot(job=None, now=T0), POLICY)
     assert d.phase is Phase.FAILED and d.verdict is not None and d.verdict.recoverable
 
@@ -206,8 +206,8 @@ def test_log_fractions_compare_numerically_not_as_text() -> None:
     assert lines == ["y"]  # .1235 is later than .12345 although "5Z" < "Z" as text
 
 
-def test_watch_job_protocol_logs_progress_streams_logs_and_returns() -> None:
-    flow = watch_job(POD, POLICY)
+def test_wait_protocol_logs_progress_streams_logs_cleans_up_and_returns() -> None:
+    flow = wait_for_job(POD, POLICY)
     request = next(flow)
     assert request == FetchJob(POD)
     running = make_pod("train-abc")
@@ -224,6 +224,10 @@ def test_watch_job_protocol_logs_progress_streams_logs_and_returns() -> None:
     assert isinstance(request, EmitLog) and "Succeeded" in request.line
     request = flow.send(None)
     assert isinstance(request, ReadLog) and request.since_seconds is not None
+    # The same line again is not re-printed; the job succeeded, so on_finish_action=delete_succeeded deletes it.
+    assert flow.send("2027-01-15T08:00:01Z [rank0]:epoch 1\n") == DeleteJob(POD)
+    request = flow.send(True)
+    assert isinstance(request, EmitLog) and request.line.startswith("Deleted Pod ml/train-abc")
     with pytest.raises(StopIteration) as stop:
-        flow.send("2027-01-15T08:00:01Z [rank0]:epoch 1\n")  # the same line again: not re-printed
+        flow.send(None)
     assert stop.value.value.verdict.result == 7

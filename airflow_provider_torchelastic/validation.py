@@ -1,0 +1,136 @@
+"""Value checks shared by the typed configuration (``config``), the pod options (``pod``), the renderer and the
+operator's parse-time checks.
+
+The bottom of the pure core: standard library only, and nothing of this package, so that every module above can
+import it without a cycle. Every check fails the same way: ``<Owner>.<field>: expected <what>, got <value>``, a
+``TypeError`` for a value of the wrong type and a ``ValueError`` for a wrong value of the right type.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Final
+
+__all__ = [
+    "QUANTITY",
+    "check_image",
+    "check_int",
+    "check_resources",
+    "check_seconds",
+    "fail",
+    "is_int",
+    "is_number",
+    "is_templated",
+]
+
+#: A Kubernetes resource quantity (https://kubernetes.io/docs/reference/kubernetes-api/common-definitions/quantity/).
+QUANTITY: Final = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+|Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E)?\Z")
+# A qualified resource name such as ``cpu`` or ``nvidia.com/gpu``.
+_RESOURCE_NAME: Final = re.compile(r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?\Z")
+
+# An image reference, in the grammar of the container runtimes (github.com/distribution/reference):
+# [domain[:port]/]path[:tag][@digest], with lowercase path components.
+_DOMAIN_COMPONENT: Final = r"(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])"
+_PATH_COMPONENT: Final = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+_IMAGE_REFERENCE: Final = re.compile(
+    rf"^(?P<name>(?:{_DOMAIN_COMPONENT}(?:\.{_DOMAIN_COMPONENT})*(?::[0-9]+)?/)?"
+    rf"{_PATH_COMPONENT}(?:/{_PATH_COMPONENT})*)"
+    r"(?::[\w][\w.-]{0,127})?"
+    r"(?:@[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9A-Fa-f]{32,})?\Z",
+    re.ASCII,
+)
+_MAX_IMAGE_NAME: Final = 255
+_IMAGE_EXPECTED: Final = "an image reference such as 'registry.example.com/ml/train:1.0' (lowercase repository path)"
+
+
+def fail(owner: str, name: str, value: object, expected: str, exc: type[Exception] = ValueError) -> Exception:
+    """The exception to raise for a bad value: ``<owner>.<name>: expected <expected>, got <value!r>``.
+
+    An empty ``owner`` names a bare argument, as the operator's own are named (``poll_interval: expected ...``).
+    """
+    where = f"{owner}.{name}" if owner else name
+    return exc(f"{where}: expected {expected}, got {value!r}")
+
+
+def is_int(value: object) -> bool:
+    # bool is an int subclass; ``nnodes=True`` is a bug, not one node.
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def is_number(value: object) -> bool:
+    return is_int(value) or isinstance(value, float)
+
+
+def is_templated(value: object) -> bool:
+    """Whether ``value`` is a Jinja template, which only the task's run can render."""
+    return isinstance(value, str) and "{{" in value
+
+
+def check_int(owner: str, name: str, value: object, *, minimum: int, optional: bool = False) -> None:
+    if value is None and optional:
+        return
+    if not is_int(value):
+        raise fail(owner, name, value, f"an int >= {minimum}", TypeError)
+    if value < minimum:  # type: ignore[operator]
+        raise fail(owner, name, value, f"an int >= {minimum}")
+
+
+def check_seconds(owner: str, name: str, value: object, *, allow_zero: bool = False) -> float:
+    """A finite duration in seconds, > 0 (or >= 0 with ``allow_zero``); never a bool (``True`` is not one second)."""
+    expected = f"a number of seconds {'>=' if allow_zero else '>'} 0"
+    if not is_number(value):
+        raise fail(owner, name, value, expected, TypeError)
+    seconds = float(value)  # type: ignore[arg-type]
+    if not math.isfinite(seconds) or seconds < 0 or (seconds == 0 and not allow_zero):
+        raise fail(owner, name, value, expected)
+    return seconds
+
+
+def check_image(owner: str, name: str, value: object, *, optional: bool = True, templated_ok: bool = False) -> None:
+    """An image reference the container runtime can pull; a Jinja template only where the field is templated."""
+    if value is None and optional:
+        return
+    if not isinstance(value, str):
+        raise fail(owner, name, value, _IMAGE_EXPECTED, TypeError)
+    if templated_ok and is_templated(value):
+        return  # rendered at run time, and checked again then
+    match = _IMAGE_REFERENCE.match(value)
+    if match is None or len(match.group("name")) > _MAX_IMAGE_NAME:
+        raise fail(owner, name, value, _IMAGE_EXPECTED)
+
+
+def _gpu_typo(key: str) -> bool:
+    """``gpu``, ``GPU``, ``gpus``, ``nvidia-gpu``, ``nvidia.com/gpus``...: Flyte's and other tools' spellings of a
+    resource that Kubernetes only knows by its device plugin's name."""
+    prefix, _, local = key.rpartition("/")
+    if not prefix:
+        # Names without a domain are Kubernetes' own (cpu, memory, hugepages-*...); none of them is a GPU.
+        return "gpu" in key.lower()
+    return local.lower() in ("gpu", "gpus") and local != "gpu"
+
+
+def check_resources(owner: str, name: str, value: object) -> Mapping[str, str]:
+    """Requests or limits as ``{resource name: quantity string}`` (ints and floats become strings), read-only."""
+    if not isinstance(value, Mapping):
+        raise fail(owner, name, value, "a mapping of resource name to quantity, e.g. {'cpu': '4'}", TypeError)
+    checked: dict[str, str] = {}
+    for key, quantity in value.items():
+        if isinstance(key, str) and _gpu_typo(key):
+            raise fail(
+                owner,
+                name,
+                key,
+                "a GPU resource by its device plugin's name: 'nvidia.com/gpu' (NVIDIA) or 'amd.com/gpu' (AMD); "
+                "the API server rejects any other spelling",
+            )
+        if not isinstance(key, str) or not _RESOURCE_NAME.match(key):
+            raise fail(owner, name, key, "resource names such as 'cpu', 'memory' or 'nvidia.com/gpu'")
+        if is_number(quantity):
+            quantity = str(quantity)
+        if not isinstance(quantity, str) or not QUANTITY.match(quantity):
+            raise fail(owner, f"{name}[{key!r}]", quantity, "a Kubernetes quantity such as 2, '500m' or '16Gi'")
+        checked[key] = quantity
+    return MappingProxyType(checked)

@@ -1,0 +1,303 @@
+"""The one wait core: from a created job to its decision, with the deadline, wait failures and clean-up.
+
+The worker (``deferrable=False``) and the trigger (``deferrable=True``) drive the same generators, which ask for I/O
+and decide from the answers:
+
+* :func:`wait_for_job` polls until the job ended, logs progress and the pods' logs, enforces the deadline
+  (``execution_timeout``), turns a failure to observe the job into a recoverable failure, and deletes the job as
+  ``on_finish_action``, the deadline or the failure say. It returns the :class:`~status.WaitDecision`.
+* :func:`stop_job` is what a kill does: delete the job unless it has already finished (a finished job that
+  ``on_finish_action="keep"`` kept stays, even when a stale trigger is cancelled long after).
+
+The drivers (:func:`drive_sync`, :func:`drive_async`) carry out the requests against a :class:`JobSource`, a small
+protocol that answers "what does the job look like now" (and reads logs, and deletes): a direct poll of the API
+(:class:`~kube.SyncKube`, :class:`~kube.AsyncKube`) or, later, a cached watch shared by many triggers. So every
+deletion goes through one path, :data:`DeleteJob`, on both sides.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import time
+from collections.abc import Callable, Generator
+from dataclasses import dataclass, field
+from typing import Any, Protocol, TypeAlias
+
+from airflow_provider_torchelastic import jobkinds
+from airflow_provider_torchelastic.errors import KubeError
+from airflow_provider_torchelastic.outcome import Verdict
+from airflow_provider_torchelastic.status import (
+    JobRef,
+    LogCursor,
+    Phase,
+    Snapshot,
+    WaitDecision,
+    WaitPolicy,
+    new_log_lines,
+)
+
+__all__ = [
+    "AsyncJobSource",
+    "DeleteJob",
+    "EmitLog",
+    "FetchFailed",
+    "FetchJob",
+    "JobSource",
+    "ReadLog",
+    "Sleep",
+    "drive_async",
+    "drive_sync",
+    "stop_job",
+    "wait_for_job",
+]
+
+# --- the protocol: requests, answers, and the source that answers them -----------------------------------------------
+
+
+@dataclass(frozen=True)
+class FetchJob:
+    """Get the job and its pods; answered with a :class:`~status.Snapshot`, or :class:`FetchFailed`."""
+
+    ref: JobRef
+
+
+@dataclass(frozen=True)
+class FetchFailed:
+    """The job could not be observed (the API refused, or stayed unreachable through the retries)."""
+
+    error: str
+
+
+@dataclass(frozen=True)
+class ReadLog:
+    """Read the training container's log of ``pod`` with timestamps, from ``since_seconds`` ago (None: all).
+    Answered with the text, ``""`` when it is not available (yet)."""
+
+    pod: str
+    namespace: str
+    since_seconds: int | None
+
+
+@dataclass(frozen=True)
+class DeleteJob:
+    """Delete the job and its payload; answered with whether it existed, or the error text when deletion failed."""
+
+    ref: JobRef
+
+
+@dataclass(frozen=True)
+class Sleep:
+    seconds: float
+
+
+@dataclass(frozen=True)
+class EmitLog:
+    line: str
+
+
+Request: TypeAlias = FetchJob | ReadLog | DeleteJob | Sleep | EmitLog
+
+
+class JobSource(Protocol):
+    """What the sync driver needs: the job as it is now, its pods' logs, and deleting it. Raises ``KubeError``."""
+
+    def snapshot(self, ref: JobRef) -> Snapshot: ...
+
+    def read_log(self, pod: str, namespace: str, since_seconds: int | None) -> str: ...
+
+    def delete_job(self, ref: JobRef) -> bool: ...
+
+
+class AsyncJobSource(Protocol):
+    """The same for the async driver (the trigger)."""
+
+    async def snapshot(self, ref: JobRef) -> Snapshot: ...
+
+    async def read_log(self, pod: str, namespace: str, since_seconds: int | None) -> str: ...
+
+    async def delete_job(self, ref: JobRef) -> bool: ...
+
+
+# --- the generators: every decision about waiting, no I/O ---------------------------------------------------------
+
+_ELAPSED = "; elapsed "
+
+
+@dataclass(kw_only=True)
+class _WatchState:
+    #: The progress line without its elapsed time: a change of phase or of running pods is logged at once.
+    last_state: str = ""
+    last_logged: float = 0.0
+    cursors: dict[str, LogCursor] = field(default_factory=dict)
+
+
+def wait_for_job(ref: JobRef, policy: WaitPolicy) -> Generator[Request, Any, WaitDecision]:
+    """Poll until the job ends (or the deadline passes, or it cannot be observed); clean up; return the decision."""
+    kind = jobkinds.get(ref.kind)
+    state = _WatchState()
+    while True:
+        answer = yield FetchJob(ref)
+        if isinstance(answer, FetchFailed):
+            yield from _delete(ref, "waiting for it failed")
+            return _failed(
+                ref,
+                "waiting failed",
+                f"waiting for {ref.kind} {ref.namespace}/{ref.name} failed ({answer.error}); the job was deleted so "
+                "that it does not hold the cluster, and a retry starts a new one",
+            )
+        snapshot: Snapshot = answer
+        if policy.deadline is not None and snapshot.now >= policy.deadline:
+            yield EmitLog(f"execution_timeout reached: deleting {ref.kind} {ref.namespace}/{ref.name}")
+            yield from _delete(ref, "execution_timeout reached")
+            return _failed(
+                ref,
+                "execution_timeout reached",
+                f"execution_timeout reached while {ref.kind} {ref.namespace}/{ref.name} ran; the job was deleted",
+            )
+        decision = kind.decide(ref, snapshot, policy)
+        current = decision.progress.split(_ELAPSED)[0]
+        if current != state.last_state or snapshot.now - state.last_logged >= policy.progress_interval:
+            # On change, and as a heartbeat every progress_interval: a long quiet job still shows it is alive.
+            yield EmitLog(decision.progress)
+            state.last_state, state.last_logged = current, snapshot.now
+        yield from _stream_logs(ref, kind, snapshot, policy, state)
+        if decision.phase.is_terminal:
+            if policy.keeps(decision):
+                kept = f"{ref.kind} {ref.namespace}/{ref.name}"
+                yield EmitLog(f"Keeping {kept} (on_finish_action={policy.finish_action})")
+            else:
+                yield from _delete(ref, f"it ended (on_finish_action={policy.finish_action})")
+            return decision
+        pause = policy.poll_interval
+        if policy.deadline is not None:
+            # Wake up for the deadline rather than up to one poll interval after it.
+            pause = max(0.0, min(pause, policy.deadline - snapshot.now))
+        yield Sleep(pause)
+
+
+def stop_job(ref: JobRef) -> Generator[Request, Any, bool]:
+    """A kill (a user marked the task failed, the worker got SIGTERM): delete the job unless it already finished.
+
+    Returns whether a deletion was requested. When the job cannot be observed it is deleted: a kill means the task
+    is over, and an unobserved job must not hold the cluster.
+    """
+    kind = jobkinds.get(ref.kind)
+    answer = yield FetchJob(ref)
+    if isinstance(answer, Snapshot) and answer.job is not None and kind.is_finished(answer.job):
+        yield EmitLog(f"{ref.kind} {ref.namespace}/{ref.name} has finished: leaving it as on_finish_action left it")
+        return False
+    yield from _delete(ref, "the task was killed")
+    return True
+
+
+def _failed(ref: JobRef, state: str, detail: str) -> WaitDecision:
+    return WaitDecision(
+        phase=Phase.FAILED,
+        progress=f"{ref.kind} {ref.name}: {state}",
+        verdict=Verdict(succeeded=False, recoverable=True, detail=detail),
+    )
+
+
+def _delete(ref: JobRef, why: str) -> Generator[Request, Any, None]:
+    answer = yield DeleteJob(ref)
+    if isinstance(answer, str):
+        yield EmitLog(f"Could not delete {ref.kind} {ref.namespace}/{ref.name} ({why}): {answer}")
+    else:
+        yield EmitLog(f"Deleted {ref.kind} {ref.namespace}/{ref.name} ({why}; existed: {answer})")
+
+
+def _stream_logs(
+    ref: JobRef, kind: jobkinds.JobKind, snapshot: Snapshot, policy: WaitPolicy, state: _WatchState
+) -> Generator[Request, Any, None]:
+    own_pod = kind.pod_selector(ref.name) is None
+    pods = [snapshot.job] if own_pod and snapshot.job is not None else list(snapshot.pods)
+    started = [p for p in pods if p.get("status", {}).get("phase") in ("Running", "Succeeded", "Failed")]
+    for pod in sorted(started, key=lambda p: p.get("metadata", {}).get("name", ""))[: policy.log_pods]:
+        name = pod["metadata"]["name"]
+        cursor = state.cursors.get(name, LogCursor())
+        since = None if not cursor.last_seen else max(1, int(snapshot.now - cursor.last_seen) + 2)
+        text = yield ReadLog(pod=name, namespace=ref.namespace, since_seconds=since)
+        lines, state.cursors[name] = new_log_lines(cursor, text or "")
+        for line in lines:
+            yield EmitLog(f"[{name}] {line}")
+
+
+# --- the drivers: I/O only ------------------------------------------------------------------------------------------
+
+
+def _no_log_text(error: KubeError, log: Callable[[str], None]) -> str:
+    # Logs are best effort: a pod being created or deleted answers 400/404; the next poll tries again.
+    if error.status not in (400, 404) and not error.recoverable:
+        log(f"could not read logs: {error}")
+    return ""
+
+
+def drive_sync(
+    flow: Generator[Request, Any, Any],
+    source: JobSource,
+    log: Callable[[str], None],
+    *,
+    sleep: Callable[[float], None] = time.sleep,
+) -> Any:
+    """Carry out a flow's requests with blocking calls; returns what the flow returns."""
+    from airflow_provider_torchelastic.kube import retry_sync
+
+    answer: Any = None
+    while True:
+        try:
+            request = flow.send(answer)
+        except StopIteration as stop:
+            return stop.value
+        answer = None
+        if isinstance(request, FetchJob):
+            try:
+                answer = retry_sync(functools.partial(source.snapshot, request.ref), log, sleep)
+            except KubeError as e:
+                answer = FetchFailed(str(e))
+        elif isinstance(request, ReadLog):
+            try:
+                answer = source.read_log(request.pod, request.namespace, request.since_seconds)
+            except KubeError as e:
+                answer = _no_log_text(e, log)
+        elif isinstance(request, DeleteJob):
+            try:
+                answer = retry_sync(functools.partial(source.delete_job, request.ref), log, sleep)
+            except KubeError as e:
+                answer = str(e)
+        elif isinstance(request, Sleep):
+            sleep(request.seconds)
+        elif isinstance(request, EmitLog):
+            log(request.line)
+
+
+async def drive_async(flow: Generator[Request, Any, Any], source: AsyncJobSource, log: Callable[[str], None]) -> Any:
+    """The same as :func:`drive_sync`, awaiting."""
+    from airflow_provider_torchelastic.kube import retry_async
+
+    answer: Any = None
+    while True:
+        try:
+            request = flow.send(answer)
+        except StopIteration as stop:
+            return stop.value
+        answer = None
+        if isinstance(request, FetchJob):
+            try:
+                answer = await retry_async(functools.partial(source.snapshot, request.ref), log)
+            except KubeError as e:
+                answer = FetchFailed(str(e))
+        elif isinstance(request, ReadLog):
+            try:
+                answer = await source.read_log(request.pod, request.namespace, request.since_seconds)
+            except KubeError as e:
+                answer = _no_log_text(e, log)
+        elif isinstance(request, DeleteJob):
+            try:
+                answer = await retry_async(functools.partial(source.delete_job, request.ref), log)
+            except KubeError as e:
+                answer = str(e)
+        elif isinstance(request, Sleep):
+            await asyncio.sleep(request.seconds)
+        elif isinstance(request, EmitLog):
+            log(request.line)

@@ -1,0 +1,319 @@
+"""What TorchElasticOperator and @task.torch_elastic check while the DAG file is parsed (mapped tasks included), where
+a task's image comes from, and what ``render_manifests()`` shows before there is a run."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import warnings
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from airflow.sdk import DAG, task
+from airflow.sdk.definitions.mappedoperator import MappedOperator
+
+from airflow_provider_torchelastic import Elastic, Master, PyTorch, TorchElasticOperator, Worker
+from airflow_provider_torchelastic.pod import PodOptions
+
+START = datetime.datetime(2026, 1, 1)
+IMAGE = "registry.example.com/ml/train:1"
+TEMPLATE_IMAGE = PodOptions(
+    pod_template={"spec": {"containers": [{"name": "pytorch", "image": "tpl.example.com/t:1"}]}}
+)
+NO_IMAGE_PLACES = ("image=", "Master/Worker(image=...)", "pod_template", "[torch_elastic] image")
+
+
+@pytest.fixture(autouse=True)
+def _default_configuration(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Each test sets what it needs: by default no configured image, and execution "kubernetes" (the option's default).
+    monkeypatch.delenv("AIRFLOW__TORCH_ELASTIC__IMAGE", raising=False)
+    monkeypatch.delenv("AIRFLOW__TORCH_ELASTIC__EXECUTION", raising=False)
+
+
+def scale(x: int) -> int:
+    return x * 2
+
+
+def make(**kwargs: Any) -> TorchElasticOperator:
+    values: dict[str, Any] = {"task_id": "train", "python_callable": scale, "op_args": [3]}
+    values.update(kwargs)
+    with DAG("parse_checks", schedule=None, start_date=START, params={"tag": "1.2"}):
+        return TorchElasticOperator(**values)
+
+
+def images(op: TorchElasticOperator) -> set[str]:
+    workload = op.render_manifests()[1]
+    if workload["kind"] == "Pod":
+        specs = [workload["spec"]]
+    else:
+        specs = [r["template"]["spec"] for r in workload["spec"]["pytorchReplicaSpecs"].values()]
+    return {c["image"] for spec in specs for c in spec["containers"] if c["name"] == "pytorch"}
+
+
+# --------------------------------------------------------------------------------------------- arguments
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "exc", "message"),
+    [
+        ({"poll_interval": True}, TypeError, r"^poll_interval: expected a number of seconds > 0, got True$"),
+        ({"poll_interval": "10"}, TypeError, r"^poll_interval: expected a number of seconds > 0, got '10'$"),
+        ({"poll_interval": float("inf")}, ValueError, r"^poll_interval: expected a number of seconds > 0, got inf$"),
+        (
+            {"pending_grace_seconds": True},
+            TypeError,
+            r"^pending_grace_seconds: expected a number of seconds >= 0, got True$",
+        ),
+        (
+            {"pending_grace_seconds": -1},
+            ValueError,
+            r"^pending_grace_seconds: expected a number of seconds >= 0, got -1$",
+        ),
+        (
+            {"pending_grace_seconds": float("nan")},
+            ValueError,
+            r"^pending_grace_seconds: expected a number of seconds >= 0, got nan$",
+        ),
+        ({"deferrable": "yes"}, TypeError, r"^deferrable: expected True, False or None.*, got 'yes'$"),
+        ({"namespace": "ML team"}, ValueError, r"^namespace: expected a namespace name .*, got 'ML team'$"),
+        ({"kubernetes_conn_id": 3}, TypeError, r"^kubernetes_conn_id: expected a connection id .*, got 3$"),
+        ({"image": "Registry/Train:1"}, ValueError, r"^image: expected an image reference .*, got 'Registry/Train:1'$"),
+        ({"image": ""}, ValueError, r"^image: expected an image reference .*, got ''$"),
+        ({"on_finish_action": "explode"}, ValueError, r"^on_finish_action: expected one of .*, got 'explode'$"),
+    ],
+)
+def test_bad_arguments_fail_at_parse_time(kwargs: dict[str, Any], exc: type[Exception], message: str) -> None:
+    with pytest.raises(exc, match=message) as info:
+        make(image=IMAGE, **kwargs) if "image" not in kwargs else make(**kwargs)
+    assert type(info.value) is exc
+
+
+def test_good_seconds_are_kept_as_floats() -> None:
+    op = make(image=IMAGE, poll_interval=2, pending_grace_seconds=0)
+    assert (op.poll_interval, op.pending_grace_seconds) == (2.0, 0.0)
+
+
+def test_check_arguments_defaults_match_the_constructor() -> None:
+    import inspect
+
+    from airflow_provider_torchelastic.operators import check_operator_arguments
+
+    init = inspect.signature(TorchElasticOperator.__init__).parameters
+    check = inspect.signature(check_operator_arguments).parameters
+    for name, parameter in init.items():
+        if parameter.kind is inspect.Parameter.KEYWORD_ONLY:
+            assert name in check, name
+            assert check[name].default == parameter.default, name
+
+
+# ------------------------------------------------------------------------------------------------- images
+
+
+def test_image_may_come_from_the_pod_template_alone() -> None:
+    for config in (Elastic(), Elastic(nnodes=2)):
+        assert images(make(task_config=config, pod_options=TEMPLATE_IMAGE)) == {"tpl.example.com/t:1"}
+
+
+def test_image_may_come_from_the_replicas_alone() -> None:
+    op = make(task_config=PyTorch(master=Master(image="m:1"), worker=Worker(replicas=1, image="w:1")))
+    assert images(op) == {"m:1", "w:1"}
+
+
+def test_operator_image_wins_over_the_template_without_a_conflict() -> None:
+    assert images(make(image=IMAGE, pod_options=TEMPLATE_IMAGE)) == {IMAGE}
+    # A templated image is only known at run time; it is not a conflict either.
+    make(image="{{ var.value.training_image }}", pod_options=TEMPLATE_IMAGE, task_config=Elastic(nnodes=2))
+
+
+@pytest.mark.parametrize("execution", ["kubernetes", None])
+def test_no_image_anywhere_fails_at_parse_time_on_kubernetes(execution: str | None) -> None:
+    with pytest.raises(ValueError) as info:
+        make(execution=execution)
+    message = str(info.value)
+    for place in (*NO_IMAGE_PLACES, "AIRFLOW__TORCH_ELASTIC__IMAGE"):
+        assert place in message, (place, message)
+
+
+def test_a_replica_without_an_image_is_named() -> None:
+    with pytest.raises(ValueError, match=r"pytorchReplicaSpecs\.Worker\.template.*image: expected an image"):
+        make(task_config=PyTorch(master=Master(image="m:1"), worker=Worker(replicas=1)), execution="kubernetes")
+
+
+def test_local_execution_needs_no_image(monkeypatch: pytest.MonkeyPatch) -> None:
+    make(execution="local")
+    monkeypatch.setenv("AIRFLOW__TORCH_ELASTIC__EXECUTION", "local")
+    op = make()  # execution=None: read from the configuration, here local
+    assert op.execution is None
+    # A conflict in the pod options is still a bug when the configured execution is local.
+    with pytest.raises(ValueError, match="command"):
+        make(pod_options=PodOptions(pod_template={"spec": {"containers": [{"name": "pytorch", "command": ["x"]}]}}))
+
+
+def test_configured_image_is_the_last_resort(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AIRFLOW__TORCH_ELASTIC__IMAGE", "cfg.example.com/runner:1")
+    assert images(make()) == {"cfg.example.com/runner:1"}
+    assert images(make(pod_options=TEMPLATE_IMAGE)) == {"tpl.example.com/t:1"}
+    assert images(make(image=IMAGE, pod_options=TEMPLATE_IMAGE)) == {IMAGE}
+    op = make(task_config=PyTorch(master=Master(image="m:1"), worker=Worker(replicas=1)))
+    assert images(op) == {"m:1", "cfg.example.com/runner:1"}
+
+
+def test_a_bad_configured_image_names_the_option(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AIRFLOW__TORCH_ELASTIC__IMAGE", "Not An Image")
+    with pytest.raises(ValueError, match=r"^\[torch_elastic\] image: expected an image reference .*'Not An Image'"):
+        make()
+
+
+def test_the_placeholder_image_is_gone() -> None:
+    import airflow_provider_torchelastic.operators as operators
+
+    assert not hasattr(operators, "_PLACEHOLDER_IMAGE")
+
+
+# --------------------------------------------------------------------------------------- render_manifests()
+
+
+def _text(manifests: list[dict[str, Any]]) -> str:
+    return json.dumps(manifests)
+
+
+def test_render_manifests_renders_what_it_can_without_a_run() -> None:
+    op = make(image="registry.example.com/train:{{ params.tag }}", namespace="team-{{ task.task_id }}")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        configmap, pod = op.render_manifests()
+    assert pod["metadata"]["namespace"] == configmap["metadata"]["namespace"] == "team-train"
+    assert pod["spec"]["containers"][0]["image"] == "registry.example.com/train:1.2"
+    assert "{{" not in _text([configmap, pod])
+    assert op.image == "registry.example.com/train:{{ params.tag }}", "rendering must not change the operator"
+
+
+def test_render_manifests_names_what_only_a_run_can_render(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("AIRFLOW_VAR_MISSING_IMAGE", raising=False)
+    op = make(
+        image="{{ var.value.missing_image }}",
+        namespace="{{ ti.xcom_pull(task_ids='setup') }}",
+        op_kwargs={"path": "{{ ti.xcom_pull(task_ids='prepare') }}"},
+        op_args=[],
+        task_config=Elastic(nnodes=2),
+    )
+    with pytest.warns(UserWarning) as record:
+        configmap, job = op.render_manifests()
+    message = " ".join(str(w.message) for w in record)
+    for field in ("image", "namespace", "op_kwargs"):
+        assert f"{field} (" in message, message
+    assert "default" in message and "placeholder" in message, message
+    assert job["metadata"]["namespace"] == configmap["metadata"]["namespace"] == "default"
+    assert "{{" not in _text([configmap, job])
+
+
+def test_render_manifests_renders_variables_it_can_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AIRFLOW_VAR_TRAINING_IMAGE", "var.example.com/train:7")
+    op = make(image="{{ var.value.training_image }}")
+    assert images(op) == {"var.example.com/train:7"}
+
+
+def test_render_manifests_with_a_run_context() -> None:
+    op = make(image="registry.example.com/train:{{ params.tag }}", namespace="{{ params.ns }}")
+    ti = SimpleNamespace(dag_id="parse_checks", task_id="train", run_id="manual__1", map_index=-1, try_number=2)
+    context: Any = {"ti": ti, "task_instance": ti, "params": {"tag": "9", "ns": "ml"}, "run_id": "manual__1"}
+    _, pod = op.render_manifests(context)
+    assert pod["metadata"]["namespace"] == "ml"
+    assert pod["spec"]["containers"][0]["image"] == "registry.example.com/train:9"
+    assert pod["metadata"]["labels"]["torchelastic.airflow.apache.org/try-number"] == "2"
+
+
+# ------------------------------------------------------------------------------------------------- mapped
+
+
+def mapped_dag() -> DAG:
+    return DAG("mapped_checks", schedule=None, start_date=START)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "exc", "match"),
+    [
+        ({"task_config": {"nnodes": 2}, "image": IMAGE}, TypeError, "task_config"),
+        ({"poll_interval": True, "image": IMAGE}, TypeError, "poll_interval"),
+        ({"image": "Registry/Train:1"}, ValueError, "image: expected an image reference"),
+        ({"execution": "kubernetes"}, ValueError, r"\[torch_elastic\] image"),
+        ({"execution": "cloud"}, ValueError, "execution"),
+    ],
+)
+def test_mapped_operator_is_checked_at_parse_time(kwargs: dict[str, Any], exc: type[Exception], match: str) -> None:
+    with mapped_dag(), pytest.raises(exc, match=match):
+        TorchElasticOperator.partial(task_id="train", python_callable=scale, **kwargs).expand(op_args=[[1], [2]])
+
+
+def test_mapped_values_are_left_to_run_time() -> None:
+    with mapped_dag():
+        # The image is mapped: known per map index only at run time (then __init__ checks it).
+        mapped = TorchElasticOperator.partial(task_id="a", python_callable=scale, op_args=[1]).expand(
+            image=["a.example.com/t:1", "b.example.com/t:1"]
+        )
+        assert isinstance(mapped, MappedOperator)
+        TorchElasticOperator.partial(task_id="b", python_callable=scale, op_args=[1]).expand_kwargs(
+            [{"image": "a.example.com/t:1"}, {"image": "b.example.com/t:1"}]
+        )
+        # Everything not mapped is still checked.
+        with pytest.raises(TypeError, match="poll_interval"):
+            TorchElasticOperator.partial(task_id="c", python_callable=scale, poll_interval=True).expand(
+                image=["a.example.com/t:1"]
+            )
+
+
+def test_mapped_values_are_checked_when_the_run_expands_them() -> None:
+    with mapped_dag():
+        mapped = TorchElasticOperator.partial(task_id="train", python_callable=scale, op_args=[1]).expand(
+            image=["a.example.com/t:1", "Not An Image"]
+        )
+    # What the run does per map index: build the operator from the partial and the resolved mapped values.
+    assert mapped.unmap({"image": "a.example.com/t:1"}).image == "a.example.com/t:1"
+    with pytest.raises(ValueError, match=r"^image: expected an image reference .*'Not An Image'"):
+        mapped.unmap({"image": "Not An Image"})
+
+
+def test_mapped_operator_takes_dag_default_args() -> None:
+    with DAG("defaults", schedule=None, start_date=START, default_args={"image": IMAGE}):
+        TorchElasticOperator.partial(task_id="train", python_callable=scale).expand(op_args=[[1], [2]])
+
+
+def test_mapped_decorator_is_checked_at_parse_time() -> None:
+    @task.torch_elastic(task_config={"nnodes": 2}, image=IMAGE)
+    def bad_config(x: int) -> int:
+        return x
+
+    @task.torch_elastic(execution="kubernetes")
+    def no_image(x: int, y: int) -> int:
+        return x + y
+
+    @task.torch_elastic(image=IMAGE, pending_grace_seconds=True)
+    def bad_grace(x: int) -> int:
+        return x
+
+    with mapped_dag():
+        with pytest.raises(TypeError, match="task_config"):
+            bad_config.expand(x=[1, 2])
+        with pytest.raises(ValueError, match=r"\[torch_elastic\] image"):
+            no_image.partial(y=1).expand(x=[1, 2])
+        with pytest.raises(ValueError, match=r"\[torch_elastic\] image"):
+            no_image.expand_kwargs([{"x": 1, "y": 2}])
+        with pytest.raises(TypeError, match="pending_grace_seconds"):
+            bad_grace.override(task_id="grace").expand(x=[1, 2])
+
+
+def test_valid_mapped_decorator_still_maps() -> None:
+    @task.torch_elastic(task_config=Elastic(nnodes=2), image=IMAGE)
+    def train(x: int, y: int) -> int:
+        return x + y
+
+    @task.torch_elastic(execution="local")
+    def local(x: int) -> int:
+        return x
+
+    with mapped_dag():
+        assert isinstance(train.partial(y=1).expand(x=[1, 2]).operator, MappedOperator)
+        assert isinstance(local.expand(x=[1, 2]).operator, MappedOperator)
+        assert isinstance(train.override(image="{{ params.image }}").expand(x=[1]).operator, MappedOperator)
+        train(1, 2)  # the unmapped call still works

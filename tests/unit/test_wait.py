@@ -1,0 +1,281 @@
+"""The wait core: deadline, wait failures, clean-up and kills, driven through the real sync and async drivers.
+
+The job source is an in-memory stand-in for the API (the protocol's other implementation is the real client, tested
+on the local cluster); everything it is asked is recorded, so the tests see exactly which deletions happen.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from airflow_provider_torchelastic import Elastic, jobkinds
+from airflow_provider_torchelastic.errors import KubeError
+from airflow_provider_torchelastic.kube import retry_sync
+from airflow_provider_torchelastic.naming import placeholder_identity
+from airflow_provider_torchelastic.outcome import encode_success
+from airflow_provider_torchelastic.render import render_manifests
+from airflow_provider_torchelastic.status import JobRef, Phase, Snapshot, WaitDecision, WaitPolicy
+from airflow_provider_torchelastic.wait import drive_async, drive_sync, stop_job, wait_for_job
+
+T0 = 1_800_000_000.0
+STAMP0 = "2027-01-15T08:00:00Z"
+POD = JobRef(kind="Pod", name="train-abc", namespace="ml")
+JOB = JobRef(kind="PyTorchJob", name="train-abc", namespace="ml")
+
+
+def pod(phase: str = "Running", *, exit_code: int | None = None, message: str | None = None) -> dict[str, Any]:
+    state: dict[str, Any] = {"running": {}}
+    if exit_code is not None:
+        state = {"terminated": {"exitCode": exit_code, "message": message, "reason": "Completed"}}
+    return {
+        "kind": "Pod",
+        "metadata": {"name": "train-abc", "creationTimestamp": STAMP0},
+        "status": {"phase": phase, "containerStatuses": [{"name": "pytorch", "state": state}]},
+    }
+
+
+def pytorchjob(*conditions: str) -> dict[str, Any]:
+    return {
+        "kind": "PyTorchJob",
+        "metadata": {"name": "train-abc", "creationTimestamp": STAMP0},
+        "spec": {"pytorchReplicaSpecs": {"Worker": {"replicas": 1}}},
+        "status": {"conditions": [{"type": c, "status": "True"} for c in conditions]},
+    }
+
+
+@dataclass
+class FakeSource:
+    """Answers with a scripted sequence of jobs (or errors) on a fake clock, and records deletions."""
+
+    answers: list[dict[str, Any] | KubeError | None]
+    clock: list[float] = field(default_factory=lambda: [T0])
+    deleted: list[JobRef] = field(default_factory=list)
+    delete_error: KubeError | None = None
+
+    def snapshot(self, ref: JobRef) -> Snapshot:
+        answer = self.answers.pop(0) if len(self.answers) > 1 else self.answers[0]
+        if isinstance(answer, KubeError):
+            raise answer
+        return Snapshot(job=answer, pods=[], now=self.clock[0])
+
+    def read_log(self, pod: str, namespace: str, since_seconds: int | None) -> str:
+        return ""
+
+    def delete_job(self, ref: JobRef) -> bool:
+        if self.delete_error is not None:
+            raise self.delete_error
+        self.deleted.append(ref)
+        return True
+
+    def sleep(self, seconds: float) -> None:
+        self.clock[0] += seconds
+
+
+class AsyncFakeSource:
+    def __init__(self, sync: FakeSource) -> None:
+        self.sync = sync
+
+    async def snapshot(self, ref: JobRef) -> Snapshot:
+        return self.sync.snapshot(ref)
+
+    async def read_log(self, pod: str, namespace: str, since_seconds: int | None) -> str:
+        return ""
+
+    async def delete_job(self, ref: JobRef) -> bool:
+        return self.sync.delete_job(ref)
+
+
+def run_sync(flow: Any, source: FakeSource) -> tuple[Any, list[str]]:
+    lines: list[str] = []
+    return drive_sync(flow, source, lines.append, sleep=source.sleep), lines
+
+
+# --- wait failures ----------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("status", [401, 403, 404])
+def test_a_wait_that_cannot_observe_the_job_deletes_it_and_may_be_retried(status: int) -> None:
+    source = FakeSource([pod(), KubeError(status, "Forbidden", "no")])
+    decision, lines = run_sync(wait_for_job(POD, WaitPolicy(poll_interval=1)), source)
+    assert source.deleted == [POD], "the job must not keep running on the cluster"
+    assert decision.phase is Phase.FAILED and decision.verdict.recoverable
+    assert f"{status} Forbidden" in decision.verdict.detail and "deleted" in decision.verdict.detail
+    assert any(line.startswith("Deleted Pod ml/train-abc (waiting for it failed") for line in lines)
+
+
+def test_recoverable_api_errors_are_retried_before_the_wait_gives_up() -> None:
+    done = pod("Succeeded", exit_code=0, message=encode_success("1"))
+    source = FakeSource([KubeError(503, "ServiceUnavailable", ""), KubeError(429, "TooManyRequests", ""), done])
+    decision, lines = run_sync(wait_for_job(POD, WaitPolicy(poll_interval=1)), source)
+    assert decision.phase is Phase.SUCCEEDED and decision.verdict.result == 1
+    assert sum("retrying in" in line for line in lines) == 2
+
+
+def test_a_failed_delete_is_reported_not_raised() -> None:
+    source = FakeSource([KubeError(403, "Forbidden", "")], delete_error=KubeError(403, "Forbidden", "no delete"))
+    decision, lines = run_sync(wait_for_job(POD, WaitPolicy(poll_interval=1)), source)
+    assert decision.phase is Phase.FAILED
+    assert any("Could not delete Pod ml/train-abc" in line and "no delete" in line for line in lines)
+
+
+def test_the_async_driver_makes_the_same_decisions() -> None:
+    source = FakeSource([pod(), KubeError(403, "Forbidden", "no")])
+    flow = wait_for_job(POD, WaitPolicy(poll_interval=0))
+    decision = asyncio.run(drive_async(flow, AsyncFakeSource(source), print))
+    assert source.deleted == [POD] and decision.verdict.recoverable
+
+
+# --- the deadline -----------------------------------------------------------------------------------------------------
+
+
+def test_the_deadline_deletes_the_job_and_is_not_overslept() -> None:
+    source = FakeSource([pod()])
+    policy = WaitPolicy(poll_interval=10, deadline=T0 + 25)
+    decision, lines = run_sync(wait_for_job(POD, policy), source)
+    assert "execution_timeout reached: deleting Pod ml/train-abc" in lines
+    # Polls at T0, T0+10, T0+20, then a 5 s nap to wake exactly at the deadline.
+    assert source.clock[0] == T0 + 25
+    assert source.deleted == [POD]
+    assert decision.phase is Phase.FAILED and decision.verdict.recoverable
+    assert "execution_timeout" in decision.verdict.detail
+
+
+# --- on_finish_action -------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("action", "succeeded", "deleted"),
+    [
+        ("delete_succeeded", True, True),
+        ("delete_succeeded", False, False),
+        ("delete", False, True),
+        ("keep", True, False),
+    ],
+)
+def test_finish_action_decides_who_is_deleted(action: str, succeeded: bool, deleted: bool) -> None:
+    ended = pod("Succeeded", exit_code=0, message=encode_success("1")) if succeeded else pod("Failed", exit_code=1)
+    source = FakeSource([ended])
+    decision, lines = run_sync(wait_for_job(POD, WaitPolicy(finish_action=action)), source)
+    assert decision.phase is (Phase.SUCCEEDED if succeeded else Phase.FAILED)
+    assert source.deleted == ([POD] if deleted else [])
+    if not deleted:
+        assert any(line.startswith("Keeping Pod ml/train-abc") for line in lines)
+
+
+def test_an_unknown_finish_action_is_refused() -> None:
+    with pytest.raises(ValueError, match="on_finish_action: expected one of 'delete_succeeded'"):
+        WaitPolicy(finish_action="drop")
+
+
+# --- kills ------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("ref", "job"),
+    [
+        (JOB, pytorchjob("Created", "Running", "Succeeded")),
+        (JOB, pytorchjob("Created", "Failed")),
+        (POD, pod("Succeeded", exit_code=0)),
+    ],
+    ids=["succeeded-job", "failed-job", "ended-pod"],
+)
+def test_a_kill_leaves_a_finished_job_alone(ref: JobRef, job: dict[str, Any]) -> None:
+    source = FakeSource([job])
+    stopped, lines = run_sync(stop_job(ref), source)
+    assert stopped is False and source.deleted == []
+    assert "has finished" in lines[0]
+
+
+@pytest.mark.parametrize(
+    "answer", [pytorchjob("Created", "Running"), KubeError(500, "InternalError", "down")], ids=["running", "unknown"]
+)
+def test_a_kill_deletes_a_running_or_unobservable_job(answer: Any) -> None:
+    source = FakeSource([answer])
+    stopped, _ = run_sync(stop_job(JOB), source)
+    assert stopped is True and source.deleted == [JOB]
+
+
+# --- retries ----------------------------------------------------------------------------------------------------------
+
+
+def test_only_recoverable_api_errors_are_repeated() -> None:
+    calls: list[int] = []
+
+    def flaky(errors: list[KubeError]) -> Callable[[], str]:
+        def call() -> str:
+            calls.append(1)
+            if errors:
+                raise errors.pop(0)
+            return "ok"
+
+        return call
+
+    naps: list[float] = []
+    assert retry_sync(flaky([KubeError(0, "ConnectionResetError", ""), KubeError(502, "", "")]), print, naps.append)
+    assert len(calls) == 3 and len(naps) == 2 and all(0 <= nap <= 30 for nap in naps)
+    calls.clear()
+    with pytest.raises(KubeError) as info:
+        retry_sync(flaky([KubeError(422, "Invalid", "bad")]), print, naps.append)
+    assert info.value.status == 422 and len(calls) == 1
+
+
+# --- a new kind of job is one descriptor ------------------------------------------------------------------------------
+
+
+def test_a_registered_kind_renders_waits_and_is_addressed_through_its_descriptor() -> None:
+    from kubernetes import client
+
+    from airflow_provider_torchelastic.kube import _get_call
+
+    seen: list[str] = []
+
+    def render_fake(inputs: Any) -> dict[str, Any]:
+        return {"apiVersion": "example.dev/v1", "kind": "FakeJob", "metadata": {"name": inputs.name}, "spec": {}}
+
+    def decide_fake(ref: JobRef, snapshot: Snapshot, policy: WaitPolicy) -> WaitDecision:
+        seen.append(snapshot.job["status"]["state"])
+        done = snapshot.job["status"]["state"] == "Done"
+        return WaitDecision(phase=Phase.SUCCEEDED if done else Phase.RUNNING, progress=f"fake {ref.name}")
+
+    fake = jobkinds.JobKind(
+        kind="FakeJob",
+        group="example.dev",
+        version="v1",
+        plural="fakejobs",
+        accepts=lambda config: isinstance(config, Elastic) and config.nproc_per_node == 3,
+        render=render_fake,
+        pod_selector=lambda name: f"example.dev/job={name}",
+        decide=decide_fake,
+        is_finished=lambda job: job["status"]["state"] == "Done",
+    )
+    jobkinds.register(fake, first=True)
+    try:
+        config = Elastic(nproc_per_node=3)
+        assert jobkinds.for_config(config) is fake
+        assert jobkinds.for_config(Elastic(nproc_per_node=2)) is jobkinds.POD
+        manifests = render_manifests(
+            config,
+            identity=placeholder_identity("d", "t"),
+            namespace="ml",
+            image="img",
+            payload=b"",
+            renderer=jobkinds.for_config(config).render,
+        )
+        assert [m["kind"] for m in manifests] == ["ConfigMap", "FakeJob"]
+
+        ref = JobRef(kind="FakeJob", name="f", namespace="ml")
+        source = FakeSource([{"status": {"state": "Busy"}}, {"status": {"state": "Done"}}])
+        decision, _ = run_sync(wait_for_job(ref, WaitPolicy(poll_interval=1)), source)
+        assert seen == ["Busy", "Done"] and decision.phase is Phase.SUCCEEDED and source.deleted == [ref]
+
+        fn, args, _ = _get_call(client.CoreV1Api(), client.CustomObjectsApi(), "FakeJob", "f", "ml")
+        assert fn.__name__ == "get_namespaced_custom_object" and args == ("example.dev", "v1", "ml", "fakejobs", "f")
+    finally:
+        jobkinds.unregister("FakeJob")
+    with pytest.raises(ValueError, match="job kind: expected one of Pod, PyTorchJob, got 'FakeJob'"):
+        jobkinds.get("FakeJob")
