@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite: lint, types, then pytest (unit, contract, runner, local end to end, and the Kubernetes
-# layers against a real kube-apiserver, which this script builds or reuses from its cache first).
+# layers against a real kube-apiserver whose pods run in the runner image's environment; this script builds both, or
+# reuses them from their cache, first).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -14,6 +15,8 @@ echo "==> mypy"
 if [ "${TORCHELASTIC_SKIP_CLUSTER:-0}" != "1" ]; then
   echo "==> kube-apiserver (built once from Debian's kubernetes source, then cached)"
   bash scripts/build-kube-apiserver.sh
+  echo "==> runner env (the pods' Python: built like docker/Dockerfile, then cached)"
+  bash scripts/build-runner-env.sh
 fi
 
 echo "==> pytest"

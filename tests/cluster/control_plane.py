@@ -14,6 +14,7 @@ Layout of a state dir (everything a cluster owns lives here, so ``down`` can fin
     etcd/                       etcd data dir
     logs/<name>.log             stdout+stderr of each process
     kubelet/                    the simulated kubelet's workdir; ``kubelet/pgids`` lists the process groups it created
+    runner-env/                 the pods' Python: this checkout layered on the cached runner env (runner_env.py)
     kubeconfig, kubeconfig-sim-operator, kubeconfig-sim-kubelet, kubeconfig-airflow-sa
 
 Everything listens on 127.0.0.1 only.
@@ -41,8 +42,11 @@ from typing import Any
 
 import psutil
 
+from tests.cluster import runner_env
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 BUILD_SCRIPT = REPO_ROOT / "scripts" / "build-kube-apiserver.sh"
+DERIVED_CRD_PATH = REPO_ROOT / "tests" / "crds" / "kubeflow.org_pytorchjobs.derived.yaml"
 KUBE_VERSION = "1.20.2"
 
 TEST_NAMESPACE = "torchelastic-test"
@@ -79,15 +83,14 @@ class PortInUse(ClusterError):
 
 
 def crd_path() -> Path:
-    """The real PyTorchJob CRD, read from the shared folder and never copied into the repository."""
+    """The PyTorchJob CRD to install: the repository's description-free derivative of kubeflow/trainer v1.9.4's.
+
+    ``scripts/derive_crd.py`` makes it; ``TORCHELASTIC_CRD_PATH`` installs another file (e.g. the upstream one).
+    """
     configured = os.environ.get("TORCHELASTIC_CRD_PATH")
-    path = Path(configured) if configured else REPO_ROOT.parent / "shared" / "crds" / "kubeflow.org_pytorchjobs.yaml"
+    path = Path(configured) if configured else DERIVED_CRD_PATH
     if not path.is_file():
-        raise ClusterError(
-            f"PyTorchJob CRD not found at {path}. Expected the kubeflow/trainer v1.9.4 CRD at "
-            "../shared/crds/kubeflow.org_pytorchjobs.yaml (relative to the repository root), "
-            "or set TORCHELASTIC_CRD_PATH to its location."
-        )
+        raise ClusterError(f"PyTorchJob CRD not found at {path} (TORCHELASTIC_CRD_PATH)")
     return path
 
 
@@ -310,6 +313,11 @@ class ControlPlane:
         """Start etcd, the apiserver, RBAC, namespaces and the CRD, then the simulators. Stops everything on error."""
         crd = crd_path()  # fail before starting anything
         apiserver = ensure_apiserver_binary(log=self._log, show_output=self.show_build_output)
+        if self.start_simulators:
+            try:  # the pods' interpreter; built here so that a cold build happens before anything is started
+                runner_env.ensure_base(log=self._log, show_output=self.show_build_output)
+            except runner_env.RunnerEnvError as e:
+                raise ClusterError(str(e)) from e
         if is_up(self.state_dir):
             raise ClusterError(f"a cluster is already running in {self.state_dir}; stop it first")
         stop_cluster(self.state_dir, log=self._log)  # remnants of a crashed run
@@ -345,7 +353,7 @@ class ControlPlane:
     def _fresh_state_dir(self) -> None:
         # Only clear what we create: the dir may be a user-chosen path with other files in it.
         self.state_dir.mkdir(parents=True, exist_ok=True)
-        for name in ("etcd", "certs", "logs", "kubelet"):
+        for name in ("etcd", "certs", "logs", "kubelet", runner_env.LAYER_DIRNAME):
             shutil.rmtree(self.state_dir / name, ignore_errors=True)
         for name in ("state.json", "pids.json", "tokens.csv", "sa.key", *_KUBECONFIG_NAMES.values()):
             (self.state_dir / name).unlink(missing_ok=True)
@@ -457,7 +465,7 @@ class ControlPlane:
         self._log(f"installing CRD {CRD_NAME} from {crd}")
         # --validate=false: the CRD carries x-kubernetes-validations (CEL, 1.25+), which kubectl's client-side
         # validation against a 1.20 server rejects; the server itself drops the field. `create`, not `apply`:
-        # the CRD is larger than the 256 KiB last-applied-configuration annotation limit.
+        # the upstream CRD (TORCHELASTIC_CRD_PATH) is larger than the 256 KiB last-applied-configuration limit.
         _kubectl(info.kubeconfig, ["create", "--validate=false", "-f", str(crd)])
         # Polled rather than `kubectl wait`: kubectl 1.32 errors out ("conditions accessor error") when it looks
         # before the apiserver has written any condition.
@@ -469,9 +477,23 @@ class ControlPlane:
         return info
 
     def _start_simulators(self, info: ClusterInfo) -> None:
+        # Pods run this checkout's code as the runner image would have it: installed into a layer of this cluster's
+        # own on the cached runner env (the checkout changes between clusters, the env does not).
+        self._log(f"installing this checkout into {info.state_dir / runner_env.LAYER_DIRNAME}")
+        try:
+            runner_python = runner_env.make_layer(info.state_dir, log=self._log, show_output=self.show_build_output)
+        except runner_env.RunnerEnvError as e:
+            raise ClusterError(str(e)) from e
         args = {
             "sim_operator": ["--kubeconfig", str(info.operator_kubeconfig)],
-            "sim_kubelet": ["--kubeconfig", str(info.kubelet_kubeconfig), "--workdir", str(info.state_dir / "kubelet")],
+            "sim_kubelet": [
+                "--kubeconfig",
+                str(info.kubelet_kubeconfig),
+                "--workdir",
+                str(info.state_dir / "kubelet"),
+                "--runner-python",
+                str(runner_python),
+            ],
         }
         started = []
         for module in SIMULATORS:

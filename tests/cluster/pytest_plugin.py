@@ -2,6 +2,8 @@
 
 Fixtures:
 - ``kube_apiserver_binary`` (session): the cached apiserver binary, built on first use.
+- ``runner_env_python`` (session): the cached runner env's python (``scripts/build-runner-env.sh``), built on first
+  use; each cluster layers this checkout on it, and its pods run with that layer (``KubeCluster.runner_python``).
 - ``kube_cluster`` (session): a fresh cluster (etcd, kube-apiserver, CRD, RBAC, simulators) in a temporary dir, torn
   down at the end of the session, which also checks that no process survived.
 - ``fault_proxy`` (function): a started :class:`~tests.cluster.proxy.FaultProxy` in front of that cluster.
@@ -25,6 +27,7 @@ from pathlib import Path
 import pytest
 
 from tests.cluster import control_plane as cp
+from tests.cluster import runner_env
 from tests.cluster.proxy import FaultProxy
 
 SKIP_ENV = "TORCHELASTIC_SKIP_CLUSTER"
@@ -50,6 +53,11 @@ class KubeCluster:
     @property
     def state_dir(self) -> Path:
         return self.info.state_dir
+
+    @property
+    def runner_python(self) -> Path:
+        """The interpreter the simulated kubelet runs containers' Pythons with (the runner image's, as a venv)."""
+        return self.state_dir / runner_env.LAYER_DIRNAME / "bin" / "python"
 
     @property
     def namespace(self) -> str:
@@ -144,7 +152,23 @@ def kube_apiserver_binary() -> Path:
 
 
 @pytest.fixture(scope="session")
-def kube_cluster(kube_apiserver_binary: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[KubeCluster]:
+def runner_env_python() -> Path:
+    """The cached runner env's python, built on first use (about a minute, once per machine; local wheels only)."""
+    _skip_if_disabled()
+
+    def log(msg: str) -> None:  # only a cold build logs: say so outside pytest's output capture
+        print(f"\n[kube_cluster] {msg}", file=sys.__stderr__, flush=True)
+
+    try:
+        return runner_env.ensure_base(log=log)
+    except runner_env.RunnerEnvError as e:
+        pytest.fail(f"the runner env could not be built: {e}", pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def kube_cluster(
+    kube_apiserver_binary: Path, runner_env_python: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[KubeCluster]:
     state_dir = tmp_path_factory.mktemp("kube-cluster")
     progress: list[str] = []
     plane = cp.ControlPlane(state_dir, log=progress.append)

@@ -1,8 +1,8 @@
 """A simulated kubelet: runs the containers of pods as local processes.
 
-Run it as ``python -m tests.cluster.sim_kubelet --kubeconfig PATH --workdir DIR``. It is an ordinary API client
-(watches and patches over HTTP), so it works against any API server; the local test cluster starts it next to a
-real kube-apiserver, which has no scheduler, kubelet or controller-manager of its own.
+Run it as ``python -m tests.cluster.sim_kubelet --kubeconfig PATH --workdir DIR --runner-python PYTHON``. It is an
+ordinary API client (watches and patches over HTTP), so it works against any API server; the local test cluster
+starts it next to a real kube-apiserver, which has no scheduler, kubelet or controller-manager of its own.
 
 What it does
 ------------
@@ -10,10 +10,20 @@ What it does
   of its own HTTPS server), so that ``pods/log`` requests through the real apiserver are proxied to it, as the
   apiserver does for a real kubelet.
 * Binds every unbound pod to that node through the ``pods/binding`` subresource (what a scheduler does), then runs
-  each container's ``command`` + ``args`` as a local subprocess in its own process group (the image is ignored;
-  ``python``/``python3``/``python3.X``/``torchrun`` run with this interpreter, cwd is the repo root and the repo
-  root is on ``PYTHONPATH``). Every process group id is appended to ``<workdir>/pgids`` so that the control
-  plane's ``down`` can kill leftovers.
+  each container's ``command`` + ``args`` as a local subprocess in its own process group. Every process group id
+  is appended to ``<workdir>/pgids`` so that the control plane's ``down`` can kill leftovers.
+* Runs every container as if from the runner image (``docker/Dockerfile``), whatever its ``image`` says:
+  ``python``/``python3``/``python3.X`` run with ``--runner-python``, and ``torchrun`` as ``<that python> -m
+  torch.distributed.run``. That interpreter is the runner env (``scripts/build-runner-env.sh``: torch,
+  cloudpickle, numpy and this package installed ``--no-deps``; no Airflow, no kubernetes client, no checkout on its
+  path), so a pod can use only what travels in its payload, as on a real cluster.
+* The process gets only what a container gets on a real node, nothing of this process's environment: the image's
+  ENV (``PATH`` with the runner env's bin first, ``PYTHONUNBUFFERED=1``, ``LANG``, ``HOME``), ``HOSTNAME`` = the
+  pod name, ``KUBERNETES_SERVICE_HOST``/``KUBERNETES_SERVICE_PORT`` (the API server this kubelet talks to), and the
+  manifest's ``env``/``envFrom`` with downward API values, which win over all of these. Its working directory is
+  the container's ``workingDir``: a directory of the container's own (paths under it are rewritten like mount
+  paths, see below) unless it lies on a volume; with no ``workingDir``, an empty directory of the container's own.
+  That directory and ``HOME`` start empty for every container instance, as a new container's writable layer does.
 * Reports ``pods/status`` in the full shape a real kubelet writes (phase, conditions, IPs, container and init
   container statuses with imageID/containerID/restartCount/state/lastState, termination messages).
 * Restarts containers in place under ``restartPolicy`` OnFailure/Always (backoff 1 s, doubling, capped at 10 s, with
@@ -28,13 +38,16 @@ Filesystem layout under ``--workdir``
 -------------------------------------
 ``<ns>/<pod>/volumes/<volume>``             ConfigMap, Secret, downwardAPI, projected and emptyDir volumes.
 ``<ns>/<pod>/termination/<container>``      the container's terminationMessagePath.
+``<ns>/<pod>/containers/<container>/``      the container's own files: ``workdir`` (its working dir unless that is
+                                            on a volume) and ``home`` (HOME); emptied at each container start.
 ``<ns>/<pod>/logs/<container>/<n>.log``     log of the n-th run (restartCount n): ``<RFC3339Nano> <line>``.
 ``pgids``                                   one process group id per line.
 
 Paths inside a container are not real: every command/args/env value that equals or starts with a ``mountPath``
-(or with the ``terminationMessagePath``) is rewritten to the materialized host path, also after ``--flag=`` and in
-``:``-separated env lists. Programs must therefore receive such paths through env, command or args, not as
-constants compiled into the code.
+(or with the ``terminationMessagePath``, or with a ``workingDir`` that is not on a volume) is rewritten to the
+materialized host path, also after ``--flag=`` and in ``:``-separated env lists. Programs must therefore receive
+such paths through env, command or args (or use paths relative to the working directory), not as constants compiled
+into the code.
 
 Networking
 ----------
@@ -113,7 +126,6 @@ log = logging.getLogger("sim-kubelet")
 
 NODE_NAME = "sim-node-0"
 HOST_IP = "127.0.0.1"
-REPO_ROOT = Path(__file__).resolve().parents[2]  # the directory that contains tests/
 
 ANN_FAIL = "sim.torchelastic.dev/fail"
 ANN_FAIL_AFTER = "sim.torchelastic.dev/fail-after-seconds"
@@ -237,6 +249,15 @@ def rewrite_path(value: str, mounts: list[tuple[str, str]]) -> str:
     return value
 
 
+def is_under_mount(value: str, mounts: list[tuple[str, str]]) -> bool:
+    """Whether the container path ``value`` lies on one of the ``mounts``."""
+    for mount_path, _ in mounts:
+        base = mount_path.rstrip("/") or "/"
+        if value in (mount_path, base) or base == "/" or value.startswith(base + "/"):
+            return True
+    return False
+
+
 def rewrite_path_value(value: str, mounts: list[tuple[str, str]], split_colons: bool) -> str:
     """Rewrite a whole value, the part after ``--flag=``, or (for env) each part of a ``a:b`` path list."""
     rewritten = rewrite_path(value, mounts)
@@ -298,17 +319,55 @@ def split_cluster_host(host: str, namespace: str) -> tuple[str, str] | None:
     return None
 
 
-def python_argv(argv: list[str]) -> list[str]:
-    """Run container Pythons with this interpreter (it has torch); ``torchrun`` becomes ``python -m
-    torch.distributed.run``."""
+def python_argv(argv: list[str], python: str) -> list[str]:
+    """Run container Pythons with the runner env's interpreter ``python``; ``torchrun`` becomes ``python -m
+    torch.distributed.run`` (the runner env's own ``torchrun`` script does the same for a shell's PATH lookup)."""
     if not argv:
         return argv
     exe = os.path.basename(argv[0])
     if re.fullmatch(r"python(3(\.\d+)?)?", exe):
-        return [sys.executable, *argv[1:]]
+        return [python, *argv[1:]]
     if exe == "torchrun":
-        return [sys.executable, "-m", "torch.distributed.run", *argv[1:]]
+        return [python, "-m", "torch.distributed.run", *argv[1:]]
     return argv
+
+
+#: What ``python:3.11-slim`` puts on PATH after the runner env's bin.
+IMAGE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+def image_env(runner_python: str, home: str) -> dict[str, str]:
+    """The runner image's own ENV (docker/Dockerfile on python:slim), with its bin on PATH as the image has it.
+
+    HOME is what the runtime sets for the image's user; here a directory of the container's own.
+    """
+    return {
+        "PATH": f"{os.path.dirname(runner_python)}:{IMAGE_PATH}",
+        "LANG": "C.UTF-8",
+        "PYTHONUNBUFFERED": "1",
+        "HOME": home,
+    }
+
+
+def service_env(api_host: str, api_port: int) -> dict[str, str]:
+    """The ``kubernetes`` Service's variables, which a kubelet gives every container: the API server's address as
+    the cluster knows it (all pods share this machine's loopback, so the real address)."""
+    return {"KUBERNETES_SERVICE_HOST": api_host, "KUBERNETES_SERVICE_PORT": str(api_port)}
+
+
+@dataclass(frozen=True)
+class ProcessConfig:
+    """How to start one container instance as a process."""
+
+    argv: list[str]
+    env: dict[str, str]
+    cwd: Path
+    #: The container's own directory (its working dir unless that is on a volume, and HOME): fresh for every
+    #: instance, as a container's writable layer is.
+    container_dir: Path
+    home: Path
+    #: Host file behind terminationMessagePath.
+    term_path: Path
 
 
 def qos_class(pod: dict[str, Any]) -> str:
@@ -921,7 +980,7 @@ class PodRunner:
             c.init_check_at = time.monotonic()
             return
         try:
-            argv, env, term_path = self.kl.container_process_config(self.pod, c.spec, self.dir)
+            config = self.kl.container_process_config(self.pod, c.spec, self.dir)
         except ContainerConfigError as err:
             c.container_id = ""
             c.runs -= 1
@@ -929,9 +988,14 @@ class PodRunner:
             self.kl.emit_event(self.pod, "Warning", "Failed", f"Error: {err}", field_path=c)
             c.restart_at = time.monotonic() + 2.0
             return
+        argv, term_path = config.argv, config.term_path
         c.term_path = term_path
         term_path.parent.mkdir(parents=True, exist_ok=True)
         term_path.write_bytes(b"")  # a fresh termination-log file per container instance, as the kubelet mounts one
+        # A restarted container gets a new writable layer: nothing of the previous instance's files (volumes stay).
+        shutil.rmtree(config.container_dir, ignore_errors=True)
+        for path in (config.cwd, config.home):
+            path.mkdir(parents=True, exist_ok=True)
         if c.runs == 1:
             self.kl.emit_event(
                 self.pod, "Normal", "Pulled", f'Container image "{c.image}" already present on machine', field_path=c
@@ -940,8 +1004,8 @@ class PodRunner:
         try:
             proc = subprocess.Popen(
                 argv,
-                env=env,
-                cwd=str(REPO_ROOT),
+                env=config.env,
+                cwd=str(config.cwd),
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
@@ -1431,10 +1495,15 @@ def generate_self_signed_cert(cert_path: Path, key_path: Path) -> None:
 
 
 class Kubelet:
-    def __init__(self, api: client.ApiClient, workdir: Path) -> None:
+    def __init__(self, api: client.ApiClient, workdir: Path, runner_python: Path) -> None:
         self.api = api
         self.core = client.CoreV1Api(api)
         self.workdir = workdir
+        self.runner_python = runner_python
+        # The API server as the cluster knows it: what this kubelet itself talks to.
+        server = urllib.parse.urlsplit(api.configuration.host)
+        self.api_host = server.hostname or HOST_IP
+        self.api_port = server.port or 443
         self.ports = PortMap()
         self.stop = threading.Event()
         self._lock = threading.RLock()
@@ -1815,10 +1884,14 @@ class Kubelet:
             self._name_cache[(ns, name)] = (found, time.monotonic() + (300.0 if found else 2.0))
         return target if found else None
 
-    def container_env(self, pod: dict[str, Any], spec: dict[str, Any]) -> dict[str, str]:
-        """The container's env as the kubelet builds it: envFrom, then env in order ($(VAR) sees earlier ones)."""
+    def container_env(
+        self, pod: dict[str, Any], spec: dict[str, Any], predefined: dict[str, str] | None = None
+    ) -> dict[str, str]:
+        """The container's env as the kubelet builds it: envFrom, then env in order ($(VAR) sees earlier ones and
+        the ``predefined`` Service variables, which are not part of the result unless the manifest sets them)."""
         namespace = pod["metadata"]["namespace"]
-        env: dict[str, str] = {}
+        env: dict[str, str] = dict(predefined or {})
+        defined: set[str] = set()
         for source in spec.get("envFrom") or []:
             prefix = source.get("prefix") or ""
             for kind, ref_key in (("configmap", "configMapRef"), ("secret", "secretRef")):
@@ -1834,6 +1907,7 @@ class Kubelet:
                         if key in binary_keys or not ENV_NAME_RE.fullmatch(prefix + key):
                             continue
                         env[prefix + key] = raw.decode("utf-8", "replace")
+                        defined.add(prefix + key)
         for var in spec.get("env") or []:
             name = var["name"]
             if "valueFrom" in var:
@@ -1843,7 +1917,8 @@ class Kubelet:
             else:
                 value = expand_vars(var.get("value") or "", env)
             env[name] = value
-        return env
+            defined.add(name)
+        return {name: value for name, value in env.items() if name in defined}
 
     def _value_from(self, pod: dict[str, Any], source: dict[str, Any]) -> str | None:
         namespace = pod["metadata"]["namespace"]
@@ -1871,15 +1946,28 @@ class Kubelet:
             return resource_field_value(pod, source["resourceFieldRef"])
         return None
 
-    def container_process_config(
-        self, pod: dict[str, Any], spec: dict[str, Any], pod_dir: Path
-    ) -> tuple[list[str], dict[str, str], Path]:
-        """argv, environment and host termination-message path of one container instance."""
+    def container_process_config(self, pod: dict[str, Any], spec: dict[str, Any], pod_dir: Path) -> ProcessConfig:
+        """argv, environment, working directory and host termination-message path of one container instance.
+
+        The environment holds only what a container gets on a real node: the image's ENV, ``HOSTNAME``, the
+        ``kubernetes`` Service's variables and the manifest's env/envFrom; nothing of this process's own.
+        """
         namespace = pod["metadata"]["namespace"]
-        pod_env = self.container_env(pod, spec)
+        services = service_env(self.api_host, self.api_port)
+        pod_env = self.container_env(pod, spec, services)
+        container_dir = pod_dir / "containers" / spec["name"]
         term_container_path = spec.get("terminationMessagePath") or DEFAULT_TERMINATION_PATH
         term_host_path = pod_dir / "termination" / spec["name"]
-        mounts = [*self.mounts_for(pod, spec, pod_dir), (term_container_path, str(term_host_path))]
+        volume_mounts = self.mounts_for(pod, spec, pod_dir)
+        mounts = [*volume_mounts, (term_container_path, str(term_host_path))]
+        working_dir = spec.get("workingDir") or ""
+        if working_dir and is_under_mount(working_dir, volume_mounts):
+            cwd = Path(rewrite_path(working_dir, volume_mounts))
+        else:
+            # A directory of the container's own filesystem, which paths under the working dir map to.
+            cwd = container_dir / "workdir"
+            if working_dir:
+                mounts.append((working_dir, str(cwd)))
         mounts.sort(key=lambda m: len(m[0]), reverse=True)
 
         def resolve(host: str) -> tuple[str, str] | None:
@@ -1895,18 +1983,23 @@ class Kubelet:
                 continue
             value = rewrite_hosts(value, resolve, self.ports.get, bare=bool(BARE_HOST_VAR_RE.search(name)))
             pod_env[name] = rewrite_path_value(value, mounts, split_colons=True)
+        expand_env = {**services, **pod_env}
         argv = [
             rewrite_path_value(
-                rewrite_hosts(expand_vars(a, pod_env), resolve, self.ports.get, bare=False), mounts, split_colons=False
+                rewrite_hosts(expand_vars(a, expand_env), resolve, self.ports.get, bare=False),
+                mounts,
+                split_colons=False,
             )
             for a in [*(spec.get("command") or []), *(spec.get("args") or [])]
         ]
-        argv = python_argv(argv) or [sys.executable, "-c", "pass"]
-        env = base_process_env()
-        env["HOSTNAME"] = pod["metadata"]["name"]
-        env.update(pod_env)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), pod_env.get("PYTHONPATH", "")) if p)
-        return argv, env, term_host_path
+        python = str(self.runner_python)
+        argv = python_argv(argv, python) or [python, "-c", "pass"]
+        home = container_dir / "home"
+        # Lowest to highest precedence, as containerd and the kubelet layer them.
+        env = {"HOSTNAME": pod["metadata"]["name"], **image_env(python, str(home)), **services, **pod_env}
+        return ProcessConfig(
+            argv=argv, env=env, cwd=cwd, container_dir=container_dir, home=home, term_path=term_host_path
+        )
 
     # -- logs -----------------------------------------------------------------------------------------------------
 
@@ -1992,17 +2085,6 @@ def resource_field_value(pod: dict[str, Any], ref: dict[str, Any]) -> str:
     return str(os.cpu_count() or 1) if resource.endswith("cpu") else str(64 * 1024**3)
 
 
-_INHERITED_ENV_DROP = re.compile(
-    r"^(PET_.*|TORCHELASTIC_.*|MASTER_ADDR|MASTER_PORT|RANK|LOCAL_RANK|WORLD_SIZE|LOCAL_WORLD_SIZE|GROUP_RANK|"
-    r"ROLE_RANK|ROLE_WORLD_SIZE|KUBECONFIG|PYTEST_.*|PYTHONPATH|HOSTNAME)$"
-)
-
-
-def base_process_env() -> dict[str, str]:
-    """The 'image' environment: this machine's, minus anything that would leak the test process's identity."""
-    return {k: v for k, v in os.environ.items() if not _INHERITED_ENV_DROP.match(k)}
-
-
 def build_api_client(kubeconfig: str) -> client.ApiClient:
     cfg = client.Configuration()
     config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)
@@ -2015,12 +2097,18 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--kubeconfig", required=True)
     parser.add_argument("--workdir", required=True, type=Path)
+    parser.add_argument(
+        "--runner-python",
+        required=True,
+        type=Path,
+        help="the runner env's python (scripts/build-runner-env.sh --layer DIR), which runs containers' Pythons",
+    )
     parser.add_argument("--log-level", default="INFO")
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=args.log_level.upper(), stream=sys.stderr, format="%(asctime)s sim-kubelet %(levelname)s %(message)s"
     )
-    kubelet = Kubelet(build_api_client(args.kubeconfig), args.workdir.resolve())
+    kubelet = Kubelet(build_api_client(args.kubeconfig), args.workdir.resolve(), args.runner_python.absolute())
 
     def stop_and_exit() -> None:
         kubelet.shutdown()

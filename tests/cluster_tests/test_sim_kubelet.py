@@ -23,7 +23,7 @@ from tests.cluster import sim_kubelet as sk
 
 T = TypeVar("T")
 
-PY = "python"  # the kubelet runs container Pythons with the test interpreter
+PY = "python"  # the kubelet runs container Pythons with the runner env's interpreter
 IMAGE = "registry.example/torchelastic-test:1"
 
 
@@ -110,13 +110,86 @@ def test_decide_pod_phase(policy: str, codes: list[int | None], pending_restart:
     assert sk.decide_pod_phase(policy, codes, pending_restart) == phase
 
 
-def test_python_argv_uses_this_interpreter() -> None:
-    import sys
+def test_python_argv_uses_the_runner_interpreter() -> None:
+    env = "/env/bin/python"
+    assert sk.python_argv(["python3.11", "-c", "x"], env) == [env, "-c", "x"]
+    assert sk.python_argv(["/usr/local/bin/python", "m.py"], env) == [env, "m.py"]
+    assert sk.python_argv(["torchrun", "t.py"], env) == [env, "-m", "torch.distributed.run", "t.py"]
+    assert sk.python_argv(["sh", "-c", "true"], env) == ["sh", "-c", "true"]
 
-    assert sk.python_argv(["python3.11", "-c", "x"]) == [sys.executable, "-c", "x"]
-    assert sk.python_argv(["/usr/bin/python", "m.py"]) == [sys.executable, "m.py"]
-    assert sk.python_argv(["torchrun", "t.py"]) == [sys.executable, "-m", "torch.distributed.run", "t.py"]
-    assert sk.python_argv(["sh", "-c", "true"]) == ["sh", "-c", "true"]
+
+RUNNER_PYTHON = Path("/runner-env/bin/python")
+
+
+def offline_kubelet(workdir: Path) -> sk.Kubelet:
+    """A kubelet whose API client points at an API server that is never called (the env built here needs none)."""
+    from kubernetes import client
+
+    return sk.Kubelet(client.ApiClient(client.Configuration(host="https://127.0.0.1:6443")), workdir, RUNNER_PYTHON)
+
+
+def bare_pod(name: str, spec: dict[str, Any], volumes: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    return {
+        "metadata": {"name": name, "namespace": "ns", "uid": "uid-1"},
+        "spec": {"containers": [spec], "volumes": volumes or []},
+    }
+
+
+def test_container_env_holds_only_what_a_kubelet_gives(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # What the test process (and so the simulated kubelet's own process) has must not reach a pod.
+    monkeypatch.setenv("TORCHELASTIC_LEAK_MARKER", "from-the-test-process")
+    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).resolve().parents[2]))
+    spec = container(
+        [PY, "-c", "pass", "--out=/workspace/out.json", "$(KUBERNETES_SERVICE_HOST):$(KUBERNETES_SERVICE_PORT)"],
+        env=[
+            {"name": "GREETING", "value": "hi"},
+            {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+            {"name": "API", "value": "$(KUBERNETES_SERVICE_HOST)"},
+        ],
+        workingDir="/workspace",
+    )
+    pod_dir = tmp_path / "ns" / "trainer-0"
+    config = offline_kubelet(tmp_path).container_process_config(bare_pod("trainer-0", spec), spec, pod_dir)
+    own = pod_dir / "containers" / "main"
+    assert config.env == {
+        # the image's ENV
+        "PATH": f"{RUNNER_PYTHON.parent}:{sk.IMAGE_PATH}",
+        "LANG": "C.UTF-8",
+        "PYTHONUNBUFFERED": "1",
+        "HOME": str(own / "home"),
+        # the runtime's and the kubelet's
+        "HOSTNAME": "trainer-0",
+        "KUBERNETES_SERVICE_HOST": "127.0.0.1",
+        "KUBERNETES_SERVICE_PORT": "6443",
+        # the manifest's
+        "GREETING": "hi",
+        "POD_NAME": "trainer-0",
+        "API": "127.0.0.1",
+    }
+    assert config.argv == [str(RUNNER_PYTHON), "-c", "pass", f"--out={own}/workdir/out.json", "127.0.0.1:6443"]
+    assert (config.cwd, config.home, config.container_dir) == (own / "workdir", own / "home", own)
+
+
+def test_manifest_env_wins_and_a_working_dir_on_a_volume_is_that_volume(tmp_path: Path) -> None:
+    spec = container(
+        ["sh", "-c", "true"],
+        env=[{"name": "HOSTNAME", "value": "custom"}, {"name": "PATH", "value": "/opt/bin"}],
+        workingDir="/data/run",
+        volumeMounts=[{"name": "data", "mountPath": "/data"}],
+    )
+    pod_dir = tmp_path / "ns" / "p"
+    pod = bare_pod("p", spec, volumes=[{"name": "data", "emptyDir": {}}])
+    config = offline_kubelet(tmp_path).container_process_config(pod, spec, pod_dir)
+    assert (config.env["HOSTNAME"], config.env["PATH"]) == ("custom", "/opt/bin")
+    assert config.cwd == pod_dir / "volumes" / "data" / "run"
+    assert config.argv == ["sh", "-c", "true"]
+
+
+def test_no_working_dir_is_an_empty_directory_of_the_container(tmp_path: Path) -> None:
+    spec = container([])
+    config = offline_kubelet(tmp_path).container_process_config(bare_pod("p", spec), spec, tmp_path / "p")
+    assert config.cwd == tmp_path / "p" / "containers" / "main" / "workdir"
+    assert config.argv == [str(RUNNER_PYTHON), "-c", "pass"]
 
 
 def test_select_log_lines_applies_since_then_tail() -> None:
@@ -340,7 +413,7 @@ def test_pod_runs_and_reports_a_real_kubelet_status(pods: Pods, core: Any) -> No
 
 
 @pytest.mark.cluster
-def test_configmap_volume_env_sources_and_python_path(pods: Pods, core: Any) -> None:
+def test_configmap_volume_and_env_sources(pods: Pods, core: Any) -> None:
     cm = unique("cm")
     core.create_namespaced_config_map(
         pods.namespace,
@@ -357,7 +430,7 @@ def test_configmap_volume_env_sources_and_python_path(pods: Pods, core: Any) -> 
         check = (
             "import os, sys, runpy\n"
             "d = '/opt/payload'\n"
-            "print(sorted(os.listdir(d)), open(d + '/data/blob', 'rb').read(), 'tests' in os.listdir('.'))\n"
+            "print(sorted(os.listdir(d)), open(d + '/data/blob', 'rb').read(), os.listdir('.'))\n"
             "runpy.run_path(d + '/script.py')\n"
         )
         name = unique("cmvol")
@@ -390,9 +463,83 @@ def test_configmap_volume_env_sources_and_python_path(pods: Pods, core: Any) -> 
             )
         )
         pods.wait_phase(name, ("Succeeded", "Failed"))
-        assert pods.log(name) == "['data', 'script.py'] b'\\x00\\x01\\x02' True\nhey hey\n"
+        assert pods.log(name) == "['data', 'script.py'] b'\\x00\\x01\\x02' []\nhey hey\n"
     finally:
         core.delete_namespaced_config_map(cm, pods.namespace)
+
+
+IMAGE_PROBE = """
+import importlib.util, json, os, sys
+open("written-here", "w").close()
+print(json.dumps({
+    "env": dict(os.environ),
+    "cwd": os.getcwd(),
+    "files": os.listdir("."),
+    "argv": sys.argv[1:],
+    "executable": sys.executable,
+    "path": sys.path,
+    "importable": {m: importlib.util.find_spec(m) is not None for m in (
+        "airflow", "kubernetes", "tests", "torch", "cloudpickle", "numpy", "airflow_provider_torchelastic.runner"
+    )},
+}))
+"""
+
+
+@pytest.mark.cluster
+def test_containers_run_like_the_runner_image(pods: Pods, kube_cluster: Any) -> None:
+    """The runner env's Python, the container's own working dir, and nothing of the test process's environment
+    (which the simulated kubelet inherited: AIRFLOW_HOME, PYTHONPATH to the checkout, ...)."""
+    from tests.cluster.control_plane import REPO_ROOT
+
+    name = unique("image")
+    pods.create(
+        pod_manifest(
+            name,
+            [
+                container(
+                    ["python3", "-c", IMAGE_PROBE],
+                    args=["--out=/workspace/result.json"],
+                    workingDir="/workspace",
+                    env=[{"name": "GREETING", "value": "hi"}],
+                )
+            ],
+        )
+    )
+    status = pods.wait_phase(name, ("Succeeded", "Failed"))
+    assert status["phase"] == "Succeeded", pods.log(name)
+    seen = json.loads(pods.log(name))
+    env = seen["env"]
+    assert sorted(env) == [
+        "GREETING",
+        "HOME",
+        "HOSTNAME",
+        "KUBERNETES_SERVICE_HOST",
+        "KUBERNETES_SERVICE_PORT",
+        "LANG",
+        "PATH",
+        "PYTHONUNBUFFERED",
+    ]
+    assert env["HOSTNAME"] == name
+    assert (env["KUBERNETES_SERVICE_HOST"], env["KUBERNETES_SERVICE_PORT"]) == (
+        "127.0.0.1",
+        str(kube_cluster.info.api_port),
+    )
+    assert env["PATH"].split(":")[0] == str(kube_cluster.runner_python.parent)
+    own = kube_cluster.state_dir / "kubelet" / pods.namespace / name / "containers" / "main"
+    assert Path(seen["cwd"]) == own / "workdir"
+    assert seen["files"] == ["written-here"]  # it started empty
+    assert seen["argv"] == [f"--out={own}/workdir/result.json"]  # workingDir paths map like mount paths
+    assert seen["executable"] == str(kube_cluster.runner_python)
+    assert not [p for p in seen["path"] if p.startswith(str(REPO_ROOT))], seen["path"]
+    assert seen["importable"] == {
+        "airflow": False,
+        "kubernetes": False,
+        "tests": False,
+        "torch": True,
+        "cloudpickle": True,
+        "numpy": True,
+        "airflow_provider_torchelastic.runner": True,
+    }
 
 
 @pytest.mark.cluster
