@@ -203,3 +203,27 @@ with _dag("k8s_minimal_deferred"):
         deferrable=True,
         **FAST,
     )
+
+# The API refuses the submission (no permission, no CRD, admission): fails at once although retries=2.
+with _dag("k8s_submit_refused", retries=2):
+    TorchElasticOperator(
+        task_id="train",
+        python_callable=sleep_then_return,
+        op_kwargs={"seconds": 0, "value": "never"},
+        task_config=small(nnodes=2),
+        deferrable=False,
+        on_retry_callback=record_failure,
+        **FAST,
+    )
+
+# Kept after it succeeded: a late kill (a stale trigger cancelled) must leave it.
+with _dag("k8s_kept"):
+    TorchElasticOperator(
+        task_id="train",
+        python_callable=sleep_then_return,
+        op_kwargs={"seconds": 0, "value": "kept"},
+        task_config=small(),
+        deferrable=True,
+        on_finish_action="keep",
+        **FAST,
+    )

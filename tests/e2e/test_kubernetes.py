@@ -361,7 +361,7 @@ def test_quickstart_dag_on_kubernetes(monkeypatch: pytest.MonkeyPatch, cluster: 
     ]
     monkeypatch.setenv("AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_CONFIG_LIST", json.dumps(bundles))
     monkeypatch.setenv("AIRFLOW__TORCH_ELASTIC__EXECUTION", "kubernetes")
-    monkeypatch.setenv("TORCHELASTIC_IMAGE", IMAGE)  # read by the DAG file when it is parsed
+    monkeypatch.setenv("AIRFLOW__TORCH_ELASTIC__IMAGE", IMAGE)  # the quickstart names no image: the option gives it
     result = run_dag("torch_elastic_quickstart", EXAMPLE_DAGS)
     assert result.state == "success", result
     assert result.tasks == {("train", -1): ("success", 1), ("report", -1): ("success", 1)}
@@ -385,7 +385,7 @@ def test_recoverable_failure_is_retried_with_a_new_job(cluster: Cluster, failure
     assert result.tasks == {("train", -1): ("success", 2)}
     assert result.xcom() == {"try_number": 2, "rank": 0}
     first_try = (failure_dir / "k8s_recoverable_retry.train.try1.txt").read_text()
-    assert first_try.startswith("airflow_provider_torchelastic.operators.TrainingRetryableError: "), first_try
+    assert first_try.startswith("airflow_provider_torchelastic.operators.TrainingRecoverableError: "), first_try
     assert "rank 0" in first_try and "TransientStorageError: object store unavailable on try 1" in first_try
     # Each try has its own job: try 1's failed pod is kept, try 2's succeeded pod is deleted.
     first, second = job_name(result.identity(1)), job_name(result.identity(2))
@@ -448,7 +448,7 @@ def test_killed_worker_deletes_its_job(cluster: Cluster, tmp_path: Path) -> None
         wait_for(lambda: proc.poll() is not None, 60, "the killed worker to exit", interval=0.5)
     finally:
         stop_process(proc, timeout=0)
-    assert f"Task killed: deleting PyTorchJob {cluster.namespace}/{name}" in log.read_text()
+    assert f"Task killed: stopping PyTorchJob {cluster.namespace}/{name}" in log.read_text()
 
 
 def _replace_inline_trigger(monkeypatch: pytest.MonkeyPatch, play: Callable[[Any, Any, Callable], Any]) -> None:
@@ -483,7 +483,7 @@ def test_killed_deferred_task_deletes_its_job_from_the_trigger(
     assert seen["gone"]
     assert result.state == "failed", result  # the job was deleted under it (retries=0)
     error = (failure_dir / "k8s_killed_trigger.train.try1.txt").read_text()
-    assert error.startswith("airflow_provider_torchelastic.operators.TrainingRetryableError: "), error
+    assert error.startswith("airflow_provider_torchelastic.operators.TrainingRecoverableError: "), error
     assert f"Pod {cluster.namespace}/{seen['name']} was deleted before it finished" in error, error
     assert cluster.workloads("k8s_killed_trigger") == ([], [])
 
@@ -626,7 +626,7 @@ def test_without_the_role_binding_the_task_fails_forbidden(
 
 
 @pytest.mark.parametrize("dag_id", ["k8s_minimal", "k8s_minimal_deferred"], ids=["worker", "trigger"])
-def test_transient_api_errors_while_polling_are_retried(
+def test_recoverable_api_errors_while_polling_are_retried(
     dag_id: str, cluster: Cluster, kube_cluster, fault_proxy, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     from tests.cluster.proxy import Match
@@ -661,3 +661,94 @@ def test_transient_api_errors_while_polling_are_retried(
     assert polls, "the faults must have hit the operator's status polls"
     assert fault_proxy.pending_faults == 0
     print(f"{dag_id}: run with 4 injected API errors took {elapsed:.1f} s")
+
+
+# --- the API refuses, or cannot be read ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("status", "words"),
+    [
+        (401, "Unauthorized"),
+        (403, "lacks permission"),
+        (404, "is the Kubeflow training operator (its PyTorchJob CRD, kubeflow.org/v1) installed"),
+        (422, "rejected the object"),
+    ],
+)
+def test_a_refused_submission_fails_at_once_without_retries(
+    status: int,
+    words: str,
+    cluster: Cluster,
+    kube_cluster,
+    fault_proxy,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    failure_dir: Path,
+) -> None:
+    from tests.cluster.proxy import Match
+
+    set_connection(
+        monkeypatch, kube_cluster.proxied_kubeconfig(fault_proxy, tmp_path / "p.kubeconfig"), cluster.namespace
+    )
+    fault_proxy.fail_next(1, status=status, match=Match(method="POST", path_contains="/pytorchjobs"))
+    result = run_dag("k8s_submit_refused")
+    assert result.state == "failed", result
+    assert result.tasks == {("train", -1): ("failed", 1)}, "a refusal is not worth a retry"
+    error = (failure_dir / "k8s_submit_refused.train.try1.txt").read_text()
+    assert error.startswith("airflow_provider_torchelastic.operators.TrainingFailedError: Cannot create PyTorchJob"), (
+        error
+    )
+    assert str(status) in error and words in error and "a retry will not help" in error, error
+    # Nothing is left behind: the payload ConfigMap created before the refusal is deleted too.
+    assert cluster.configmaps() == [] and cluster.workloads("k8s_submit_refused") == ([], [])
+
+
+@pytest.mark.parametrize("dag_id", ["k8s_minimal", "k8s_minimal_deferred"], ids=["worker", "trigger"])
+def test_a_wait_that_cannot_read_the_job_deletes_it(
+    dag_id: str,
+    cluster: Cluster,
+    kube_cluster,
+    fault_proxy,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    failure_dir: Path,
+) -> None:
+    from tests.cluster.proxy import Match
+
+    set_connection(
+        monkeypatch, kube_cluster.proxied_kubeconfig(fault_proxy, tmp_path / "p.kubeconfig"), cluster.namespace
+    )
+
+    def refuse_reads_when_running() -> None:
+        pods = wait_for(
+            lambda: [p for p in cluster.workloads(dag_id)[1] if p.status.phase == "Running"], 90, "the pod to run"
+        )
+        # The next read of the pod is refused for good (a revoked permission): the wait cannot go on.
+        fault_proxy.fail_next(1, status=403, match=Match(method="GET", path_contains=f"/pods/{pods[0].metadata.name}"))
+
+    injector = threading.Thread(target=refuse_reads_when_running, daemon=True)
+    injector.start()
+    result = run_dag(dag_id)
+    injector.join(timeout=5)
+    assert result.state == "failed", result
+    error = (failure_dir / f"{dag_id}.train.try1.txt").read_text()
+    assert error.startswith("airflow_provider_torchelastic.operators.TrainingRecoverableError: "), error
+    assert "403 Forbidden" in error and "the job was deleted" in error, error
+    wait_for(lambda: cluster.workloads(dag_id) == ([], []), 30, "the job to be deleted")
+    assert cluster.configmaps() == []
+
+
+def test_a_late_kill_leaves_a_finished_kept_job(cluster: Cluster) -> None:
+    from airflow_provider_torchelastic.triggers import TorchElasticJobTrigger
+
+    result = run_dag("k8s_kept")
+    assert result.state == "success", result
+    name = result.xcom(key="job_name")
+    assert cluster.get_pod(name) is not None
+    # A stale trigger of that try (left behind by `airflow dags test`), picked up and cancelled as a user action.
+    stale = TorchElasticJobTrigger(
+        kind="Pod", name=name, namespace=cluster.namespace, kubernetes_conn_id="kubernetes_default"
+    )
+    asyncio.run(stale.on_kill())
+    pod = cluster.get_pod(name)
+    assert pod is not None and pod.metadata.deletion_timestamp is None, "on_finish_action='keep' kept it"
