@@ -113,24 +113,7 @@ def ensure_apiserver_binary(*, log: Any = None, show_output: bool = False) -> Pa
         log(f"kube-apiserver not cached at {cached}; building it with {BUILD_SCRIPT} (5-9 minutes; log: {build_log})")
     cached.parent.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "CI": "true", "DEBIAN_FRONTEND": "noninteractive"}
-    with open(build_log, "w") as log_file:
-        proc = subprocess.Popen(
-            ["bash", str(BUILD_SCRIPT)],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            env=env,
-        )
-        assert proc.stdout is not None
-        output = []
-        for line in proc.stdout:
-            output.append(line)
-            log_file.write(line)
-            log_file.flush()
-            if show_output:
-                sys.stderr.write(line)
-        returncode = proc.wait()
+    returncode, output = runner_env.run_script(["bash", str(BUILD_SCRIPT)], build_log, env=env, show_output=show_output)
     lines = "".join(output).strip().splitlines()
     if returncode != 0 or not lines:
         raise ClusterError(

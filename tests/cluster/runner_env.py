@@ -44,30 +44,48 @@ def make_layer(state_dir: Path, *, log: Callable[[str], None] | None = None, sho
     )
 
 
-def _run(args: list[str], build_log: Path, *, log: Callable[[str], None] | None, show_output: bool) -> Path:
-    build_log.parent.mkdir(parents=True, exist_ok=True)
-    # The env must match the Python and cloudpickle of the process that pickles payloads: this one.
-    env = {**os.environ, "TORCHELASTIC_REFERENCE_PYTHON": sys.executable}
+def run_script(
+    command: list[str],
+    build_log: Path,
+    *,
+    env: dict[str, str],
+    show_output: bool = False,
+    on_line: Callable[[str], None] | None = None,
+) -> tuple[int, list[str]]:
+    """Run a build script without stdin, its output teed to ``build_log`` (and stderr with ``show_output``).
+
+    Returns the exit code and the output lines; the build scripts print their product's path last.
+    """
     output: list[str] = []
     with open(build_log, "w") as log_file:
         proc = subprocess.Popen(
-            ["bash", str(BUILD_SCRIPT), *args],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            env=env,
+            command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
         )
         assert proc.stdout is not None
         for line in proc.stdout:
             output.append(line)
-            if log and line.startswith("[build-runner-env] building "):
-                log(f"runner env not cached; building it with {BUILD_SCRIPT} (about a minute; log: {build_log})")
+            if on_line is not None:
+                on_line(line)
             log_file.write(line)
             log_file.flush()
             if show_output:
                 sys.stderr.write(line)
         returncode = proc.wait()
+    return returncode, output
+
+
+def _run(args: list[str], build_log: Path, *, log: Callable[[str], None] | None, show_output: bool) -> Path:
+    build_log.parent.mkdir(parents=True, exist_ok=True)
+    # The env must match the Python and cloudpickle of the process that pickles payloads: this one.
+    env = {**os.environ, "TORCHELASTIC_REFERENCE_PYTHON": sys.executable}
+
+    def announce_build(line: str) -> None:
+        if log and line.startswith("[build-runner-env] building "):
+            log(f"runner env not cached; building it with {BUILD_SCRIPT} (about a minute; log: {build_log})")
+
+    returncode, output = run_script(
+        ["bash", str(BUILD_SCRIPT), *args], build_log, env=env, show_output=show_output, on_line=announce_build
+    )
     lines = "".join(output).strip().splitlines()
     if returncode != 0 or not lines:
         raise RunnerEnvError(
