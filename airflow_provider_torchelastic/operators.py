@@ -30,7 +30,14 @@ from airflow_provider_torchelastic.outcome import Verdict
 from airflow_provider_torchelastic.payload import dump_payload
 from airflow_provider_torchelastic.pod import JobOptions, PodOptions
 from airflow_provider_torchelastic.render import check_renderable, elide_payload, render_manifests, summarize_for_ui
-from airflow_provider_torchelastic.status import FINISH_ACTIONS, JobRef, WaitDecision, WaitPolicy
+from airflow_provider_torchelastic.status import (
+    FINISH_ACTIONS,
+    JobRef,
+    WaitDecision,
+    WaitPolicy,
+    is_suspended,
+    queue_name,
+)
 from airflow_provider_torchelastic.validation import check_image, check_seconds, fail, is_templated
 
 if TYPE_CHECKING:
@@ -135,6 +142,7 @@ class CheckedArguments:
     execution: str | None
     poll_interval: float
     pending_grace_seconds: float
+    scheduling_timeout: float | None
 
 
 def check_operator_arguments(
@@ -153,6 +161,7 @@ def check_operator_arguments(
     poll_interval: float = 10.0,
     pending_grace_seconds: float = 120.0,
     on_finish_action: str = "delete_succeeded",
+    scheduling_timeout: float | None = None,
     dag_id: str = "dag",
     task_id: str = "task",
     known_at_run_time: Collection[str] = (),
@@ -202,7 +211,16 @@ def check_operator_arguments(
     )
     if known("on_finish_action") and on_finish_action not in FINISH_ACTIONS:
         raise fail("", "on_finish_action", on_finish_action, f"one of {', '.join(map(repr, FINISH_ACTIONS))}")
-    checked = CheckedArguments(task_config=config, execution=execution, poll_interval=poll, pending_grace_seconds=grace)
+    capacity = None
+    if known("scheduling_timeout") and scheduling_timeout is not None:
+        capacity = check_seconds("", "scheduling_timeout", scheduling_timeout)
+    checked = CheckedArguments(
+        task_config=config,
+        execution=execution,
+        poll_interval=poll,
+        pending_grace_seconds=grace,
+        scheduling_timeout=capacity,
+    )
 
     if known("execution") and execution == "local":
         return checked  # runs on the Airflow worker: no image, nothing rendered
@@ -242,6 +260,7 @@ _ARGUMENTS: Final = (
     "poll_interval",
     "pending_grace_seconds",
     "on_finish_action",
+    "scheduling_timeout",
 )
 
 
@@ -371,7 +390,11 @@ class TorchElasticOperator(BaseOperator):
     :param job_options: PyTorchJob-only settings (``schedulingPolicy``, ``suspend``).
     :param deferrable: release the worker slot while the job runs; default ``[torch_elastic] deferrable`` (True).
     :param poll_interval: seconds between status polls on Kubernetes.
-    :param pending_grace_seconds: fail once a pod is stuck (image pull, unschedulable, bad config) this long.
+    :param pending_grace_seconds: fail once a pod is stuck on something that never resolves by itself (image pull,
+        invalid image, container config such as a missing Secret) this long.
+    :param scheduling_timeout: seconds the job may wait for capacity (pods Unschedulable before it can start, a
+        suspended or Kueue-queued job) before the task fails as recoverable; default None: until
+        ``execution_timeout``. Pods of an elastic job beyond its minimum never count: it runs on what it got.
     :param on_finish_action: ``delete_succeeded`` (default), ``delete`` or ``keep`` the job once it ended.
     """
 
@@ -402,6 +425,7 @@ class TorchElasticOperator(BaseOperator):
         poll_interval: float = 10.0,
         pending_grace_seconds: float = 120.0,
         on_finish_action: str = "delete_succeeded",
+        scheduling_timeout: float | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -419,6 +443,7 @@ class TorchElasticOperator(BaseOperator):
             poll_interval=poll_interval,
             pending_grace_seconds=pending_grace_seconds,
             on_finish_action=on_finish_action,
+            scheduling_timeout=scheduling_timeout,
             dag_id=self.dag_id,
             task_id=self.task_id,
         )
@@ -435,6 +460,7 @@ class TorchElasticOperator(BaseOperator):
         self.deferrable = deferrable
         self.poll_interval = checked.poll_interval
         self.pending_grace_seconds = checked.pending_grace_seconds
+        self.scheduling_timeout = checked.scheduling_timeout
         self.on_finish_action = on_finish_action
         self.rendered_job: str | None = None
         self._local_run: LocalRun | None = None
@@ -580,6 +606,7 @@ class TorchElasticOperator(BaseOperator):
             pending_grace_seconds=self.pending_grace_seconds,
             deadline=self._deadline(context),
             finish_action=self.on_finish_action,
+            scheduling_timeout=self.scheduling_timeout,
         )
 
     def _resolve_deferrable(self) -> bool:
@@ -609,6 +636,7 @@ class TorchElasticOperator(BaseOperator):
         kube = SyncKube(hook.api_client)
         ref = self._submit(kube, ref, configmap, workload, context)
         self._job = ref
+        self._warn_if_it_may_queue_forever(workload)
         ti = context["ti"]
         ti.xcom_push(key=XCOM_JOB_NAME, value=ref.name)
         ti.xcom_push(key=XCOM_JOB_NAMESPACE, value=ref.namespace)
@@ -628,6 +656,19 @@ class TorchElasticOperator(BaseOperator):
         finally:
             self._job = None
         return self._result_of(ref, decision)
+
+    def _warn_if_it_may_queue_forever(self, workload: Mapping[str, Any]) -> None:
+        queue = queue_name(workload)
+        if not (queue or is_suspended(workload)) or self.scheduling_timeout or self.execution_timeout:
+            return
+        held = f"in Kueue LocalQueue {queue}" if queue else "suspended"
+        self.log.warning(
+            "%s %s is %s and this task sets neither scheduling_timeout nor execution_timeout: it waits for as "
+            "long as the queue holds the job, and a job that is never admitted keeps this task waiting forever",
+            workload.get("kind"),
+            workload.get("metadata", {}).get("name"),
+            held,
+        )
 
     def _submit(
         self, kube: SyncKube, ref: JobRef, configmap: dict[str, Any], workload: dict[str, Any], context: Context
@@ -721,6 +762,7 @@ class TorchElasticOperator(BaseOperator):
             pending_grace_seconds=self.pending_grace_seconds,
             deadline=self._deadline(context),
             finish_action=self.on_finish_action,
+            scheduling_timeout=self.scheduling_timeout,
         )
         # The trigger enforces the deadline (and deletes the job); Airflow's own timeout is only a backstop after it.
         backstop = None

@@ -37,12 +37,16 @@ __all__ = [
 FINISH_ACTIONS: Final = ("delete_succeeded", "delete", "keep")
 TRAINING_CONTAINER: Final = "pytorch"
 
-#: Container waiting reasons that will not resolve by themselves: fail fast instead of waiting for a timeout.
+#: Container waiting reasons that will not resolve by themselves: fail fast (after ``pending_grace_seconds``) instead
+#: of waiting for a timeout. Waiting for capacity is not among them: that is bounded by ``scheduling_timeout``.
 STUCK_WAITING_REASONS: Final = frozenset(
     {"ImagePullBackOff", "ErrImagePull", "InvalidImageName", "CreateContainerConfigError", "CreateContainerError"}
 )
-#: Of those, the ones where a retry could help (capacity may free up); a wrong image or config will not.
-_RECOVERABLE_STUCK_REASONS: Final = frozenset({"Unschedulable"})
+#: ``PodScheduled=False`` reasons that mean "waiting for capacity": no node fits yet (an autoscaler may add one), or
+#: a queue (Kueue's pod integration) holds the pod back with a scheduling gate until it is admitted.
+CAPACITY_REASONS: Final = frozenset({"Unschedulable", "SchedulingGated"})
+#: The label that puts a job (or a pod) in a Kueue LocalQueue.
+KUEUE_QUEUE_LABEL: Final = "kueue.x-k8s.io/queue-name"
 
 
 class Phase(str, Enum):
@@ -80,6 +84,9 @@ class WaitPolicy:
     deadline: float | None = None
     #: What the wait does with the job once it ended: one of :data:`FINISH_ACTIONS`.
     finish_action: str = "delete_succeeded"
+    #: Seconds a job may wait for capacity (pods Unschedulable before the job can start, a suspended or queued job)
+    #: before the task fails as recoverable; None: as long as the deadline allows.
+    scheduling_timeout: float | None = None
 
     def __post_init__(self) -> None:
         if self.finish_action not in FINISH_ACTIONS:
@@ -175,18 +182,57 @@ def pod_report(pod: Mapping[str, Any]) -> NodeReport | None:
 
 
 def _stuck_reason(pod: Mapping[str, Any]) -> tuple[str, str] | None:
-    """(reason, message) if the pod waits on something that will not fix itself."""
+    """(reason, message) if the pod waits on something that will not fix itself (a wrong image, a missing Secret)."""
     status = pod.get("status", {})
     if status.get("phase") not in (None, "Pending"):
         return None
-    for condition in status.get("conditions") or []:
-        if condition.get("type") == "PodScheduled" and condition.get("reason") == "Unschedulable":
-            return "Unschedulable", condition.get("message", "")
     for container in (status.get("initContainerStatuses") or []) + (status.get("containerStatuses") or []):
         waiting = container.get("state", {}).get("waiting") or {}
         if waiting.get("reason") in STUCK_WAITING_REASONS:
             return waiting["reason"], waiting.get("message", "")
     return None
+
+
+@dataclass(frozen=True, kw_only=True)
+class CapacityWait:
+    """A pod that waits for capacity: not scheduled yet because no node fits, or held back by a queue."""
+
+    pod: str
+    reason: str
+    message: str
+    #: Unix time since when it waits.
+    since: float
+
+
+def capacity_wait(pod: Mapping[str, Any], default_since: float) -> CapacityWait | None:
+    status = pod.get("status", {})
+    if status.get("phase") not in (None, "Pending"):
+        return None
+    for condition in status.get("conditions") or []:
+        if (
+            condition.get("type") == "PodScheduled"
+            and condition.get("status") != "True"
+            and condition.get("reason") in CAPACITY_REASONS
+        ):
+            metadata = pod.get("metadata", {})
+            since = parse_time(metadata.get("creationTimestamp")) or default_since
+            return CapacityWait(
+                pod=metadata.get("name", "?"),
+                reason=condition["reason"],
+                message=condition.get("message", ""),
+                since=since,
+            )
+    return None
+
+
+def queue_name(job: Mapping[str, Any]) -> str | None:
+    """The Kueue LocalQueue a job (or pod) was submitted to, if any."""
+    return (job.get("metadata", {}).get("labels") or {}).get(KUEUE_QUEUE_LABEL)
+
+
+def is_suspended(job: Mapping[str, Any]) -> bool:
+    """Whether the job is held back (created suspended for a queue, or preempted): ``spec.runPolicy.suspend``."""
+    return bool((job.get("spec", {}).get("runPolicy") or {}).get("suspend")) or _condition(job, "Suspended") is not None
 
 
 def _condition(job: Mapping[str, Any], kind: str) -> Mapping[str, Any] | None:
@@ -245,16 +291,23 @@ class _Observed:
     def running(self) -> int:
         return sum(1 for pod in self.pods if pod.get("status", {}).get("phase") == "Running")
 
+    @property
+    def waiting_for_capacity(self) -> list[CapacityWait]:
+        return [wait for pod in self.pods if (wait := capacity_wait(pod, self.created)) is not None]
+
     def progress(self, state: str) -> str:
         elapsed = _format_elapsed(self.now - self.created)
-        return f"{self.ref.kind} {self.ref.name}: {state}; pods running {self.running}/{self.total}{_ELAPSED}{elapsed}"
+        waiting = len(self.waiting_for_capacity)
+        capacity = f", {waiting} waiting for capacity" if waiting else ""
+        pods = f"pods running {self.running}/{self.total}{capacity}"
+        return f"{self.ref.kind} {self.ref.name}: {state}; {pods}{_ELAPSED}{elapsed}"
 
     def reports(self) -> list[NodeReport]:
         return [report for pod in self.pods if (report := pod_report(pod)) is not None]
 
 
 def _stuck_decision(seen: _Observed, policy: WaitPolicy) -> WaitDecision | None:
-    """Stuck pods fail fast, with Kubernetes' own words."""
+    """Pods stuck on something that never resolves by itself fail fast, with Kubernetes' own words."""
     for pod in seen.pods:
         stuck = _stuck_reason(pod)
         if stuck is None:
@@ -268,13 +321,36 @@ def _stuck_decision(seen: _Observed, policy: WaitPolicy) -> WaitDecision | None:
                 progress=seen.progress(f"failed ({reason})"),
                 verdict=Verdict(
                     succeeded=False,
-                    recoverable=reason in _RECOVERABLE_STUCK_REASONS,
+                    recoverable=False,
                     node=name,
                     detail=f"pod {name} stuck in {reason} for more than {policy.pending_grace_seconds:.0f} s: "
                     f"{message}".rstrip(": "),
                 ),
             )
     return None
+
+
+def _out_of_patience(seen: _Observed, policy: WaitPolicy, since: float, what: str, node: str | None) -> WaitDecision:
+    """The decision while waiting for capacity: pending, or failed (recoverable) once scheduling_timeout passed."""
+    waited = seen.now - since
+    if policy.scheduling_timeout is not None and waited >= policy.scheduling_timeout:
+        return WaitDecision(
+            phase=Phase.FAILED,
+            progress=seen.progress(f"failed (waited {waited:.0f} s for capacity)"),
+            verdict=Verdict(
+                succeeded=False,
+                recoverable=True,
+                node=node,
+                detail=f"waited {waited:.0f} s for capacity, longer than scheduling_timeout="
+                f"{policy.scheduling_timeout:g}: {what}; capacity may free up, so a retry may help",
+            ),
+        )
+    return WaitDecision(phase=Phase.PENDING, progress=seen.progress(f"waiting for capacity: {what}"))
+
+
+def _describe(wait: CapacityWait) -> str:
+    gated = " (held by a queue until admitted)" if wait.reason == "SchedulingGated" else ""
+    return f"pod {wait.pod} is {wait.reason}{gated}: {wait.message}".rstrip(": ")
 
 
 def pod_finished(pod: Mapping[str, Any]) -> bool:
@@ -295,11 +371,21 @@ def decide_pod(ref: JobRef, snapshot: Snapshot, policy: WaitPolicy) -> WaitDecis
         reports = seen.reports()
         verdict = decide_run(reports) if reports else Verdict(succeeded=False, detail=f"pod ended {phase}")
         return WaitDecision(phase=_phase_of(verdict), progress=seen.progress(phase), verdict=verdict)
+    waits = seen.waiting_for_capacity
+    if waits:
+        return _out_of_patience(seen, policy, waits[0].since, _describe(waits[0]), waits[0].pod)
     return WaitDecision(phase=Phase.RUNNING if phase == "Running" else Phase.PENDING, progress=seen.progress(phase))
 
 
 def pytorchjob_finished(job: Mapping[str, Any]) -> bool:
     return _condition(job, "Succeeded") is not None or _condition(job, "Failed") is not None
+
+
+def _min_nodes(job: Mapping[str, Any], total: int) -> int:
+    """How many pods the job needs running to make progress: elastic ``minReplicas``, else all of them."""
+    elastic = job.get("spec", {}).get("elasticPolicy") or {}
+    minimum = elastic.get("minReplicas")
+    return int(minimum) if isinstance(minimum, int) and 0 < minimum <= total else total
 
 
 def decide_pytorchjob(ref: JobRef, snapshot: Snapshot, policy: WaitPolicy) -> WaitDecision:
@@ -326,18 +412,36 @@ def decide_pytorchjob(ref: JobRef, snapshot: Snapshot, policy: WaitPolicy) -> Wa
 
     if _condition(job, "Succeeded") is not None:
         # An elastic PyTorchJob is Succeeded as soon as *one* worker succeeds; rank 0 may be on another pod that
-        # is still at its exit barrier. Wait for the pod that reports rank 0's result.
+        # is still at its exit barrier. Wait for the pod that reports rank 0's result. Pods that never got
+        # capacity (an elastic job that ran on fewer nodes) will not end: they are not waited for.
         holders = [r for r in reports if r.outcome is not None and r.outcome.holds_rank0]
-        ended = len(reports) >= len(seen.pods)
-        if holders or ended:
+        started = len(seen.pods) - len(seen.waiting_for_capacity)
+        if holders or len(reports) >= started:
             verdict = decide_run(reports)
             return WaitDecision(phase=_phase_of(verdict), progress=seen.progress("Succeeded"), verdict=verdict)
         return WaitDecision(phase=Phase.RUNNING, progress=seen.progress("Succeeded, waiting for rank 0's pod"))
 
-    for state in ("Restarting", "Running", "Suspended"):
+    queue = queue_name(job)
+    if is_suspended(job):
+        # Queued (created suspended, e.g. by Kueue) or preempted (suspended while running; its pods are deleted and
+        # come back when it is resumed): waiting for capacity, not a failure.
+        suspended = _condition(job, "Suspended")
+        since = parse_time(suspended.get("lastTransitionTime")) if suspended else None
+        what = f"{ref.kind} {ref.name} is suspended" + (f" (queued in Kueue LocalQueue {queue})" if queue else "")
+        return _out_of_patience(seen, policy, since or seen.created, what, None)
+
+    waits = seen.waiting_for_capacity
+    if waits and seen.running < _min_nodes(job, seen.total):
+        # The job cannot start (or go on) without these pods: waiting for capacity, bounded by scheduling_timeout.
+        first = min(waits, key=lambda wait: wait.since)
+        return _out_of_patience(seen, policy, first.since, _describe(first), first.pod)
+    # Enough pods run (elastic partial capacity: the rest may join later, or never): the job makes progress.
+    for state in ("Restarting", "Running"):
         if _condition(job, state) is not None:
             return WaitDecision(phase=Phase.RUNNING if seen.running else Phase.PENDING, progress=seen.progress(state))
     created = "Created" if _condition(job, "Created") else "Pending"
+    if queue:
+        created += f" (Kueue LocalQueue {queue})"
     return WaitDecision(phase=Phase.PENDING, progress=seen.progress(created))
 
 

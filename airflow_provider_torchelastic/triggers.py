@@ -45,6 +45,8 @@ class WatchArgs:
     deadline: float | None = None
     #: What the trigger does with the job once it ended (``on_finish_action``).
     finish_action: str = "delete_succeeded"
+    #: Seconds the job may wait for capacity (``scheduling_timeout``); None: until the deadline.
+    scheduling_timeout: float | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     @property
@@ -59,6 +61,7 @@ class WatchArgs:
             log_pods=self.log_pods,
             deadline=self.deadline,
             finish_action=self.finish_action,
+            scheduling_timeout=self.scheduling_timeout,
         )
 
 

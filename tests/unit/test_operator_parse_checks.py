@@ -75,6 +75,8 @@ def images(op: TorchElasticOperator) -> set[str]:
             ValueError,
             r"^pending_grace_seconds: expected a number of seconds >= 0, got nan$",
         ),
+        ({"scheduling_timeout": True}, TypeError, r"^scheduling_timeout: expected a number of seconds > 0, got True$"),
+        ({"scheduling_timeout": 0}, ValueError, r"^scheduling_timeout: expected a number of seconds > 0, got 0$"),
         ({"deferrable": "yes"}, TypeError, r"^deferrable: expected True, False or None.*, got 'yes'$"),
         ({"namespace": "ML team"}, ValueError, r"^namespace: expected a namespace name .*, got 'ML team'$"),
         ({"kubernetes_conn_id": 3}, TypeError, r"^kubernetes_conn_id: expected a connection id .*, got 3$"),
@@ -90,8 +92,9 @@ def test_bad_arguments_fail_at_parse_time(kwargs: dict[str, Any], exc: type[Exce
 
 
 def test_good_seconds_are_kept_as_floats() -> None:
-    op = make(image=IMAGE, poll_interval=2, pending_grace_seconds=0)
-    assert (op.poll_interval, op.pending_grace_seconds) == (2.0, 0.0)
+    op = make(image=IMAGE, poll_interval=2, pending_grace_seconds=0, scheduling_timeout=600)
+    assert (op.poll_interval, op.pending_grace_seconds, op.scheduling_timeout) == (2.0, 0.0, 600.0)
+    assert make(image=IMAGE).scheduling_timeout is None, "default: wait for capacity until execution_timeout"
 
 
 def test_check_arguments_defaults_match_the_constructor() -> None:

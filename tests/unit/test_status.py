@@ -153,11 +153,88 @@ def test_stuck_pod_fails_fast_after_the_grace_only(waiting: str) -> None:
     assert waiting in late.verdict.detail and "w0" in late.verdict.detail and not late.verdict.recoverable
 
 
-def test_unschedulable_fails_fast_with_kubernetes_message_and_may_retry() -> None:
+def test_unschedulable_is_waiting_for_capacity_bounded_by_scheduling_timeout_not_the_grace() -> None:
     pod = make_pod("train-abc", unschedulable=True)
-    d = decide(POD, Snapshot(job=pod, now=T0 + 61), POLICY)
+    long_after_grace = decide(POD, Snapshot(job=pod, now=T0 + 3600), POLICY)
+    assert long_after_grace.phase is Phase.PENDING and long_after_grace.verdict is None
+    assert "waiting for capacity: pod train-abc is Unschedulable" in long_after_grace.progress
+    policy = WaitPolicy(poll_interval=5, pending_grace_seconds=60, scheduling_timeout=600)
+    assert decide(POD, Snapshot(job=pod, now=T0 + 599), policy).phase is Phase.PENDING
+    d = decide(POD, Snapshot(job=pod, now=T0 + 601), policy)
     assert d.phase is Phase.FAILED and d.verdict is not None and d.verdict.recoverable
-    assert "Insufficient nvidia.com/gpu" in d.verdict.detail
+    assert "scheduling_timeout=600" in d.verdict.detail and "Insufficient nvidia.com/gpu" in d.verdict.detail
+    assert d.verdict.node == "train-abc"
+
+
+def elastic_job(minimum: int, maximum: int, *conditions: str) -> dict[str, Any]:
+    job = make_job(*conditions, replicas={"Worker": maximum})
+    job["spec"]["elasticPolicy"] = {"minReplicas": minimum, "maxReplicas": maximum}
+    return job
+
+
+def test_elastic_job_runs_on_partial_capacity_and_says_how_many_pods_wait() -> None:
+    policy = WaitPolicy(scheduling_timeout=30)
+    pods = [make_pod("w0"), make_pod("w1"), make_pod("w2", unschedulable=True), make_pod("w3", unschedulable=True)]
+    d = decide(JOB, Snapshot(job=elastic_job(2, 4, "Created", "Running"), pods=pods, now=T0 + 3600), policy)
+    assert d.phase is Phase.RUNNING and d.verdict is None
+    assert "pods running 2/4, 2 waiting for capacity" in d.progress
+    # It ends on what it got: rank 0's holder reports, the pods that never got capacity are not waited for.
+    pods[:2] = [
+        make_pod("w0", "Succeeded", exit_code=0, message=encode_success(None)),
+        make_pod("w1", "Succeeded", exit_code=0, message=encode_success('{"nodes": 2}')),
+    ]
+    d = decide(JOB, Snapshot(job=elastic_job(2, 4, "Running", "Succeeded"), pods=pods, now=T0 + 3700), policy)
+    assert d.phase is Phase.SUCCEEDED and d.verdict is not None and d.verdict.result == {"nodes": 2}
+
+
+def test_elastic_job_below_its_minimum_waits_for_capacity_until_scheduling_timeout() -> None:
+    policy = WaitPolicy(scheduling_timeout=300)
+    pods = [make_pod("w0"), make_pod("w1", unschedulable=True), make_pod("w2", unschedulable=True)]
+    job = elastic_job(2, 3, "Created", "Running")
+    early = decide(JOB, Snapshot(job=job, pods=pods, now=T0 + 200), policy)
+    assert early.phase is Phase.PENDING and "waiting for capacity: pod w1 is Unschedulable" in early.progress
+    late = decide(JOB, Snapshot(job=job, pods=pods, now=T0 + 301), policy)
+    assert late.phase is Phase.FAILED and late.verdict is not None and late.verdict.recoverable
+    assert late.verdict.node == "w1" and "scheduling_timeout=300" in late.verdict.detail
+
+
+def test_a_fixed_size_job_needs_all_its_pods() -> None:
+    pods = [make_pod("m0"), make_pod("w0", unschedulable=True)]
+    job = make_job("Created", "Running", replicas={"Master": 1, "Worker": 1})
+    d = decide(JOB, Snapshot(job=job, pods=pods, now=T0 + 50), WaitPolicy(scheduling_timeout=40))
+    assert d.phase is Phase.FAILED and d.verdict is not None and d.verdict.node == "w0"
+
+
+def queued_job(*conditions: str, since: str = STAMP0) -> dict[str, Any]:
+    job = make_job(*conditions)
+    job["metadata"]["labels"] = {"kueue.x-k8s.io/queue-name": "gpu-queue"}
+    job["spec"]["runPolicy"] = {"suspend": True}
+    for condition in job["status"]["conditions"]:
+        condition["lastTransitionTime"] = since
+    return job
+
+
+def test_a_suspended_job_waits_as_queued_until_scheduling_timeout() -> None:
+    job = queued_job("Created", "Suspended")
+    d = decide(JOB, Snapshot(job=job, now=T0 + 7200), POLICY)
+    assert d.phase is Phase.PENDING and "queued in Kueue LocalQueue gpu-queue" in d.progress
+    d = decide(JOB, Snapshot(job=job, now=T0 + 61), WaitPolicy(scheduling_timeout=60))
+    assert d.phase is Phase.FAILED and d.verdict is not None and d.verdict.recoverable
+    assert "is suspended (queued in Kueue LocalQueue gpu-queue)" in d.verdict.detail
+
+
+def test_preemption_is_not_a_failure_and_the_resumed_run_decides() -> None:
+    policy = WaitPolicy(scheduling_timeout=600)
+    running = decide(JOB, Snapshot(job=make_job("Created", "Running"), pods=[make_pod("w0"), make_pod("w1")]), policy)
+    assert running.phase is Phase.RUNNING
+    # Preempted 10 minutes in: suspended, pods deleted. The timeout counts from the suspension, not the creation.
+    preempted = queued_job("Created", "Suspended", since="2027-01-15T08:10:00Z")
+    d = decide(JOB, Snapshot(job=preempted, pods=[], now=T0 + 900), policy)
+    assert d.phase is Phase.PENDING and d.verdict is None
+    resumed = make_job("Created", "Running", "Succeeded")
+    pods = [make_pod("w0", "Succeeded", exit_code=0, message=encode_success('"second run"')), make_pod("w1")]
+    d = decide(JOB, Snapshot(job=resumed, pods=pods, now=T0 + 1500), policy)
+    assert d.phase is Phase.SUCCEEDED and d.verdict is not None and d.verdict.result == "second run"
 
 
 def test_deadline_failure_names_the_deadline() -> None:
