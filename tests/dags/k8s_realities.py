@@ -116,3 +116,17 @@ with _dag("k8s_partial_capacity"):
         ),
         **FAST,
     )
+
+# A PyTorchJob whose worker pods never fit (no GPU node): recoverable after scheduling_timeout, naming a pod.
+with _dag("k8s_job_unschedulable"):
+    TorchElasticOperator(
+        task_id="train",
+        python_callable=started_at,
+        op_kwargs={"seconds": 0},
+        task_config=elastic(nnodes=2),
+        deferrable=True,
+        pending_grace_seconds=1,
+        scheduling_timeout=4,
+        pod_options=PodOptions(annotations={"sim.torchelastic.dev/fail": "Unschedulable"}),
+        **FAST,
+    )

@@ -80,6 +80,18 @@ def test_unschedulable_waits_for_capacity_past_the_grace_until_scheduling_timeou
     assert "waiting for capacity: pod " in "".join(capfd.readouterr()), "the task log says what it waits for"
 
 
+def test_a_pytorchjob_that_cannot_be_scheduled_fails_as_recoverable_after_scheduling_timeout(
+    cluster: Cluster, failure_dir: Path
+) -> None:
+    result = run_dag("k8s_job_unschedulable")
+    assert result.state == "failed", result
+    error = (failure_dir / "k8s_job_unschedulable.train.try1.txt").read_text()
+    assert error.startswith("airflow_provider_torchelastic.operators.TrainingRecoverableError: "), error
+    name = result.xcom(key="job_name")
+    assert f"pod {name}-worker-" in error and "is Unschedulable" in error, error
+    assert "longer than scheduling_timeout=4" in error, error
+
+
 def test_a_queued_job_waits_until_admitted_then_runs(cluster: Cluster, capfd: pytest.CaptureFixture[str]) -> None:
     def admit_later() -> None:
         jobs = wait_for(lambda: cluster.workloads("k8s_queued")[0], 60, "the PyTorchJob")
