@@ -84,6 +84,14 @@ Failure injection (pod annotations; a PyTorchJob replica template's annotations 
 ``sim.torchelastic.dev/fail-times=N``: inject ``fail``/``evict-after-seconds`` only the first N times for this
     namespace/pod name (each container start for OOMKilled, each pod otherwise). A recreated pod keeps its name, so
     this gives "fails once, then succeeds after the operator's restart".
+``sim.torchelastic.dev/fail-times-scope=<label key>``: count ``fail-times`` per value of that pod label (and per
+    ``training.kubeflow.org/replica-type``/``replica-index``) instead of per pod name, so that a *new* job, whose pods
+    have new names, shares the count: with ``torchelastic.airflow.apache.org/run-id`` a replica fails on the first
+    try of a DAG run and not on its retry (a retry submits a new PyTorchJob).
+``sim.torchelastic.dev/fail-indexes="1,3"``: aim the pod's faults at some replicas of its type: every annotation
+    above (``fail``, ``evict-after-seconds``, ``start-delay-seconds`` and their modifiers) applies only to pods
+    whose label ``training.kubeflow.org/replica-index`` is listed; the others of the same replica template run
+    without faults. A pod without that label (a bare Pod) is never targeted. Entries that are not ints are ignored.
 
 RBAC this identity needs: pods get/list/watch/patch/delete, pods/status patch, pods/binding create, nodes
 create/patch, nodes/status patch, configmaps/secrets/services get, events create.
@@ -133,7 +141,12 @@ ANN_FAIL_CONTAINER = "sim.torchelastic.dev/fail-container"
 ANN_FAIL_TIMES = "sim.torchelastic.dev/fail-times"
 ANN_EVICT_AFTER = "sim.torchelastic.dev/evict-after-seconds"
 ANN_START_DELAY = "sim.torchelastic.dev/start-delay-seconds"
+ANN_FAIL_INDEXES = "sim.torchelastic.dev/fail-indexes"
+ANN_FAIL_TIMES_SCOPE = "sim.torchelastic.dev/fail-times-scope"
 FAULTS = ("ImagePullBackOff", "ErrImagePull", "Unschedulable", "CreateContainerConfigError", "OOMKilled")
+# What the training operator puts on every pod of a PyTorchJob (``replica_labels`` in sim_operator).
+LABEL_REPLICA_TYPE = "training.kubeflow.org/replica-type"
+LABEL_REPLICA_INDEX = "training.kubeflow.org/replica-index"
 
 DEFAULT_TERMINATION_PATH = "/dev/termination-log"
 MAX_TERMINATION_MESSAGE = 4096
@@ -207,6 +220,46 @@ def parse_float(value: str | None, default: float | None = None) -> float | None
     except ValueError:
         log.warning("ignoring non-numeric annotation value %r", value)
         return default
+
+
+def parse_indexes(value: str) -> frozenset[int]:
+    """``"1, 3"`` -> {1, 3}; entries that are not non-negative ints are ignored with a warning."""
+    indexes: set[int] = set()
+    for item in value.split(","):
+        item = item.strip()
+        if item.isdigit():
+            indexes.add(int(item))
+        elif item:
+            log.warning("ignoring %s entry %r (expected a replica index)", ANN_FAIL_INDEXES, item)
+    return frozenset(indexes)
+
+
+def faults_target(meta: dict[str, Any]) -> bool:
+    """Whether this pod's injected faults apply to it: always, unless ``fail-indexes`` lists replica indexes and the
+    pod's ``training.kubeflow.org/replica-index`` label is not among them (a pod without that label never is)."""
+    wanted = (meta.get("annotations") or {}).get(ANN_FAIL_INDEXES)
+    if wanted is None:
+        return True
+    index = (meta.get("labels") or {}).get(LABEL_REPLICA_INDEX, "")
+    return index.isdigit() and int(index) in parse_indexes(wanted)
+
+
+def fault_budget_key(meta: dict[str, Any], kind: str) -> tuple[str, ...]:
+    """What ``fail-times`` counts per: the pod name; with ``fail-times-scope: <label key>``, that label's value and
+    the replica type and index, so that the pods of a new job (new names) share the count with the old job's."""
+    scope = (meta.get("annotations") or {}).get(ANN_FAIL_TIMES_SCOPE)
+    if not scope:
+        return (meta["namespace"], "pod", meta["name"], kind)
+    labels = meta.get("labels") or {}
+    return (
+        meta["namespace"],
+        "scope",
+        scope,
+        labels.get(scope, ""),
+        labels.get(LABEL_REPLICA_TYPE, ""),
+        labels.get(LABEL_REPLICA_INDEX, ""),
+        kind,
+    )
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -698,7 +751,8 @@ class PodRunner:
         self.stop_requested = False
         self.evict_deadline: float | None = None
         self.finished = threading.Event()
-        annotations = meta.get("annotations") or {}
+        # ``fail-indexes`` aims a replica template's faults at some of its pods: the others get none.
+        annotations = (meta.get("annotations") or {}) if faults_target(meta) else {}
         self.fault = annotations.get(ANN_FAIL)
         if self.fault and self.fault not in FAULTS:
             log.warning("pod %s/%s: unknown %s=%r ignored", self.ns, self.name, ANN_FAIL, self.fault)
@@ -1509,7 +1563,7 @@ class Kubelet:
         self._lock = threading.RLock()
         self._pods: dict[tuple[str, str], dict[str, Any]] = {}  # every pod of the cluster, for name lookups
         self._runners: dict[tuple[str, str], PodRunner] = {}
-        self._fault_counts: dict[tuple[str, str, str], int] = {}
+        self._fault_counts: dict[tuple[str, ...], int] = {}
         self._pgid_lock = threading.Lock()
         self._binary_keys: dict[tuple[str, str, str], set[str]] = {}  # binaryData keys of the last read source
         self._name_cache: dict[tuple[str, str], tuple[bool, float]] = {}  # (exists, valid until)
@@ -1653,7 +1707,7 @@ class Kubelet:
         limit = parse_float((meta.get("annotations") or {}).get(ANN_FAIL_TIMES))
         if limit is None:
             return True
-        key = (meta["namespace"], meta["name"], kind)
+        key = fault_budget_key(meta, kind)
         with self._lock:
             used = self._fault_counts.get(key, 0)
             if used >= limit:

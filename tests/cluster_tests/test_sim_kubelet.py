@@ -818,6 +818,78 @@ def test_fail_times_limits_injection_per_pod_name(pods: Pods) -> None:
     assert (cs["lastState"]["terminated"]["exitCode"], cs["lastState"]["terminated"]["reason"]) == (137, "OOMKilled")
 
 
+def replica_pod(name: str, index: int | None, annotations: dict[str, str], command: list[str]) -> dict[str, Any]:
+    """A bare pod labelled like replica ``index`` of a PyTorchJob's Worker (no label when None)."""
+    manifest = pod_manifest(name, [container(command)], annotations=annotations)
+    if index is not None:
+        manifest["metadata"]["labels"].update({sk.LABEL_REPLICA_TYPE: "worker", sk.LABEL_REPLICA_INDEX: str(index)})
+    return manifest
+
+
+@pytest.mark.cluster
+def test_fail_indexes_aims_faults_at_listed_replicas(pods: Pods) -> None:
+    annotations = {sk.ANN_FAIL: "OOMKilled", sk.ANN_FAIL_AFTER: "0.3", sk.ANN_FAIL_INDEXES: "1, 3"}
+    script = [PY, "-c", "import time; time.sleep(1.5); print('done', flush=True)"]
+    names = {index: pods.create(replica_pod(unique(f"idx{index}"), index, annotations, script)) for index in (0, 1, 2)}
+    unlabelled = pods.create(replica_pod(unique("nolabel"), None, annotations, script))
+    for index, name in names.items():
+        status = pods.wait_phase(name, ("Succeeded", "Failed"), timeout=40)
+        term = status["containerStatuses"][0]["state"]["terminated"]
+        if index == 1:
+            assert (status["phase"], term["exitCode"], term["reason"]) == ("Failed", 137, "OOMKilled"), index
+        else:
+            assert (status["phase"], term["exitCode"], term["reason"]) == ("Succeeded", 0, "Completed"), index
+    assert pods.wait_phase(unlabelled, ("Succeeded", "Failed"), timeout=40)["phase"] == "Succeeded"
+
+
+@pytest.mark.cluster
+def test_fail_indexes_also_aims_eviction_and_start_delay(pods: Pods) -> None:
+    annotations = {sk.ANN_EVICT_AFTER: "0.5", sk.ANN_START_DELAY: "3", sk.ANN_FAIL_INDEXES: "0"}
+    script = [PY, "-c", "import time; time.sleep(2)"]
+    hit = pods.create(replica_pod(unique("evict0"), 0, annotations, script))
+    spared = pods.create(replica_pod(unique("evict1"), 1, annotations, script))
+    # The spared pod neither waits nor is evicted: it runs at once.
+    wait_for(lambda: pods.phase(spared) == "Running" and pods.phase(hit) == "Pending", 15, "only index 0 delayed")
+    assert pods.wait_phase(hit, ("Failed",), timeout=30)["reason"] == "Evicted"
+    assert pods.wait_phase(spared, ("Succeeded", "Failed"), timeout=30)["phase"] == "Succeeded"
+
+
+@pytest.mark.cluster
+def test_fail_times_scope_counts_across_pod_names(pods: Pods) -> None:
+    """A retried task submits a new job: same run label and replica index, new pod names; it fails only once."""
+    run = unique("run")
+    annotations = {
+        sk.ANN_FAIL: "OOMKilled",
+        sk.ANN_FAIL_AFTER: "0.3",
+        sk.ANN_FAIL_TIMES: "1",
+        sk.ANN_FAIL_TIMES_SCOPE: "example.com/run",
+        sk.ANN_FAIL_INDEXES: "1",
+    }
+    script = [PY, "-c", "import time; time.sleep(1.0)"]
+    phases = []
+    for attempt in (1, 2):
+        manifest = replica_pod(unique(f"try{attempt}"), 1, annotations, script)
+        manifest["metadata"]["labels"]["example.com/run"] = run
+        phases.append(pods.wait_phase(pods.create(manifest), ("Succeeded", "Failed"), timeout=40)["phase"])
+    assert phases == ["Failed", "Succeeded"]
+
+
+def test_fault_targeting_rules() -> None:
+    assert sk.parse_indexes(" 1,3 ,x,-2,") == frozenset({1, 3})
+
+    def meta(annotations: dict[str, str], labels: dict[str, str]) -> dict[str, Any]:
+        return {"name": "job-worker-1", "namespace": "ns", "annotations": annotations, "labels": labels}
+
+    index1 = {sk.LABEL_REPLICA_TYPE: "worker", sk.LABEL_REPLICA_INDEX: "1"}
+    assert sk.faults_target(meta({}, {}))
+    assert sk.faults_target(meta({sk.ANN_FAIL_INDEXES: "0,1"}, index1))
+    assert not sk.faults_target(meta({sk.ANN_FAIL_INDEXES: "0,2"}, index1))
+    assert not sk.faults_target(meta({sk.ANN_FAIL_INDEXES: "0"}, {}))
+    assert sk.fault_budget_key(meta({}, index1), "fail") == ("ns", "pod", "job-worker-1", "fail")
+    scoped = meta({sk.ANN_FAIL_TIMES_SCOPE: "run"}, {**index1, "run": "r1"})
+    assert sk.fault_budget_key(scoped, "evict") == ("ns", "scope", "run", "r1", "worker", "1", "evict")
+
+
 def test_workdir_paths_are_documented() -> None:
     doc = sk.__doc__ or ""
     for key in (
@@ -825,6 +897,8 @@ def test_workdir_paths_are_documented() -> None:
         sk.ANN_FAIL_AFTER,
         sk.ANN_FAIL_CONTAINER,
         sk.ANN_FAIL_TIMES,
+        sk.ANN_FAIL_TIMES_SCOPE,
+        sk.ANN_FAIL_INDEXES,
         sk.ANN_EVICT_AFTER,
         sk.ANN_START_DELAY,
     ):

@@ -188,6 +188,23 @@ def test_elastic_env_and_template_metadata_are_kept() -> None:
     assert "initContainers" not in w0["spec"]
 
 
+def test_fail_indexes_reaches_only_the_listed_replicas_pods() -> None:
+    """The template's annotations land on every pod; its replica-index label is what the kubelet aims faults by."""
+    from tests.cluster import sim_kubelet as sk
+
+    annotations = {sk.ANN_FAIL: "OOMKilled", sk.ANN_FAIL_INDEXES: "1"}
+    j = so.apply_defaults(
+        job(master=replica(annotations=annotations), worker=replica(replicas=3, annotations=annotations))
+    )
+    targeted = {
+        so.render_pod(j, rtype, index)["metadata"]["name"]
+        for rtype, count in (("Master", 1), ("Worker", 3))
+        for index in range(count)
+        if sk.faults_target(so.render_pod(j, rtype, index)["metadata"])
+    }
+    assert targeted == {"train-worker-1"}  # the Master is index 0 of its own type
+
+
 def test_worker_only_env_and_service_render() -> None:
     j = so.apply_defaults(job(worker=replica(replicas=2)))
     assert env_of(so.render_pod(j, "Worker", 1)) == {
@@ -630,6 +647,34 @@ def test_never_policy_fails_the_job_on_oom(cluster: Cluster) -> None:
     status = cluster.wait_condition(name, "Failed", timeout=60)
     assert condition(status, "Failed")["message"] == f"PyTorchJob {name} is failed because 1 Master replica(s) failed."
     assert status["completionTime"]
+
+
+@pytest.mark.cluster
+def test_fail_indexes_oom_kills_only_the_listed_worker(cluster: Cluster) -> None:
+    name = unique("idx")
+    annotations = {
+        "sim.torchelastic.dev/fail": "OOMKilled",
+        "sim.torchelastic.dev/fail-after-seconds": "0.5",
+        "sim.torchelastic.dev/fail-indexes": "1",
+    }
+    command = ["python", "-c", "import time; time.sleep(2)"]
+    cluster.create_job(job(name, worker=replica(replicas=3, policy="Never", command=command, annotations=annotations)))
+    status = cluster.wait_condition(name, "Failed", timeout=60)
+    assert condition(status, "Failed")["message"] == f"PyTorchJob {name} is failed because 1 Worker replica(s) failed."
+
+    def ended() -> dict[str, dict[str, Any]] | None:
+        pods = {p["metadata"]["name"]: p["status"] for p in cluster.pods(name)}
+        return (
+            pods if len(pods) == 3 and all(s.get("phase") in ("Succeeded", "Failed") for s in pods.values()) else None
+        )
+
+    pods = wait_for(ended, 30, "all three workers to end")
+    outcome = {pod: (s["phase"], s["containerStatuses"][0]["state"]["terminated"]["reason"]) for pod, s in pods.items()}
+    assert outcome == {
+        f"{name}-worker-0": ("Succeeded", "Completed"),
+        f"{name}-worker-1": ("Failed", "OOMKilled"),
+        f"{name}-worker-2": ("Succeeded", "Completed"),
+    }
 
 
 @pytest.mark.cluster
