@@ -10,7 +10,7 @@ from __future__ import annotations
 import calendar
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from enum import Enum
 from typing import Any, Final
 
@@ -169,11 +169,13 @@ def pod_report(pod: Mapping[str, Any]) -> NodeReport | None:
     terminated = container.get("state", {}).get("terminated") or container.get("lastState", {}).get("terminated")
     name = pod.get("metadata", {}).get("name", "?")
     if terminated:
+        reason = terminated.get("reason", "") if terminated.get("reason") not in ("Error", "Completed") else ""
         return NodeReport(
             name=name,
             exit_code=terminated.get("exitCode"),
             outcome=decode_outcome(terminated.get("message")),
-            reason=terminated.get("reason", "") if terminated.get("reason") not in ("Error", "Completed") else "",
+            # An evicted pod's container ends with a plain "Error" (SIGTERM, 143): the pod's own reason says why.
+            reason=reason or (status.get("reason", "") if status.get("phase") == "Failed" else ""),
         )
     if status.get("phase") == "Failed":
         # Evicted or lost before the container ran to an exit code.
@@ -401,13 +403,21 @@ def decide_pytorchjob(ref: JobRef, snapshot: Snapshot, policy: WaitPolicy) -> Wa
 
     failed = _condition(job, "Failed")
     if failed is not None:
+        # The job fails as soon as one replica does; its peers end a moment later, and the earliest failure (the
+        # root cause) may be on a pod that has not ended yet. Give the pods that still run a moment to report.
+        failed_at = parse_time(failed.get("lastTransitionTime")) or seen.now
+        if seen.running and seen.now - failed_at < _FAILED_SETTLE_SECONDS:
+            return WaitDecision(phase=Phase.RUNNING, progress=seen.progress("Failed, waiting for its pods to report"))
         verdict = decide_run(reports)
+        by_condition = _failed_condition_verdict(job, failed)
         if verdict.failure is None:
             # No worker reported an exception: the job's own condition says why (deadline, backoff limit), and
             # pods stopped because of it (exit 143) are consequences, not causes.
-            by_condition = _failed_condition_verdict(job, failed)
             if verdict.succeeded or not verdict.node or by_condition.detail.startswith(_DEADLINE_PREFIX):
                 verdict = by_condition
+        elif _says_more(failed):
+            # The root cause, and what the training operator did about it (restarts up to the backoff limit).
+            verdict = replace(verdict, detail=f"{verdict.detail}; {by_condition.detail}")
         return WaitDecision(phase=Phase.FAILED, progress=seen.progress("Failed"), verdict=verdict)
 
     if _condition(job, "Succeeded") is not None:
@@ -450,6 +460,16 @@ def _phase_of(verdict: Verdict) -> Phase:
 
 
 _DEADLINE_PREFIX: Final = "the job ran longer than run_policy.active_deadline_seconds"
+
+
+#: How long a failed job's still-running pods may take to report before the verdict is taken without them.
+_FAILED_SETTLE_SECONDS: Final = 10.0
+
+
+def _says_more(condition: Mapping[str, Any]) -> bool:
+    """Whether a Failed condition tells more than "a replica failed": a backoff limit or a deadline was reached."""
+    message = str(condition.get("message", "")).lower()
+    return "backoff" in message or "deadline" in message
 
 
 def _failed_condition_verdict(job: Mapping[str, Any], condition: Mapping[str, Any]) -> Verdict:

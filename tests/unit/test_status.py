@@ -237,6 +237,38 @@ def test_preemption_is_not_a_failure_and_the_resumed_run_decides() -> None:
     assert d.phase is Phase.SUCCEEDED and d.verdict is not None and d.verdict.result == "second run"
 
 
+def test_an_evicted_pod_whose_container_ended_is_named_evicted() -> None:
+    pod = make_pod("w1", "Failed", exit_code=143, message="")
+    pod["status"]["reason"] = "Evicted"
+    d = decide(JOB, Snapshot(job=make_job("Failed"), pods=[pod], now=T0 + 20), POLICY)
+    assert d.verdict is not None and d.verdict.recoverable
+    assert "w1 exited with code 143 (Evicted)" in d.verdict.detail
+
+
+def test_a_backoff_limit_failure_gives_the_root_cause_and_the_limit() -> None:
+    message = "PyTorchJob train-abc has failed because it has reached the specified backoff limit"
+    pods = [make_pod("w0", "Failed", exit_code=1, message=failure(0, T0 + 3))]
+    d = decide(JOB, Snapshot(job=make_job("Failed", failed_message=message), pods=pods, now=T0 + 30), POLICY)
+    assert d.verdict is not None and d.verdict.node == "w0" and not d.verdict.recoverable
+    assert "ValueError: boom" in d.verdict.detail and "reached the specified backoff limit" in d.verdict.detail
+
+
+def test_a_failed_job_waits_briefly_for_peers_that_still_run_before_naming_the_root_cause() -> None:
+    job = make_job("Failed")
+    job["status"]["conditions"][0]["lastTransitionTime"] = STAMP0
+    # The master ended first with a consequence; worker-0, which failed first, has not ended yet.
+    pods = [make_pod("m0", "Failed", exit_code=1, message=failure(0, T0 + 0.5, exc="RuntimeError")), make_pod("w0")]
+    d = decide(JOB, Snapshot(job=job, pods=pods, now=T0 + 1), POLICY)
+    assert d.phase is Phase.RUNNING and d.verdict is None
+    pods[1] = make_pod("w0", "Failed", exit_code=1, message=failure(1, T0 + 0.2))
+    d = decide(JOB, Snapshot(job=job, pods=pods, now=T0 + 2), POLICY)
+    assert d.verdict is not None and d.verdict.node == "w0" and d.verdict.failure.rank == 1  # type: ignore[union-attr]
+    # A peer that never ends does not hold the verdict back for long.
+    stuck = [pods[0], make_pod("w0")]
+    d = decide(JOB, Snapshot(job=job, pods=stuck, now=T0 + 11), POLICY)
+    assert d.phase is Phase.FAILED and d.verdict is not None and d.verdict.node == "m0"
+
+
 def test_deadline_failure_names_the_deadline() -> None:
     job = make_job(
         "Failed",
