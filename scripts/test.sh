@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite: lint, types, then pytest (unit, contract, runner, local end to end, and the Kubernetes
 # layers against a real kube-apiserver whose pods run in the runner image's environment; this script builds both, or
-# reuses them from their cache, first).
+# reuses them from their cache, first; and a real Airflow deployment on Debian's PostgreSQL, installed if missing).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -17,6 +17,8 @@ if [ "${TORCHELASTIC_SKIP_CLUSTER:-0}" != "1" ]; then
   bash scripts/build-kube-apiserver.sh
   echo "==> runner env (the pods' Python: built like docker/Dockerfile, then cached)"
   bash scripts/build-runner-env.sh
+  echo "==> PostgreSQL (the Airflow deployment tests' metadata database: Debian's, installed once if missing)"
+  .venv/bin/python -m tests.airflow_services install-postgres
 fi
 
 echo "==> pytest"

@@ -1,0 +1,71 @@
+"""DAGs for tests/deployment: parsed by a real dag-processor, run by a real scheduler, LocalExecutor and triggerer
+(tests/airflow_services), on the local test cluster through the connection ``kubernetes_default``.
+
+No ``image=``: the deployment's ``[torch_elastic] image`` gives it, as in production. Training functions are defined
+here, so they travel by value in the payload (the pods have neither Airflow nor this repository). Keep them tiny and
+the polls short: two cores run Airflow, the simulated cluster and every pod.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+
+import pendulum
+from airflow.sdk import DAG, task
+
+from airflow_provider_torchelastic import Elastic, TorchElasticOperator
+
+START = pendulum.datetime(2026, 1, 1, tz="UTC")
+FAST = {"execution": "kubernetes", "poll_interval": 1, "pending_grace_seconds": 10, "deferrable": True}
+DEFAULT_ARGS = {"retries": 0, "execution_timeout": timedelta(minutes=4)}
+
+
+def one_worker(nnodes: int | str) -> Elastic:
+    return Elastic(nnodes=nnodes, nproc_per_node=1, monitor_interval=0.5)
+
+
+def sleep_then_return(seconds: float, value: str) -> dict:
+    import time
+
+    time.sleep(seconds)
+    return {"value": value, "rank": int(os.environ["RANK"])}
+
+
+# (a) An elastic 2-node PyTorchJob, waited for by the triggerer; rank 0's result becomes the XCom.
+with DAG("deploy_elastic", schedule=None, start_date=START, catchup=False, default_args=DEFAULT_ARGS):
+
+    @task.torch_elastic(task_config=one_worker("2:2"), **FAST)
+    def train(offset: float) -> dict:
+        import torch
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo")
+        value = torch.tensor([dist.get_rank() + offset])
+        dist.all_reduce(value)
+        result = {"rank": dist.get_rank(), "world_size": dist.get_world_size(), "sum": value.item()}
+        dist.destroy_process_group()
+        return result
+
+    train(1.0)
+
+# (b) Marked failed by a user while deferred: the triggerer's on_kill deletes the PyTorchJob.
+with DAG("deploy_mark_failed", schedule=None, start_date=START, catchup=False, default_args=DEFAULT_ARGS):
+    TorchElasticOperator(
+        task_id="train",
+        python_callable=sleep_then_return,
+        op_kwargs={"seconds": 300, "value": "never"},
+        task_config=one_worker("2:2"),
+        **FAST,
+    )
+
+# (c) The triggerer is killed while the job runs; kept, so that the test can count the try's jobs.
+with DAG("deploy_triggerer_restart", schedule=None, start_date=START, catchup=False, default_args=DEFAULT_ARGS):
+    TorchElasticOperator(
+        task_id="train",
+        python_callable=sleep_then_return,
+        op_kwargs={"seconds": 20, "value": "survived a killed triggerer"},
+        task_config=one_worker(1),
+        on_finish_action="keep",
+        **FAST,
+    )
