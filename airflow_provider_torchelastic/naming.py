@@ -53,8 +53,8 @@ ANNOTATION_RUN_ID: Final = f"{LABEL_PREFIX}/run-id"
 MAX_JOB_NAME_LENGTH: Final = 50
 _HASH_LENGTH: Final = 10  # 40 bits: collisions need ~10^6 live jobs with the same readable prefix
 _MAX_LABEL_VALUE: Final = 63
-_LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-_.A-Za-z0-9]{0,61}[A-Za-z0-9])?)?$")
-_DNS_1035 = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
+_LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-_.A-Za-z0-9]{0,61}[A-Za-z0-9])?)?\Z")
+_DNS_1035 = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?\Z")
 
 #: The run id used to render a task outside a run (``render_manifests(context=None)``).
 PLACEHOLDER_RUN_ID: Final = "manual__render"

@@ -149,3 +149,9 @@ def test_invalid_identity(kwargs: dict[str, object], exc: type[Exception], field
 )
 def test_reserved_keys(key: str, reserved: bool) -> None:
     assert is_reserved_key(key) is reserved
+
+
+def test_a_trailing_newline_is_not_a_valid_label_value() -> None:
+    # "$" matches before a final newline; a label value with one would be refused by the API server.
+    assert safe_label_value("manual__2026\n") != "manual__2026\n"
+    assert "\n" not in safe_label_value("manual__2026\n")
