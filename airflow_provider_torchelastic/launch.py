@@ -7,14 +7,46 @@ and local execution passes it per node process.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any, Final
 
 from airflow_provider_torchelastic.config import Elastic, PyTorch, TaskConfig
 from airflow_provider_torchelastic.outcome import TERMINATION_MESSAGE_LIMIT
 
 RUNNER_MODULE: Final = "airflow_provider_torchelastic.runner"
+
+#: Env defaults for the training processes, in every pod and in local execution, where torch's effective default
+#: lets a job on GPUs hang longer than it must when a peer is lost. Defaults only: a variable the user sets wins.
+#: Only NCCL variables, which the NCCL backend alone reads: gloo (CPU) jobs are unaffected.
+NCCL_ENV_DEFAULTS: Final[Mapping[str, str]] = MappingProxyType(
+    {
+        # What a collective timeout or NCCL error does. torch's own default is 3 (SkipCleanUp: end the process at
+        # once), but torchelastic's agent, which the runner is, gives its workers 1 (TearDown) when the variable is
+        # unset. 1 first calls ncclCommAbort, which can itself block on a lost peer; the worker then lingers until the
+        # heartbeat monitor kills it (TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC, 8 minutes) or, with monitoring turned off,
+        # forever. 3 restores torch's default, so the agent sees the failure as soon as the collective times out.
+        # The rest already prevents silent hangs with torch 2.13's defaults: the watchdog's heartbeat monitor is on
+        # (TORCH_NCCL_ENABLE_MONITORING=1, 480 s), wait() is non-blocking and left to the watchdog
+        # (TORCH_NCCL_BLOCKING_WAIT=0), and the flight recorder dumps on a timeout (TORCH_NCCL_DUMP_ON_TIMEOUT=1).
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING": "3",
+    }
+)
+#: The older names torch still reads for a variable (it prefers the first name when both are set): a user who set an
+#: older one has made the choice, and the default under the new name must not silently override it.
+_NCCL_ENV_ALIASES: Final[Mapping[str, tuple[str, ...]]] = MappingProxyType(
+    {"TORCH_NCCL_ASYNC_ERROR_HANDLING": ("NCCL_ASYNC_ERROR_HANDLING",)}
+)
+
+
+def nccl_env_defaults(present: Collection[str]) -> dict[str, str]:
+    """The :data:`NCCL_ENV_DEFAULTS` that no variable in ``present`` sets already, under its name or an older one."""
+    return {
+        name: value
+        for name, value in NCCL_ENV_DEFAULTS.items()
+        if name not in present and not any(alias in present for alias in _NCCL_ENV_ALIASES.get(name, ()))
+    }
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Final
 
-from airflow_provider_torchelastic.launch import LaunchSpec, runner_command
+from airflow_provider_torchelastic.launch import LaunchSpec, nccl_env_defaults, runner_command
 from airflow_provider_torchelastic.outcome import NodeOutcome, NodeReport, Verdict, decide_run, decode_outcome
 
 __all__ = ["LocalRun", "run_locally"]
@@ -47,6 +47,9 @@ def _free_port() -> int:
 def _clean_env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PET_") and k not in _INHERITED_RENDEZVOUS}
     env["PYTHONUNBUFFERED"] = "1"
+    # The same NCCL defaults as every pod, whether or not this machine has a GPU (finding out would import torch in
+    # the Airflow worker; gloo ignores them); a value in the worker's own environment wins.
+    env.update(nccl_env_defaults(env))
     return env
 
 

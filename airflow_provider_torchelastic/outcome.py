@@ -11,6 +11,8 @@ import json
 from dataclasses import asdict, dataclass
 from typing import Any, Final
 
+from airflow_provider_torchelastic.encoding import NAN, NEGATIVE_INFINITY, POSITIVE_INFINITY
+
 __all__ = [
     "NodeOutcome",
     "ResultTooLargeError",
@@ -56,7 +58,8 @@ class NodeOutcome:
     succeeded: bool
     #: True on the one node whose workers included global rank 0.
     holds_rank0: bool = False
-    #: Rank 0's return value, already decoded from JSON.
+    #: Rank 0's return value, already decoded from JSON: strict JSON values only, NaN and infinities as the strings
+    #: ``"NaN"``, ``"Infinity"``, ``"-Infinity"`` (:mod:`airflow_provider_torchelastic.encoding`).
     result: Any = None
     failure: WorkerFailure | None = None
 
@@ -115,12 +118,17 @@ def _trim_to_encoded_size(value: str, budget: int, *, keep_end: bool) -> str:
     return marker + value[len(value) - kept :] if keep_end else value[:kept] + marker
 
 
+#: A runner before strict encoding wrote Python's bare ``NaN``/``Infinity``; read them as the strings the runner writes
+#: now, so that what reaches XCom is strict JSON whichever image produced it.
+_NON_FINITE: Final[dict[str, str]] = {"NaN": NAN, "Infinity": POSITIVE_INFINITY, "-Infinity": NEGATIVE_INFINITY}
+
+
 def decode_outcome(text: str | bytes | None) -> NodeOutcome | None:
     """Parse a node's document; ``None`` for anything else (an empty file, a log tail, another program's output)."""
     if not text:
         return None
     try:
-        doc = json.loads(text)
+        doc = json.loads(text, parse_constant=_NON_FINITE.__getitem__)
     except ValueError:
         return None
     if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:

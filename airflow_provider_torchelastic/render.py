@@ -39,7 +39,7 @@ from enum import Enum
 from typing import Any, Final, TypeAlias
 
 from airflow_provider_torchelastic.config import Elastic, Master, TaskConfig, Worker, check_task_config
-from airflow_provider_torchelastic.launch import config_to_launch_spec, runner_command
+from airflow_provider_torchelastic.launch import config_to_launch_spec, nccl_env_defaults, runner_command
 from airflow_provider_torchelastic.naming import (
     RunIdentity,
     identity_annotations,
@@ -311,6 +311,11 @@ def _render_pod_template(settings: _PodSettings) -> JsonDict:
         _set(cwhere, container, "imagePullPolicy", options.image_pull_policy, "PodOptions.image_pull_policy")
 
     env = _merge_named(f"{cwhere}.env", container.get("env", []), options.env_vars, "name", "PodOptions.env")
+    # Defaults, not settings: where PodOptions.env or the template's container sets one of these variables (or an
+    # older name of it), the user's value stays and no conflict is raised. A value from envFrom does not count: in a
+    # pod an explicit env entry wins over envFrom, so such a value must be set through env to override the default.
+    present = {str(item.get("name")) for item in env if isinstance(item, dict)}
+    env += [{"name": name, "value": value} for name, value in nccl_env_defaults(present).items()]
     provided = list(settings.env)
     if image:
         # The runner names the image it runs in when it cannot read a payload: "rebuild <this image>".

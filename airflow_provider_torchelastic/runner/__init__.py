@@ -16,7 +16,6 @@ writes no failure report, because it is not the root cause.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import shutil
@@ -30,6 +29,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
+# Re-exported: the error a worker raises for rank 0's value is the runner's.
+from airflow_provider_torchelastic.encoding import ResultNotSerializableError as ResultNotSerializableError
+from airflow_provider_torchelastic.encoding import value_to_json
 from airflow_provider_torchelastic.errors import (
     EXIT_FAILED,
     EXIT_OK,
@@ -60,10 +62,6 @@ STANDALONE_ENDPOINT: Final = "localhost:0"
 
 class RunnerUsageError(ValueError):
     """The runner was started with settings it cannot use."""
-
-
-class ResultNotSerializableError(TypeError):
-    """Rank 0 returned a value that cannot travel as JSON."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -227,14 +225,10 @@ def _leave_failure_markers(exc: BaseException) -> None:
 
 
 def encode_result(value: Any) -> str:
-    try:
-        return json.dumps(value)
-    except (TypeError, ValueError) as e:
-        raise ResultNotSerializableError(
-            f"rank 0 returned a value of type {type(value).__module__}.{type(value).__qualname__}, which is not "
-            f"JSON-serializable ({e}); return dicts, lists, strings, numbers, booleans or None "
-            "(for a tensor use .item() or .tolist())"
-        ) from None
+    """Rank 0's value as strict JSON: scalars, small tensors and arrays, dataclasses, enums, dates, paths and sets
+    converted, NaN and infinities spelled as strings (:mod:`airflow_provider_torchelastic.encoding`); anything else
+    raises :class:`ResultNotSerializableError`, naming its type and where it sits in the value."""
+    return value_to_json(value)
 
 
 def call_training_function(fn: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any]) -> str | None:
