@@ -8,10 +8,25 @@ cloudpickle pickles functions of importable modules *by reference* (``module.nam
 where Airflow parses it, but it does not exist in a training pod, so the modules that the function comes from are
 registered to be pickled *by value* while dumping: the function, its helpers, classes and closures travel whole.
 Standard library, installed packages and this provider stay by reference: the runner image has them.
+
+In the worker, code that came by value still names its module (``__name__``, ``cls.__module__``), and Python looks
+modules up by that name: ``dataclasses`` resolves string annotations (``from __future__ import annotations``) in
+``sys.modules[cls.__module__]``, ``typing.get_type_hints`` too, and ``pickle`` finds a class by importing its module
+(``torch.distributed``'s ``*_object`` collectives). So the loader gives each such module a module object in
+``sys.modules`` whose ``__dict__`` *is* the globals dict that module's functions are rebuilt with (see
+:class:`_Namespaces`): the globals the code was shipped with, plus the module's classes and functions that travelled
+and the globals that cloudpickle leaves behind (read by class bodies, named by string annotations), never the whole
+DAG file. A module that exists or is importable in the worker is never replaced, nor imported.
 """
 
 from __future__ import annotations
 
+import ast
+import dis
+import importlib.machinery
+import importlib.util
+import inspect
+import io
 import json
 import linecache
 import os
@@ -21,7 +36,7 @@ import sys
 import sysconfig
 import types
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
@@ -81,13 +96,20 @@ def dump_payload(fn: Callable[..., Any], args: Iterable[Any] = (), kwargs: Mappi
     if not callable(fn):
         raise TypeError(f"python_callable: expected a callable, got {fn!r}")
     call_args, call_kwargs = tuple(args), dict(kwargs or {})
-    modules = _modules_to_pickle_by_value(fn, call_args, call_kwargs)
-    body = {"fn": fn, "args": call_args, "kwargs": call_kwargs, "sources": _source_locations(modules)}
+    local = _local_code(fn, call_args, call_kwargs)
+    body: dict[str, Any] = {
+        "fn": fn,
+        "args": call_args,
+        "kwargs": call_kwargs,
+        "sources": _source_locations(local.modules),
+    }
     registered: list[types.ModuleType] = []
     try:
-        for module in modules:
+        for module in local.modules:
             cloudpickle.register_pickle_by_value(module)
             registered.append(module)
+        # Each pickled on its own: a name that cannot be pickled here, or loaded there, is left out, not fatal.
+        body["extra_globals"] = _pickle_each(local.extra_globals)
         pickled = cloudpickle.dumps(body)
     finally:
         # Registration is process-global state; leave the interpreter as we found it.
@@ -146,12 +168,19 @@ def load_payload(data: bytes) -> Payload:
             f"note: payload pickled with cloudpickle {header.cloudpickle}, loading with {cloudpickle.__version__}",
             file=sys.stderr,
         )
+    namespaces = _Namespaces()
     try:
-        content = cloudpickle.loads(body)
+        content = _PayloadUnpickler(io.BytesIO(body), namespaces).load()
+        namespaces.add_extra_globals(content.get("extra_globals") or {})
+        namespaces.bind_definitions()
     except (pickle.UnpicklingError, EOFError) as e:
+        namespaces.discard()
         # Damaged in transit or storage; a missing module (ModuleNotFoundError) is left as it is: it names the module.
         raise PayloadError(f"corrupt payload: the pickled body ({len(body)} bytes) cannot be read: {e}") from e
-    _restore_source_locations(content["fn"], content.get("sources") or {})
+    except BaseException:
+        namespaces.discard()
+        raise
+    _restore_source_locations([content["fn"], *namespaces.defined], content.get("sources") or {})
     return Payload(fn=content["fn"], args=tuple(content["args"]), kwargs=content["kwargs"], header=header)
 
 
@@ -198,12 +227,15 @@ def _relocated(code: types.CodeType, filename: str) -> types.CodeType:
     return code.replace(co_filename=filename, co_consts=consts)
 
 
-def _restore_source_locations(fn: Any, sources: Mapping[str, Any]) -> None:
+def _restore_source_locations(roots: Iterable[Any], sources: Mapping[str, Any]) -> None:
+    """Relocate the code of ``roots`` (the function and what was rebuilt by value), of the function's globals and of
+    their classes' methods."""
     codes: Mapping[str, str] = sources.get("codes", {})
     for path, source in (sources.get("files") or {}).items():
         # mtime None: linecache.checkcache keeps the entry although no such file exists here.
         linecache.cache[path] = (len(source), None, source.splitlines(keepends=True), path)
-    todo = [fn, *getattr(fn, "__globals__", {}).values()]
+    roots = list(roots)
+    todo = [*roots, *(v for root in roots[:1] for v in getattr(root, "__globals__", {}).values())]
     seen: set[int] = set()
     while todo:
         obj = todo.pop()
@@ -261,9 +293,21 @@ def _referenced_objects(fn: Any) -> Iterator[Any]:
             continue
 
 
-def _modules_to_pickle_by_value(fn: Any, args: Sequence[Any], kwargs: Mapping[str, Any]) -> list[types.ModuleType]:
+@dataclass(frozen=True)
+class _LocalCode:
+    #: The modules to pickle by value.
+    modules: list[types.ModuleType]
+    #: module name -> {name: (value, needed)}: globals that the travelling code may look up but cloudpickle does not
+    #: ship (see :func:`_unshipped_names`); ``needed``: the code reads it (not only an annotation names it).
+    extra_globals: dict[str, dict[str, tuple[Any, bool]]] = field(default_factory=dict)
+
+
+def _local_code(fn: Any, args: Sequence[Any], kwargs: Mapping[str, Any]) -> _LocalCode:
     installed = _installed_roots()
     found: dict[str, types.ModuleType] = {}
+    extra: dict[str, dict[str, tuple[Any, bool]]] = {}
+    #: module name -> the globals that cloudpickle ships with its travelling functions.
+    shipped: dict[str, set[str]] = {}
     seen: set[int] = set()
     todo: list[Any] = [fn, *args, *kwargs.values()]
     while todo:
@@ -283,8 +327,328 @@ def _modules_to_pickle_by_value(fn: Any, args: Sequence[Any], kwargs: Mapping[st
         # by value too, or unpickling fails in the pod with "No module named ...".
         if isinstance(obj, types.FunctionType):
             todo.extend(_referenced_objects(obj))
+            namespace: Mapping[str, Any] = obj.__globals__
+            shipped.setdefault(str(namespace.get("__name__")), set()).update(_global_names(obj.__code__))
         elif isinstance(obj, type):
             todo.extend(v for v in vars(obj).values() if isinstance(v, types.FunctionType))
-        elif isinstance(obj, types.ModuleType):
-            todo.extend(v for v in vars(obj).values() if isinstance(v, type | types.FunctionType))
-    return list(found.values())
+            namespace = vars(module)
+        else:
+            if isinstance(obj, types.ModuleType):
+                todo.extend(v for v in vars(obj).values() if isinstance(v, type | types.FunctionType))
+            continue
+        unshipped = _unshipped_names(obj, namespace)
+        if unshipped:
+            names = extra.setdefault(str(namespace.get("__name__")), {})
+            for name, (value, needed) in unshipped.items():
+                names[name] = (value, needed or names.get(name, (None, False))[1])
+            todo.extend(value for value, _ in unshipped.values())
+
+    def travels(module_name: str, name: str, value: Any, needed: bool) -> bool:
+        if name in shipped.get(module_name, ()):
+            return False  # cloudpickle ships it with the functions
+        # A local module would travel whole (by value): worth it for code that reads it, not for an annotation.
+        return needed or not (isinstance(value, types.ModuleType) and value.__name__ in found)
+
+    kept = {
+        module_name: remaining
+        for module_name, names in extra.items()
+        if (remaining := {k: v for k, v in names.items() if travels(module_name, k, *v)})
+    }
+    return _LocalCode(modules=list(found.values()), extra_globals=kept)
+
+
+# --- globals that cloudpickle leaves behind ----------------------------------------------------------------------
+# cloudpickle ships the globals that a function's code reads with LOAD_GLOBAL (nested code included). Two kinds of
+# lookups in the module's namespace escape it:
+# - the body of a class defined inside the function reads globals with LOAD_NAME (``field`` in
+#   ``tags: list[str] = field(default_factory=list)``): without them the class statement fails with NameError;
+# - with ``from __future__ import annotations`` an annotation is a string, resolved later in the module's namespace
+#   by dataclasses (is ``ClassVar[int]`` a ClassVar? then it is no field) and typing.get_type_hints: without the names
+#   a dataclass quietly gets a field where the DAG file has a class variable.
+# The payload carries those names apart, each pickled on its own; the loader adds what it can load (see _Namespaces),
+# and for names that only annotations use, only what loads without importing a module this process has not imported.
+
+_MAX_ANNOTATION_CHARS: Final = 500
+_GLOBAL_OPS: Final = frozenset({"LOAD_GLOBAL", "STORE_GLOBAL", "DELETE_GLOBAL"})
+_NAME_OPS: Final = frozenset({"LOAD_NAME", "LOAD_FROM_DICT_OR_GLOBALS"})
+
+
+def _nested_codes(code: types.CodeType) -> Iterator[types.CodeType]:
+    codes = [code]
+    while codes:
+        current = codes.pop()
+        yield current
+        codes.extend(const for const in current.co_consts if isinstance(const, types.CodeType))
+
+
+def _global_names(code: types.CodeType) -> set[str]:
+    """The globals that cloudpickle ships with a function: what its code (nested code included) reads as globals."""
+    return {
+        str(instruction.argval)
+        for current in _nested_codes(code)
+        for instruction in dis.get_instructions(current)
+        if instruction.opname in _GLOBAL_OPS
+    }
+
+
+def _class_body_names(code: types.CodeType) -> set[str]:
+    """Names that the bodies of the classes that a function defines look up (a class body is not optimized code)."""
+    return {
+        str(instruction.argval)
+        for current in _nested_codes(code)
+        if current is not code and not current.co_flags & inspect.CO_OPTIMIZED
+        for instruction in dis.get_instructions(current)
+        if instruction.opname in _NAME_OPS
+    }
+
+
+def _code_strings(code: types.CodeType) -> Iterator[str]:
+    """String constants of a function's code and of the code nested in it, where the annotations of the classes and
+    functions that it defines are (a class body's ``x: "int"``, a nested function's ``("x", "int")``)."""
+    for current in _nested_codes(code):
+        for const in current.co_consts:
+            if isinstance(const, str):
+                yield const
+            elif isinstance(const, tuple):
+                yield from (item for item in const if isinstance(item, str))
+
+
+def _names_in_annotation(text: str) -> set[str]:
+    if len(text) > _MAX_ANNOTATION_CHARS or "\n" in text:
+        return set()
+    try:
+        tree = ast.parse(text, mode="eval")
+    except (SyntaxError, ValueError):
+        return set()
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name):
+            names.add(node.id)
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):  # list["Sample"]
+            names |= _names_in_annotation(node.value)
+    return names
+
+
+def _is_annotation_value(value: Any) -> bool:
+    """Classes, modules and typing constructs: what annotations name; never a DAG's task or a tensor."""
+    if isinstance(value, type | types.ModuleType | types.GenericAlias | types.UnionType):
+        return True
+    return type(value).__module__ in ("typing", "typing_extensions")
+
+
+def _unshipped_names(obj: types.FunctionType | type, namespace: Mapping[str, Any]) -> dict[str, tuple[Any, bool]]:
+    """Globals of ``namespace`` that class bodies in ``obj``'s code read, and that the string annotations of ``obj``
+    (and of what its code defines) name: ``{name: (value, read by code)}``."""
+    try:
+        annotations = inspect.get_annotations(obj)
+    except Exception:  # annotations that cannot even be read: nothing to resolve
+        annotations = {}
+    texts = [value for value in annotations.values() if isinstance(value, str)]
+    needed: set[str] = set()
+    if isinstance(obj, types.FunctionType):
+        texts.extend(_code_strings(obj.__code__))
+        needed = _class_body_names(obj.__code__)
+    annotated: set[str] = set()
+    for text in texts:
+        annotated |= _names_in_annotation(text)
+    found: dict[str, tuple[Any, bool]] = {}
+    for name in sorted(needed | annotated):
+        if name.startswith("__") or name not in namespace:
+            continue
+        if name in needed:
+            found[name] = (namespace[name], True)
+        elif _is_annotation_value(namespace[name]):
+            found[name] = (namespace[name], False)
+    return found
+
+
+def _pickle_each(values: Mapping[str, Mapping[str, tuple[Any, bool]]]) -> dict[str, dict[str, tuple[bytes, bool]]]:
+    pickled: dict[str, dict[str, tuple[bytes, bool]]] = {}
+    for module_name, names in values.items():
+        for name, (value, needed) in names.items():
+            try:
+                data = cloudpickle.dumps(value)
+            except Exception:  # not picklable: it stays unresolved in the worker, as it was before
+                continue
+            pickled.setdefault(module_name, {})[name] = (data, needed)
+    return pickled
+
+
+# --- the shipped code's modules in the worker ---------------------------------------------------------------------
+# cloudpickle rebuilds by-value functions with ``_make_function(code, globals, ...)``, where ``globals`` is one dict
+# per module and pickle (shared by all the functions of that module), holding ``__name__``, ``__file__`` and, once
+# the functions' state is set, the globals they refer to. The loader's unpickler swaps that dict for the ``__dict__``
+# of a module registered in sys.modules under ``__name__``, before the first function of the module exists: the
+# functions, the classes they define and everything that looks the module up by name then see one namespace.
+
+_CLOUDPICKLE: Final = getattr(cloudpickle, "cloudpickle", None)
+_MAKE_FUNCTION: Final = getattr(_CLOUDPICKLE, "_make_function", None)
+_MAKE_CLASS: Final = tuple(
+    f for f in (getattr(_CLOUDPICKLE, name, None) for name in ("_make_skeleton_class", "_make_skeleton_enum")) if f
+)
+_SUBIMPORT: Final = getattr(_CLOUDPICKLE, "subimport", None)
+
+
+class _ShippedModule(types.ModuleType):
+    """A module that exists in this process only because a payload's code came from it (not importable here)."""
+
+
+def _importable(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except Exception:  # a parent package that is missing or fails to import: not importable either
+        return False
+
+
+def _imported_or_standard(module: str) -> bool:
+    return module in sys.modules or module.partition(".")[0] in sys.stdlib_module_names
+
+
+def _new_module(name: str, *, package: bool) -> _ShippedModule:
+    module = _ShippedModule(name)
+    module.__spec__ = importlib.machinery.ModuleSpec(name, None, is_package=package)
+    if package:
+        module.__path__ = []
+    return module
+
+
+class _Namespaces:
+    """The modules of one load: created where the name is free, reused where an earlier payload created them."""
+
+    def __init__(self) -> None:
+        self.modules: dict[str, types.ModuleType] = {}
+        #: Functions and classes rebuilt by value during this load.
+        self.defined: list[Any] = []
+        self._refused: set[str] = set()
+        #: module name -> the globals dict that cloudpickle gave the functions of a module that exists here.
+        self._unregistered: dict[str, dict[str, Any]] = {}
+        self._created: list[tuple[str, types.ModuleType]] = []
+
+    def globals_for(self, shipped: dict[str, Any]) -> dict[str, Any]:
+        name = shipped.get("__name__")
+        module = self._module(name, shipped) if isinstance(name, str) and name else None
+        if module is not None:
+            return module.__dict__
+        if isinstance(name, str):
+            self._unregistered.setdefault(name, shipped)
+        return shipped
+
+    def _namespace(self, name: str) -> dict[str, Any] | None:
+        """Where the functions of module ``name`` look up their globals in this load."""
+        module = self.modules.get(name)
+        return module.__dict__ if module is not None else self._unregistered.get(name)
+
+    def _module(self, name: str, shipped: Mapping[str, Any]) -> types.ModuleType | None:
+        if name in self.modules:
+            return self.modules[name]
+        if name in self._refused:
+            return None
+        existing = sys.modules.get(name)
+        if isinstance(existing, _ShippedModule):
+            module: types.ModuleType = existing
+        elif name in sys.modules or _importable(name):
+            # A real module (an installed package, __main__) or a blocked one (None): never replaced, never imported
+            # for this. The code keeps the globals dict that cloudpickle gives it.
+            self._refused.add(name)
+            return None
+        else:
+            module = _new_module(name, package="__path__" in shipped)
+            self._register(name, module)
+        for key in ("__file__", "__package__", "__path__"):
+            if key in shipped and module.__dict__.get(key) is None:
+                module.__dict__[key] = shipped[key]
+        self.modules[name] = module
+        return module
+
+    def _register(self, name: str, module: types.ModuleType) -> None:
+        sys.modules[name] = module
+        self._created.append((name, module))
+        parent_name, _, child = name.rpartition(".")
+        if not parent_name:
+            return
+        # pickle imports a dotted module through its parents: a parent that exists nowhere gets an empty package.
+        parent = sys.modules.get(parent_name)
+        if parent_name not in sys.modules and not _importable(parent_name):
+            parent = _new_module(parent_name, package=True)
+            self._register(parent_name, parent)
+        if isinstance(parent, _ShippedModule):
+            setattr(parent, child, module)
+
+    def add_extra_globals(self, shipped: Mapping[str, Mapping[str, tuple[bytes, bool]]]) -> None:
+        """Add the globals that cloudpickle left behind to the namespace of their module's functions, where absent."""
+        for module_name, names in shipped.items():
+            namespace = self._namespace(module_name)
+            if namespace is None:
+                continue
+            for name, (data, needed) in names.items():
+                if name in namespace:
+                    continue
+                try:
+                    value = _PayloadUnpickler(io.BytesIO(data), self, guarded=not needed).load()
+                except Exception:  # a module this process lacks (or has not imported, for an annotation's name)
+                    continue
+                namespace.setdefault(name, value)
+
+    def bind_definitions(self) -> None:
+        """Top-level classes and functions that travelled are attributes of their module, as in the DAG file (where
+        the name is free): pickle finds a class by ``module.qualname``."""
+        for obj in self.defined:
+            module = self.modules.get(getattr(obj, "__module__", None) or "")
+            qualname = getattr(obj, "__qualname__", "")
+            if module is not None and isinstance(qualname, str) and qualname.isidentifier():
+                module.__dict__.setdefault(qualname, obj)
+
+    def discard(self) -> None:
+        """Loading failed: take out of sys.modules what this load put there."""
+        for name, module in reversed(self._created):
+            if sys.modules.get(name) is module:
+                del sys.modules[name]
+        self._created.clear()
+
+
+class _PayloadUnpickler(pickle.Unpickler):
+    """cloudpickle's stream, with by-value functions given their module's namespace (see :class:`_Namespaces`).
+
+    ``guarded``: for the annotation names, which are optional: refuse to import a module that this process has not
+    imported yet (other than the standard library), so that an annotation never drags Airflow or a large package into
+    a worker.
+    """
+
+    def __init__(self, file: io.BytesIO, namespaces: _Namespaces, *, guarded: bool = False) -> None:
+        super().__init__(file)
+        self._namespaces = namespaces
+        self._guarded = guarded
+
+    def find_class(self, module: str, name: str) -> Any:
+        if self._guarded and not _imported_or_standard(module):
+            raise pickle.UnpicklingError(f"{module} is not imported in this process")
+        found = super().find_class(module, name)
+        if _MAKE_FUNCTION is not None and found is _MAKE_FUNCTION:
+            return self._make_function
+        if any(found is make for make in _MAKE_CLASS):
+            return self._class_maker(found)
+        if self._guarded and _SUBIMPORT is not None and found is _SUBIMPORT:
+            return self._subimport
+        return found
+
+    def _make_function(self, *args: Any, **kwargs: Any) -> Any:
+        # (code, globals, name, argdefs, closure)
+        if len(args) >= 2 and isinstance(args[1], dict):
+            args = (args[0], self._namespaces.globals_for(args[1]), *args[2:])
+        function = _MAKE_FUNCTION(*args, **kwargs)  # type: ignore[misc]
+        self._namespaces.defined.append(function)
+        return function
+
+    def _class_maker(self, make: Callable[..., Any]) -> Callable[..., Any]:
+        def make_class(*args: Any, **kwargs: Any) -> Any:
+            cls = make(*args, **kwargs)
+            self._namespaces.defined.append(cls)
+            return cls
+
+        return make_class
+
+    @staticmethod
+    def _subimport(name: str) -> Any:
+        if not _imported_or_standard(name):
+            raise pickle.UnpicklingError(f"{name} is not imported in this process")
+        return _SUBIMPORT(name)  # type: ignore[misc]
