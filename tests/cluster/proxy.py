@@ -72,12 +72,15 @@ class Match:
 
     method: str | None = None
     path_contains: str | None = None
+    #: The path (without the query) ends with this: ``/pods/x`` matches the pod, not ``/pods/x/log``.
+    path_endswith: str | None = None
     watch: bool | None = None
 
     def __call__(self, request: ProxiedRequest) -> bool:
         return (
             (self.method is None or request.method == self.method.upper())
             and (self.path_contains is None or self.path_contains in request.path)
+            and (self.path_endswith is None or request.path.endswith(self.path_endswith))
             and (self.watch is None or request.watch == self.watch)
         )
 
