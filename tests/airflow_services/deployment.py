@@ -37,7 +37,7 @@ import httpx
 import psutil
 
 from tests.airflow_services import postgres
-from tests.cluster.control_plane import ProcessRecord, read_pids
+from tests.cluster.control_plane import ProcessRecord, read_pids, wait_gone
 from tests.cluster.pytest_plugin import airflow_connection_json
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -362,10 +362,10 @@ class Deployment:
             else:
                 tree = _tree(proc)
                 _signal(proc, sig)
-                left = _wait_gone(tree, 30)
+                left = wait_gone(tree, 30)
                 for p in left:
                     _signal(p, signal.SIGKILL)
-                _wait_gone(left, 5)
+                wait_gone(left, 5)
             popen = self._popen.get(name)
             if popen is not None:
                 with contextlib.suppress(subprocess.TimeoutExpired):
@@ -465,27 +465,27 @@ def stop_deployment(state_dir: Path, *, timeout: float = 20.0, log: Callable[[st
         tree = _tree(proc)
         trees += tree
         _signal_tree(proc, tree, signal.SIGTERM)
-    left = _wait_gone(trees, timeout)
+    left = wait_gone(trees, timeout)
     for proc in left:
         say(f"pid {proc.pid} ignored SIGTERM for {timeout:.0f}s; sending SIGKILL")
         _kill_tree(proc, signal.SIGKILL)
-    _wait_gone(left, 5)
+    wait_gone(left, 5)
 
     for record in records:
         if record.name == "postgres" and (proc := record.process()) is not None:
             say(f"stopping postgres (pid {record.pid})")
             tree = _tree(proc)
             _signal(proc, signal.SIGINT)  # fast shutdown: disconnect clients, no waiting for them
-            left = _wait_gone(tree, timeout)
+            left = wait_gone(tree, timeout)
             for p in left:
                 _signal(p, signal.SIGKILL)
-            _wait_gone(left, 5)
+            wait_gone(left, 5)
 
     strays = marked_processes(state_dir)
     for proc in strays:
         say(f"stopping stray process {proc.pid} ({' '.join(_cmdline(proc))[:120]})")
         _signal(proc, signal.SIGKILL)
-    _wait_gone(strays, 5)
+    wait_gone(strays, 5)
 
     pg_dir = info.pg_dir if info is not None else postgres.data_dir_for(state_dir)
     postgres.remove(pg_dir)
@@ -525,7 +525,7 @@ def _kill_tree(proc: psutil.Process, sig: int) -> None:
     # The snapshot comes first: once the parent is gone its children are reparented and no longer found from it.
     tree = _tree(proc)
     _signal_tree(proc, tree, sig)
-    _wait_gone(tree, 10)
+    wait_gone(tree, 10)
 
 
 def _signal_tree(proc: psutil.Process, tree: list[psutil.Process], sig: int) -> None:
@@ -560,24 +560,6 @@ def _signal_group(proc: psutil.Process, sig: int) -> None:
 def _signal(proc: psutil.Process, sig: int) -> None:
     with contextlib.suppress(psutil.Error):
         proc.send_signal(sig)
-
-
-def _wait_gone(procs: Iterable[psutil.Process], timeout: float) -> list[psutil.Process]:
-    """Wait until the processes have exited; return those still running. A zombie counts as gone."""
-    deadline = time.monotonic() + timeout
-    alive = list(procs)
-    while True:
-        alive = [p for p in alive if _running(p)]
-        if not alive or time.monotonic() >= deadline:
-            return alive
-        time.sleep(0.05)
-
-
-def _running(proc: psutil.Process) -> bool:
-    try:
-        return bool(proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE)
-    except psutil.Error:
-        return False
 
 
 def _ancestors() -> list[psutil.Process]:

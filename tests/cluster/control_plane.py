@@ -563,10 +563,10 @@ def stop_cluster(state_dir: Path, *, timeout: float = 15.0, log: Any = None) -> 
     for proc in strays:
         say(f"stopping stray process {proc.pid} ({' '.join(_cmdline(proc))[:120]})")
         _signal_proc(proc, signal.SIGTERM)
-    alive = _wait_gone(strays, timeout)
+    alive = wait_gone(strays, timeout)
     for proc in alive:
         _signal_proc(proc, signal.SIGKILL)
-    _wait_gone(alive, 5)
+    wait_gone(alive, 5)
 
     survivors = [f"{r.name} (pid {r.pid})" for r in records.values() if r.process() is not None]
     survivors += [f"pid {p.pid} ({' '.join(_cmdline(p))[:120]})" for p in _processes_inside(state_dir)]
@@ -583,11 +583,11 @@ def _terminate(records: Iterable[ProcessRecord], timeout: float, say: Any) -> No
         procs.append(proc)
         # Signal the whole group (pgid == pid thanks to start_new_session) to include any children.
         _signal_group(record.pid, signal.SIGTERM, proc)
-    alive = _wait_gone(procs, timeout)
+    alive = wait_gone(procs, timeout)
     for proc in alive:
         say(f"pid {proc.pid} ignored SIGTERM for {timeout:.0f}s; sending SIGKILL")
         _signal_group(proc.pid, signal.SIGKILL, proc)
-    _wait_gone(alive, 5)
+    wait_gone(alive, 5)
 
 
 def _kill_groups(pgids: list[int], timeout: float, say: Any) -> None:
@@ -600,15 +600,15 @@ def _kill_groups(pgids: list[int], timeout: float, say: Any) -> None:
     for pgid in pgids:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pgid, signal.SIGTERM)
-    alive = _wait_gone(members, timeout)
+    alive = wait_gone(members, timeout)
     for group in {_pgid(p) for p in alive}:
         if group is not None:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(group, signal.SIGKILL)
-    _wait_gone(alive, 5)
+    wait_gone(alive, 5)
 
 
-def _wait_gone(procs: list[psutil.Process], timeout: float) -> list[psutil.Process]:
+def wait_gone(procs: Iterable[psutil.Process], timeout: float) -> list[psutil.Process]:
     """Wait until the processes have exited; return those still running.
 
     Not ``psutil.wait_procs``: for a process that is not our child it polls for the pid, and an exited process whose
@@ -618,13 +618,14 @@ def _wait_gone(procs: list[psutil.Process], timeout: float) -> list[psutil.Proce
     deadline = time.monotonic() + timeout
     alive = list(procs)
     while True:
-        alive = [p for p in alive if _running(p)]
+        alive = [p for p in alive if is_running(p)]
         if not alive or time.monotonic() >= deadline:
             return alive
         time.sleep(0.05)
 
 
-def _running(proc: psutil.Process) -> bool:
+def is_running(proc: psutil.Process) -> bool:
+    """Alive and not a zombie (a zombie has nothing left to stop)."""
     try:
         return bool(proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE)
     except psutil.Error:
