@@ -25,11 +25,10 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +36,17 @@ import httpx
 import psutil
 
 from tests.airflow_services import postgres
-from tests.cluster.control_plane import ProcessRecord, read_pids, wait_gone
+from tests.cluster.control_plane import (
+    ProcessRecord,
+    ancestors,
+    cmdline,
+    free_ports,
+    process_group,
+    read_pids,
+    signal_proc,
+    wait_gone,
+    write_pids,
+)
 from tests.cluster.pytest_plugin import airflow_connection_json
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -244,7 +253,7 @@ class Deployment:
             raise DeploymentError(f"a deployment is already running in {self.state_dir}; stop it first")
         stop_deployment(self.state_dir, log=self._log)  # remnants of a crashed run
         self._fresh_state_dir()
-        api_port, pg_port, worker_log_port, trigger_log_port = _free_ports(4)
+        api_port, pg_port, worker_log_port, trigger_log_port = free_ports(4)
         info = DeploymentInfo(
             state_dir=self.state_dir,
             api_port=api_port,
@@ -361,10 +370,10 @@ class Deployment:
                 _kill_tree(proc, signal.SIGKILL)
             else:
                 tree = _tree(proc)
-                _signal(proc, sig)
+                signal_proc(proc, sig)
                 left = wait_gone(tree, 30)
                 for p in left:
-                    _signal(p, signal.SIGKILL)
+                    signal_proc(p, signal.SIGKILL)
                 wait_gone(left, 5)
             popen = self._popen.get(name)
             if popen is not None:
@@ -406,7 +415,7 @@ class Deployment:
             create_time = 0.0
         self._popen[name] = popen
         self._records[name] = ProcessRecord(name=name, pid=popen.pid, create_time=create_time, cmd=cmd)
-        _write_pids(self.state_dir, self._records.values())
+        write_pids(self.state_dir, self._records.values())
         return popen.pid
 
     def _check_alive(self) -> None:
@@ -475,16 +484,16 @@ def stop_deployment(state_dir: Path, *, timeout: float = 20.0, log: Callable[[st
         if record.name == "postgres" and (proc := record.process()) is not None:
             say(f"stopping postgres (pid {record.pid})")
             tree = _tree(proc)
-            _signal(proc, signal.SIGINT)  # fast shutdown: disconnect clients, no waiting for them
+            signal_proc(proc, signal.SIGINT)  # fast shutdown: disconnect clients, no waiting for them
             left = wait_gone(tree, timeout)
             for p in left:
-                _signal(p, signal.SIGKILL)
+                signal_proc(p, signal.SIGKILL)
             wait_gone(left, 5)
 
     strays = marked_processes(state_dir)
     for proc in strays:
-        say(f"stopping stray process {proc.pid} ({' '.join(_cmdline(proc))[:120]})")
-        _signal(proc, signal.SIGKILL)
+        say(f"stopping stray process {proc.pid} ({' '.join(cmdline(proc))[:120]})")
+        signal_proc(proc, signal.SIGKILL)
     wait_gone(strays, 5)
 
     pg_dir = info.pg_dir if info is not None else postgres.data_dir_for(state_dir)
@@ -492,14 +501,14 @@ def stop_deployment(state_dir: Path, *, timeout: float = 20.0, log: Callable[[st
     (state_dir / "postgres").unlink(missing_ok=True)
 
     survivors = [f"{r.name} (pid {r.pid})" for r in records if r.process() is not None]
-    survivors += [f"pid {p.pid} ({' '.join(_cmdline(p))[:120]})" for p in marked_processes(state_dir)]
+    survivors += [f"pid {p.pid} ({' '.join(cmdline(p))[:120]})" for p in marked_processes(state_dir)]
     return survivors
 
 
 def marked_processes(state_dir: Path) -> list[psutil.Process]:
     """Live processes whose environment names this deployment (all its processes and their descendants)."""
     want = str(Path(state_dir).resolve())
-    spared = {os.getpid()} | {p.pid for p in _ancestors()}
+    spared = {os.getpid()} | {p.pid for p in ancestors()}
     found = []
     for proc in psutil.process_iter():
         if proc.pid in spared:
@@ -534,17 +543,10 @@ def _signal_tree(proc: psutil.Process, tree: list[psutil.Process], sig: int) -> 
     Once only: Airflow's processes take a second SIGTERM as "force exit now" and skip their clean shutdown.
     """
     _signal_group(proc, sig)
-    group = _pgid(proc)
+    group = process_group(proc)
     for member in tree:
-        if member.pid != proc.pid and (group is None or _pgid(member) != group):
-            _signal(member, sig)
-
-
-def _pgid(proc: psutil.Process) -> int | None:
-    try:
-        return os.getpgid(proc.pid)
-    except (ProcessLookupError, PermissionError):
-        return None
+        if member.pid != proc.pid and (group is None or process_group(member) != group):
+            signal_proc(member, sig)
 
 
 def _signal_group(proc: psutil.Process, sig: int) -> None:
@@ -554,45 +556,4 @@ def _signal_group(proc: psutil.Process, sig: int) -> None:
             return
     except (ProcessLookupError, PermissionError):
         pass
-    _signal(proc, sig)
-
-
-def _signal(proc: psutil.Process, sig: int) -> None:
-    with contextlib.suppress(psutil.Error):
-        proc.send_signal(sig)
-
-
-def _ancestors() -> list[psutil.Process]:
-    try:
-        return list(psutil.Process().parents())
-    except psutil.Error:
-        return []
-
-
-def _cmdline(proc: psutil.Process) -> list[str]:
-    try:
-        return [str(arg) for arg in proc.cmdline()]
-    except psutil.Error:
-        return []
-
-
-def _write_pids(state_dir: Path, records: Iterable[ProcessRecord]) -> None:
-    # The format of tests.cluster's pids.json, so that its read_pids() reads it.
-    data = {r.name: {"pid": r.pid, "create_time": r.create_time, "cmd": r.cmd} for r in records}
-    tmp = state_dir / "pids.json.tmp"
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
-    tmp.replace(state_dir / "pids.json")
-
-
-def _free_ports(count: int) -> list[int]:
-    """Distinct free loopback ports. Held open together so the kernel cannot hand out the same one twice."""
-    socks = []
-    try:
-        for _ in range(count):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
+    signal_proc(proc, sig)

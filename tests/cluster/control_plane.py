@@ -349,7 +349,7 @@ class ControlPlane:
         _write_token_file(state / "tokens.csv", tokens)
         _write_signing_key(state / "sa.key")
 
-        etcd_client, etcd_peer, api_port = _free_ports(3)
+        etcd_client, etcd_peer, api_port = free_ports(3)
         etcd_url = f"http://127.0.0.1:{etcd_client}"
         peer_url = f"http://127.0.0.1:{etcd_peer}"
         etcd_dir = state / "etcd"
@@ -520,7 +520,7 @@ class ControlPlane:
             create_time = 0.0
         self._popen[name] = popen
         self._records[name] = ProcessRecord(name=name, pid=popen.pid, create_time=create_time, cmd=cmd)
-        _write_pids(self.state_dir, self._records.values())
+        write_pids(self.state_dir, self._records.values())
 
     def _check_alive(self) -> None:
         for name, popen in self._popen.items():
@@ -561,15 +561,15 @@ def stop_cluster(state_dir: Path, *, timeout: float = 15.0, log: Any = None) -> 
 
     strays = list(_processes_inside(state_dir))
     for proc in strays:
-        say(f"stopping stray process {proc.pid} ({' '.join(_cmdline(proc))[:120]})")
-        _signal_proc(proc, signal.SIGTERM)
+        say(f"stopping stray process {proc.pid} ({' '.join(cmdline(proc))[:120]})")
+        signal_proc(proc, signal.SIGTERM)
     alive = wait_gone(strays, timeout)
     for proc in alive:
-        _signal_proc(proc, signal.SIGKILL)
+        signal_proc(proc, signal.SIGKILL)
     wait_gone(alive, 5)
 
     survivors = [f"{r.name} (pid {r.pid})" for r in records.values() if r.process() is not None]
-    survivors += [f"pid {p.pid} ({' '.join(_cmdline(p))[:120]})" for p in _processes_inside(state_dir)]
+    survivors += [f"pid {p.pid} ({' '.join(cmdline(p))[:120]})" for p in _processes_inside(state_dir)]
     return survivors
 
 
@@ -593,15 +593,15 @@ def _terminate(records: Iterable[ProcessRecord], timeout: float, say: Any) -> No
 def _kill_groups(pgids: list[int], timeout: float, say: Any) -> None:
     own = os.getpgrp()
     pgids = [g for g in dict.fromkeys(pgids) if g != own]
-    members = [p for p in _all_procs() if _pgid(p) in pgids]
+    members = [p for p in _all_procs() if process_group(p) in pgids]
     if not members:
         return
     say(f"stopping {len(members)} pod process(es) in {len(pgids)} process group(s)")
-    for pgid in pgids:
+    for group_id in pgids:
         with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pgid, signal.SIGTERM)
+            os.killpg(group_id, signal.SIGTERM)
     alive = wait_gone(members, timeout)
-    for group in {_pgid(p) for p in alive}:
+    for group in {process_group(p) for p in alive}:
         if group is not None:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(group, signal.SIGKILL)
@@ -639,10 +639,10 @@ def _signal_group(pid: int, sig: int, proc: psutil.Process) -> None:
             return
     except (ProcessLookupError, PermissionError):
         pass
-    _signal_proc(proc, sig)
+    signal_proc(proc, sig)
 
 
-def _signal_proc(proc: psutil.Process, sig: int) -> None:
+def signal_proc(proc: psutil.Process, sig: int) -> None:
     with contextlib.suppress(psutil.Error):
         proc.send_signal(sig)
 
@@ -656,7 +656,7 @@ def _processes_inside(state_dir: Path) -> Iterator[psutil.Process]:
     """
     prefix = str(state_dir)
     kubelet_dir = str(state_dir / "kubelet")
-    spared = {os.getpid()} | {p.pid for p in _ancestors()}
+    spared = {os.getpid()} | {p.pid for p in ancestors()}
     for proc in _all_procs():
         if proc.pid in spared:
             continue
@@ -680,7 +680,7 @@ def _processes_inside(state_dir: Path) -> Iterator[psutil.Process]:
             yield proc
 
 
-def _ancestors() -> list[psutil.Process]:
+def ancestors() -> list[psutil.Process]:
     try:
         return list(psutil.Process().parents())
     except psutil.Error:
@@ -702,21 +702,21 @@ def _all_procs() -> list[psutil.Process]:
     return list(psutil.process_iter())
 
 
-def _pgid(proc: psutil.Process) -> int | None:
+def process_group(proc: psutil.Process) -> int | None:
     try:
         return os.getpgid(proc.pid)
     except (ProcessLookupError, PermissionError):
         return None
 
 
-def _cmdline(proc: psutil.Process) -> list[str]:
+def cmdline(proc: psutil.Process) -> list[str]:
     try:
         return [str(arg) for arg in proc.cmdline()]
     except psutil.Error:
         return []
 
 
-def _write_pids(state_dir: Path, records: Iterable[ProcessRecord]) -> None:
+def write_pids(state_dir: Path, records: Iterable[ProcessRecord]) -> None:
     data = {r.name: {"pid": r.pid, "create_time": r.create_time, "cmd": r.cmd} for r in records}
     tmp = state_dir / "pids.json.tmp"
     tmp.write_text(json.dumps(data, indent=2) + "\n")
@@ -882,7 +882,7 @@ def _kubectl(kubeconfig: Path, args: list[str], *, stdin: str | None = None, tim
 # --------------------------------------------------------------------------------------------------------------
 
 
-def _free_ports(count: int) -> list[int]:
+def free_ports(count: int) -> list[int]:
     """Distinct free loopback ports. Held open together so the kernel cannot hand out the same one twice."""
     socks = []
     try:
