@@ -618,7 +618,7 @@ class TorchElasticOperator(BaseOperator):
 
     def _execute_on_kubernetes(self, context: Context, payload: bytes) -> Any:
         from airflow_provider_torchelastic.kube import SyncKube
-        from airflow_provider_torchelastic.wait import drive_sync, stop_job, wait_for_job
+        from airflow_provider_torchelastic.wait import drive_sync, wait_for_job
 
         hook = self._hook()
         namespace = self.namespace or hook.get_namespace() or "default"
@@ -651,7 +651,7 @@ class TorchElasticOperator(BaseOperator):
             decision = drive_sync(wait_for_job(ref, self._policy(context)), kube, self.log.info)
         except BaseException:
             self.log.warning("Waiting for %s %s/%s was interrupted", ref.kind, ref.namespace, ref.name)
-            drive_sync(stop_job(ref), kube, self.log.info)
+            self._stop(ref, kube)
             raise
         finally:
             self._job = None
@@ -684,9 +684,7 @@ class TorchElasticOperator(BaseOperator):
         except KubeError as e:
             error = _submit_error(ref, e)
             # The payload ConfigMap may exist already: leave nothing behind (a retry creates everything anew).
-            from airflow_provider_torchelastic.wait import drive_sync, stop_job
-
-            drive_sync(stop_job(ref), kube, self.log.info)
+            self._stop(ref, kube)
             raise error from e
 
     def _create_or_reattach(
@@ -811,12 +809,12 @@ class TorchElasticOperator(BaseOperator):
         self.log.info("%s %s/%s ended: %s", ref.kind, ref.namespace, ref.name, decision.progress)
         return self.result_or_raise(verdict)
 
-    def _stop(self, ref: JobRef) -> None:
+    def _stop(self, ref: JobRef, kube: SyncKube | None = None) -> None:
         """Delete the job unless it has finished: the one way the worker ends a job it no longer waits for."""
         from airflow_provider_torchelastic.kube import SyncKube
         from airflow_provider_torchelastic.wait import drive_sync, stop_job
 
-        drive_sync(stop_job(ref), SyncKube(self._hook().api_client), self.log.info)
+        drive_sync(stop_job(ref), kube or SyncKube(self._hook().api_client), self.log.info)
 
     def on_kill(self) -> None:
         run = self._local_run

@@ -12,6 +12,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from enum import Enum
+from functools import cached_property
 from typing import Any, Final
 
 from airflow_provider_torchelastic.outcome import NodeReport, Verdict, WorkerFailure, decide_run, decode_outcome
@@ -293,7 +294,7 @@ class _Observed:
     def running(self) -> int:
         return sum(1 for pod in self.pods if pod.get("status", {}).get("phase") == "Running")
 
-    @property
+    @cached_property  # read by the decision and by every progress line of it
     def waiting_for_capacity(self) -> list[CapacityWait]:
         return [wait for pod in self.pods if (wait := capacity_wait(pod, self.created)) is not None]
 
