@@ -25,7 +25,7 @@ from airflow_provider_torchelastic.status import (
     pytorchjob_finished,
 )
 
-__all__ = ["POD", "PYTORCHJOB", "JobKind", "for_config", "get", "register", "unregister"]
+__all__ = ["POD", "PYTORCHJOB", "JobKind", "for_config", "get", "register", "registered", "unregister"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -49,6 +49,9 @@ class JobKind:
     #: Whether the job itself says it has ended (whatever the pods still do): a finished job is never deleted by a
     #: late kill, so that ``on_finish_action="keep"`` keeps it.
     is_finished: Callable[[Mapping[str, Any]], bool]
+    #: The pod label whose value is the job's name (what :attr:`pod_selector` selects on), so that a watch of all
+    #: pods can file each pod under its job without a request; ``None`` when the object is its own only pod.
+    pod_owner_label: str | None = None
 
     @property
     def api_version(self) -> str:
@@ -59,9 +62,12 @@ class JobKind:
         return not self.group
 
 
+#: The training operator labels every pod of a job with the job's name.
+_PYTORCHJOB_POD_LABEL: Final = "training.kubeflow.org/job-name"
+
+
 def _pytorchjob_pods(name: str) -> str:
-    # The training operator labels every pod of a job with the job's name.
-    return f"training.kubeflow.org/job-name={name}"
+    return f"{_PYTORCHJOB_POD_LABEL}={name}"
 
 
 POD: Final = JobKind(
@@ -86,6 +92,7 @@ PYTORCHJOB: Final = JobKind(
     pod_selector=_pytorchjob_pods,
     decide=decide_pytorchjob,
     is_finished=pytorchjob_finished,
+    pod_owner_label=_PYTORCHJOB_POD_LABEL,
 )
 
 _REGISTRY: dict[str, JobKind] = {POD.kind: POD, PYTORCHJOB.kind: PYTORCHJOB}
@@ -104,6 +111,11 @@ def unregister(name: str) -> None:
     if name in (POD.kind, PYTORCHJOB.kind):
         raise ValueError(f"unregister: {name!r} is a built-in kind")
     _REGISTRY.pop(name, None)
+
+
+def registered() -> tuple[JobKind, ...]:
+    """Every registered kind, in the order they claim configs (what a watch of all the provider's jobs covers)."""
+    return tuple(_REGISTRY.values())
 
 
 def get(name: str) -> JobKind:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any, Final, TypeVar
 
 import tenacity
@@ -81,11 +81,20 @@ def _delete_call(core: Any, custom: Any, kind: str, name: str, namespace: str) -
     return custom.delete_namespaced_custom_object, (*_custom_path(kind, namespace), name), {"body": body}
 
 
-def _log_call(core: Any, pod: str, namespace: str, since_seconds: int | None) -> _Call:
+def _log_call(core: Any, pod: str, namespace: str, since_seconds: int | None, tail_lines: int | None = None) -> _Call:
     kwargs: dict[str, Any] = {"container": "pytorch", "timestamps": True}
     if since_seconds is not None:
         kwargs["since_seconds"] = since_seconds
+    if tail_lines is not None:
+        kwargs["tail_lines"] = tail_lines
     return core.read_namespaced_pod_log, (pod, namespace), kwargs
+
+
+def _collection_call(core: Any, custom: Any, kind: str, namespace: str, **kwargs: Any) -> _Call:
+    """List (or, with ``watch=True``, watch) every object of ``kind`` in ``namespace``."""
+    if kind == "Pod":
+        return core.list_namespaced_pod, (namespace,), kwargs
+    return custom.list_namespaced_custom_object, _custom_path(kind, namespace), kwargs
 
 
 def _list_pods_call(core: Any, namespace: str, label_selector: str) -> _Call:
@@ -141,8 +150,9 @@ class SyncKube:
         pods = self.list_pods(ref.namespace, selector) if selector is not None and job else []
         return Snapshot(job=job, pods=pods, now=time.time())
 
-    def read_log(self, pod: str, namespace: str, since_seconds: int | None) -> str:
-        return self._body(_log_call(self._core, pod, namespace, since_seconds)).decode("utf-8", errors="replace")
+    def read_log(self, pod: str, namespace: str, since_seconds: int | None, tail_lines: int | None = None) -> str:
+        call = _log_call(self._core, pod, namespace, since_seconds, tail_lines)
+        return self._body(call).decode("utf-8", errors="replace")
 
     def delete(self, kind: str, name: str, namespace: str) -> bool:
         """Delete an object (and, through garbage collection, what it owns). False if it was gone already."""
@@ -210,9 +220,71 @@ class AsyncKube:
         pods = await self.list_pods(ref.namespace, selector) if selector is not None and job else []
         return Snapshot(job=job, pods=pods, now=time.time())
 
-    async def read_log(self, pod: str, namespace: str, since_seconds: int | None) -> str:
-        body = await self._body(_log_call(self._core, pod, namespace, since_seconds))
+    async def read_log(self, pod: str, namespace: str, since_seconds: int | None, tail_lines: int | None = None) -> str:
+        body = await self._body(_log_call(self._core, pod, namespace, since_seconds, tail_lines))
         return body.decode("utf-8", errors="replace")
+
+    async def list_objects(self, kind: str, namespace: str, label_selector: str) -> dict[str, Any]:
+        """One list of ``kind`` (items and the list's ``metadata.resourceVersion``), served from the watch cache.
+
+        ``resourceVersion=0`` lets the apiserver answer from its cache instead of a quorum read of etcd; the watch
+        that follows starts from the list's version, so nothing between the two is missed.
+        """
+        call = _collection_call(
+            self._core, self._custom, kind, namespace, label_selector=label_selector, resource_version="0"
+        )
+        return _json(await self._body(call))
+
+    async def watch_objects(
+        self, kind: str, namespace: str, label_selector: str, resource_version: str, timeout_seconds: int
+    ) -> AsyncIterator[dict[str, Any]]:
+        """The events of one watch of ``kind`` from ``resource_version`` (with bookmarks), until the server ends it.
+
+        Raises :class:`KubeError` for an HTTP error (410 Gone included) and for a broken connection.
+        """
+        from aiohttp import ClientError
+        from kubernetes_asyncio.client.exceptions import ApiException
+
+        fn, args, kwargs = _collection_call(
+            self._core,
+            self._custom,
+            kind,
+            namespace,
+            label_selector=label_selector,
+            watch=True,
+            resource_version=resource_version,
+            allow_watch_bookmarks=True,
+            timeout_seconds=timeout_seconds,
+        )
+        try:
+            # A read timeout well past the server's own end of the watch: only a dead connection trips it.
+            response = await fn(*args, _request_timeout=(10, timeout_seconds + 30), _preload_content=False, **kwargs)
+        except ApiException as e:
+            raise _from_api_exception(e) from e
+        except (TimeoutError, ClientError, OSError) as e:
+            raise KubeError(0, type(e).__name__, str(e)) from e
+        try:
+            if not 200 <= response.status <= 299:
+                error = ApiException(status=response.status, reason=response.reason)
+                error.body = (await response.read()).decode("utf-8", errors="replace")
+                raise _from_api_exception(error) from error
+            # Chunks, not readline(): aiohttp refuses lines above 64 KiB, and a job with large templates is one.
+            buffer = b""
+            chunks = response.content.iter_any()
+            while True:
+                try:
+                    chunk = await anext(chunks)
+                except StopAsyncIteration:
+                    return
+                except (TimeoutError, ClientError, OSError) as e:
+                    raise KubeError(0, type(e).__name__, str(e)) from e
+                buffer += chunk
+                *lines, buffer = buffer.split(b"\n")
+                for line in lines:
+                    if line.strip():
+                        yield _json(line)
+        finally:
+            response.release()
 
     async def delete(self, kind: str, name: str, namespace: str) -> bool:
         try:

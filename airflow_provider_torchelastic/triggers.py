@@ -1,18 +1,23 @@
 """The trigger that waits for a PyTorchJob (or the single Pod) while the task is deferred.
 
 It drives the same wait core (:func:`~airflow_provider_torchelastic.wait.wait_for_job`) as the worker does with
-``deferrable=False``, deadline, clean-up and all; only the I/O is async. Its arguments are one frozen dataclass, so
+``deferrable=False``, deadline, clean-up and all; only the I/O is async, and in the triggerer it comes from one
+watch per connection and namespace shared by all triggers there (:mod:`~airflow_provider_torchelastic.stream`).
+Its arguments are one frozen dataclass, so
 ``serialize()`` cannot drift from ``__init__``, and they carry the connection as resolved on the worker (the
 triggerer needs no connection).
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import functools
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Final
 
-from airflow.triggers.base import BaseTrigger, TriggerEvent
+from airflow.triggers.base import BaseEventTrigger, TriggerEvent
 
 from airflow_provider_torchelastic.status import JobRef, WaitPolicy
 
@@ -65,13 +70,38 @@ class WatchArgs:
         )
 
 
-class TorchElasticJobTrigger(BaseTrigger):
-    """Fires once, when the job ended (or waiting for it failed)."""
+def _watch_args(kwargs: Mapping[str, Any]) -> WatchArgs:
+    known = {f.name for f in fields(WatchArgs)}
+    return WatchArgs(**{k: v for k, v in kwargs.items() if k in known})
+
+
+def _hook(args: WatchArgs) -> Any:
+    from airflow.providers.cncf.kubernetes.hooks.kubernetes import AsyncKubernetesHook
+
+    return AsyncKubernetesHook(
+        conn_id=args.kubernetes_conn_id,
+        connection_extras=dict(args.connection_extras) if args.connection_extras is not None else None,
+        config_dict=dict(args.config_dict) if args.config_dict else None,
+        cluster_context=args.cluster_context,
+        in_cluster=args.in_cluster,
+    )
+
+
+class TorchElasticJobTrigger(BaseEventTrigger):
+    """Fires once, when the job ended (or waiting for it failed).
+
+    In the triggerer, every trigger of one connection and namespace shares one list+watch
+    (:mod:`~airflow_provider_torchelastic.stream`): :meth:`filter_shared_stream` drives the wait core from the
+    shared cache. :meth:`run` (``dag.test()``, which runs triggers in-process, or a triggerer without shared
+    streams) polls the API on its own, with the same wait core.
+    """
+
+    #: A deferred task's trigger (BaseEventTrigger turns this off for asset watchers): honour ``trigger_queue``.
+    supports_triggerer_queue = True
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__()
-        known = {f.name for f in fields(WatchArgs)}
-        self.args = WatchArgs(**{k: v for k, v in kwargs.items() if k in known})
+        self.args = _watch_args(kwargs)
         #: Set once the job's decision was reached: a kill after that has nothing to stop.
         self._finished = False
 
@@ -79,30 +109,73 @@ class TorchElasticJobTrigger(BaseTrigger):
         return f"{type(self).__module__}.{type(self).__qualname__}", asdict(self.args)
 
     def _hook(self) -> Any:
-        from airflow.providers.cncf.kubernetes.hooks.kubernetes import AsyncKubernetesHook
+        return _hook(self.args)
+
+    def _emit(self, line: str) -> None:
+        """The one place where the trigger writes to the task log (progress, pods' log lines, fallbacks)."""
+        self.log.info(line)
+
+    def shared_stream_key(self) -> tuple[str, str, str]:
+        from airflow_provider_torchelastic.stream import stream_key
 
         args = self.args
-        return AsyncKubernetesHook(
+        return stream_key(
+            namespace=args.namespace,
             conn_id=args.kubernetes_conn_id,
-            connection_extras=dict(args.connection_extras) if args.connection_extras is not None else None,
-            config_dict=dict(args.config_dict) if args.config_dict else None,
+            connection_extras=args.connection_extras,
+            config_dict=args.config_dict,
             cluster_context=args.cluster_context,
             in_cluster=args.in_cluster,
         )
 
-    async def run(self) -> AsyncIterator[TriggerEvent]:
+    @classmethod
+    async def open_shared_stream(cls, kwargs: dict[str, Any]) -> AsyncIterator[Any]:
+        """One client and one list+watch for the namespace; only the key's fields (connection, namespace) count."""
         from airflow_provider_torchelastic.kube import AsyncKube
+        from airflow_provider_torchelastic.stream import watch_namespace
+
+        args = _watch_args(kwargs)
+        async with _hook(args).get_conn() as api:
+            async for update in watch_namespace(AsyncKube(api), args.namespace):
+                yield update
+
+    async def filter_shared_stream(self, shared_stream: AsyncIterator[Any]) -> AsyncIterator[TriggerEvent]:
+        async for event in self._wait(shared_stream):
+            yield event
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        async for event in self._wait(None):
+            yield event
+
+    async def _wait(self, updates: AsyncIterator[Any] | None) -> AsyncIterator[TriggerEvent]:
+        from airflow_provider_torchelastic.kube import AsyncKube
+        from airflow_provider_torchelastic.metrics import MetricsTap
+        from airflow_provider_torchelastic.stream import SharedSource
         from airflow_provider_torchelastic.wait import drive_async, wait_for_job
 
         args = self.args
+        # Rank 0's metrics lines become progress lines here too; what the tap kept travels in the event, so that
+        # execute_complete ends the task log with the last values and saves them in the job summary.
+        tap = MetricsTap(self._emit)
         try:
-            async with self._hook().get_conn() as api:
-                decision = await drive_async(wait_for_job(args.ref, args.policy), AsyncKube(api), self.log.info)
+            async with contextlib.AsyncExitStack() as stack:
+
+                async def direct() -> AsyncKube:
+                    return AsyncKube(await stack.enter_async_context(self._hook().get_conn()))
+
+                flow = wait_for_job(args.ref, args.policy)
+                if updates is None:
+                    decision = await drive_async(flow, await direct(), tap)
+                else:
+                    source = SharedSource(updates, direct, tap)
+                    sleep = functools.partial(source.sleep_until_changed, args.ref)
+                    decision = await drive_async(flow, source, tap, sleep=sleep)
         except Exception as e:  # not reached through the wait core (e.g. no usable connection): the worker says so
             self.log.exception("Waiting for %s %s failed", args.kind, args.name)
             yield TriggerEvent({"status": EVENT_ERROR, "message": f"{type(e).__name__}: {e}"})
             return
         self._finished = True
+        decision = dataclasses.replace(decision, metrics=tap.to_json())
         yield TriggerEvent({"status": EVENT_DONE, **decision.to_event()})
 
     async def on_kill(self) -> None:
@@ -118,4 +191,4 @@ class TorchElasticJobTrigger(BaseTrigger):
         from airflow_provider_torchelastic.wait import drive_async, stop_job
 
         async with self._hook().get_conn() as api:
-            await drive_async(stop_job(self.args.ref), AsyncKube(api), self.log.info)
+            await drive_async(stop_job(self.args.ref), AsyncKube(api), self._emit)

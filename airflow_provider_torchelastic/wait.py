@@ -20,9 +20,9 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
-from collections.abc import Callable, Generator
+from collections.abc import Awaitable, Callable, Generator
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeAlias
+from typing import Any, Final, Protocol, TypeAlias
 
 from airflow_provider_torchelastic import jobkinds
 from airflow_provider_torchelastic.errors import KubeError
@@ -71,12 +71,13 @@ class FetchFailed:
 
 @dataclass(frozen=True)
 class ReadLog:
-    """Read the training container's log of ``pod`` with timestamps, from ``since_seconds`` ago (None: all).
-    Answered with the text, ``""`` when it is not available (yet)."""
+    """Read the training container's log of ``pod`` with timestamps, from ``since_seconds`` ago (None: all), or only
+    its last ``tail_lines`` lines. Answered with the text, ``""`` when it is not available (yet)."""
 
     pod: str
     namespace: str
     since_seconds: int | None
+    tail_lines: int | None = None
 
 
 @dataclass(frozen=True)
@@ -104,7 +105,7 @@ class JobSource(Protocol):
 
     def snapshot(self, ref: JobRef) -> Snapshot: ...
 
-    def read_log(self, pod: str, namespace: str, since_seconds: int | None) -> str: ...
+    def read_log(self, pod: str, namespace: str, since_seconds: int | None, tail_lines: int | None = None) -> str: ...
 
     def delete_job(self, ref: JobRef) -> bool: ...
 
@@ -114,7 +115,9 @@ class AsyncJobSource(Protocol):
 
     async def snapshot(self, ref: JobRef) -> Snapshot: ...
 
-    async def read_log(self, pod: str, namespace: str, since_seconds: int | None) -> str: ...
+    async def read_log(
+        self, pod: str, namespace: str, since_seconds: int | None, tail_lines: int | None = None
+    ) -> str: ...
 
     async def delete_job(self, ref: JobRef) -> bool: ...
 
@@ -124,12 +127,31 @@ class AsyncJobSource(Protocol):
 _ELAPSED = "; elapsed "
 
 
+#: Log reads of a job are paced: one read per interval, which starts at the poll interval, triples while reads bring
+#: nothing to print, and is capped here. So a job costs at most ``60 / poll_interval`` log requests a minute however
+#: many pods it has, a quiet one about one, and a queued one (no pods yet) none.
+LOG_INTERVAL_MAX: Final = 60.0
+#: Lines read from the end of a failed pod's log (its log is final; the tail holds the error).
+FAILED_TAIL_LINES: Final = 50
+#: Every worker line starts with ``[rank<global rank>]:`` (the runner's ``LOG_LINE_PREFIX``), so the pod whose log has
+#: ``[rank0]:`` lines holds rank 0; with elastic rendezvous no one knows which pod that is before the workers start.
+RANK0_PREFIX: Final = "[rank0]:"
+
+
 @dataclass(kw_only=True)
 class _WatchState:
     #: The progress line without its elapsed time: a change of phase or of running pods is logged at once.
     last_state: str = ""
     last_logged: float = 0.0
     cursors: dict[str, LogCursor] = field(default_factory=dict)
+    #: The pod whose log showed rank 0's lines: the one whose log is streamed.
+    rank0_pod: str | None = None
+    #: Round-robin position among the started pods while rank 0's pod is not known.
+    probe: int = 0
+    next_log_at: float = 0.0
+    log_interval: float = 0.0
+    #: Failed pods whose tails were printed (at most ``log_pods`` of them).
+    tails: set[str] = field(default_factory=set)
 
 
 def wait_for_job(ref: JobRef, policy: WaitPolicy) -> Generator[Request, Any, WaitDecision]:
@@ -161,7 +183,7 @@ def wait_for_job(ref: JobRef, policy: WaitPolicy) -> Generator[Request, Any, Wai
             # On change, and as a heartbeat every progress_interval: a long quiet job still shows it is alive.
             yield EmitLog(decision.progress)
             state.last_state, state.last_logged = current, snapshot.now
-        yield from _stream_logs(ref, kind, snapshot, policy, state)
+        yield from _stream_logs(ref, kind, snapshot, policy, state, final=decision.phase.is_terminal)
         if decision.phase.is_terminal:
             if policy.keeps(decision):
                 kept = f"{ref.kind} {ref.namespace}/{ref.name}"
@@ -208,19 +230,63 @@ def _delete(ref: JobRef, why: str) -> Generator[Request, Any, None]:
 
 
 def _stream_logs(
-    ref: JobRef, kind: jobkinds.JobKind, snapshot: Snapshot, policy: WaitPolicy, state: _WatchState
+    ref: JobRef, kind: jobkinds.JobKind, snapshot: Snapshot, policy: WaitPolicy, state: _WatchState, *, final: bool
 ) -> Generator[Request, Any, None]:
+    """Print rank 0's log and the tails of failed pods, at a bounded number of reads per minute.
+
+    The cost does not grow with the number of pods: one paced read of one pod per interval (rank 0's, or while it is
+    not known the next pod in turn, looking for ``[rank0]:`` lines), plus one tail read for each of at most
+    ``log_pods`` failed pods over the whole wait, plus one last read of rank 0 when the job ended.
+    """
     own_pod = kind.pod_selector(ref.name) is None
     pods = [snapshot.job] if own_pod and snapshot.job is not None else list(snapshot.pods)
-    started = [p for p in pods if p.get("status", {}).get("phase") in ("Running", "Succeeded", "Failed")]
-    for pod in sorted(started, key=lambda p: p.get("metadata", {}).get("name", ""))[: policy.log_pods]:
+    started = sorted(
+        (p for p in pods if p.get("status", {}).get("phase") in ("Running", "Succeeded", "Failed")),
+        key=lambda p: p.get("metadata", {}).get("name", ""),
+    )
+    names = [p["metadata"]["name"] for p in started]
+    if own_pod and names:
+        state.rank0_pod = names[0]
+    elif state.rank0_pod not in names:
+        state.rank0_pod = None  # deleted, or recreated by a restart: rank 0 may land elsewhere now
+    for pod in started:
         name = pod["metadata"]["name"]
-        cursor = state.cursors.get(name, LogCursor())
-        since = None if not cursor.last_seen else max(1, int(snapshot.now - cursor.last_seen) + 2)
-        text = yield ReadLog(pod=name, namespace=ref.namespace, since_seconds=since)
-        lines, state.cursors[name] = new_log_lines(cursor, text or "")
+        failed = pod.get("status", {}).get("phase") == "Failed"
+        if not failed or name in state.tails or name == state.rank0_pod or len(state.tails) >= policy.log_pods:
+            continue
+        state.tails.add(name)
+        text = yield ReadLog(pod=name, namespace=ref.namespace, since_seconds=None, tail_lines=FAILED_TAIL_LINES)
+        # A fresh cursor: what a probe read of this pod saw was not printed, and the tail holds the error.
+        lines, state.cursors[name] = new_log_lines(LogCursor(), text or "")
         for line in lines:
             yield EmitLog(f"[{name}] {line}")
+    if not names or (snapshot.now < state.next_log_at and not final):
+        return
+    # Once the job ended, rank 0's pod must be found now or never: probe up to ``log_pods`` pods in this one pass (a
+    # job shorter than the first paced read ends before any probe ran).
+    probes = 1 if not final or state.rank0_pod is not None else max(1, min(len(names), policy.log_pods))
+    shown: list[str] = []
+    for _ in range(probes):
+        if state.rank0_pod is not None:
+            target = state.rank0_pod
+        else:
+            target = names[state.probe % len(names)]
+            state.probe += 1
+        cursor = state.cursors.get(target, LogCursor())
+        since = None if not cursor.last_seen else max(1, int(snapshot.now - cursor.last_seen) + 2)
+        text = yield ReadLog(pod=target, namespace=ref.namespace, since_seconds=since)
+        lines, state.cursors[target] = new_log_lines(cursor, text or "")
+        if target != state.rank0_pod and any(line.startswith(RANK0_PREFIX) for line in lines):
+            state.rank0_pod = target
+        shown = lines if target == state.rank0_pod else []
+        for line in shown:
+            yield EmitLog(f"[{target}] {line}")
+        if state.rank0_pod is not None:
+            break
+    # Back off while reads bring nothing to print (a queued, quiet or hidden rank 0); come back as soon as they do.
+    base = max(policy.poll_interval, 1.0)
+    state.log_interval = base if shown or not state.log_interval else min(state.log_interval * 3, LOG_INTERVAL_MAX)
+    state.next_log_at = snapshot.now + state.log_interval
 
 
 # --- the drivers: I/O only ------------------------------------------------------------------------------------------
@@ -231,6 +297,11 @@ def _no_log_text(error: KubeError, log: Callable[[str], None]) -> str:
     if error.status not in (400, 404) and not error.recoverable:
         log(f"could not read logs: {error}")
     return ""
+
+
+def _tail(request: ReadLog) -> tuple[int, ...]:
+    # Passed only when asked for, so that sources written before ``tail_lines`` existed keep working.
+    return () if request.tail_lines is None else (request.tail_lines,)
 
 
 def drive_sync(
@@ -257,7 +328,7 @@ def drive_sync(
                 answer = FetchFailed(str(e))
         elif isinstance(request, ReadLog):
             try:
-                answer = source.read_log(request.pod, request.namespace, request.since_seconds)
+                answer = source.read_log(request.pod, request.namespace, request.since_seconds, *_tail(request))
             except KubeError as e:
                 answer = _no_log_text(e, log)
         elif isinstance(request, DeleteJob):
@@ -271,8 +342,15 @@ def drive_sync(
             log(request.line)
 
 
-async def drive_async(flow: Generator[Request, Any, Any], source: AsyncJobSource, log: Callable[[str], None]) -> Any:
-    """The same as :func:`drive_sync`, awaiting."""
+async def drive_async(
+    flow: Generator[Request, Any, Any],
+    source: AsyncJobSource,
+    log: Callable[[str], None],
+    *,
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+) -> Any:
+    """The same as :func:`drive_sync`, awaiting. A shared watch passes a ``sleep`` that wakes up early when the
+    job changed (:mod:`~airflow_provider_torchelastic.stream`)."""
     from airflow_provider_torchelastic.kube import retry_async
 
     answer: Any = None
@@ -289,7 +367,7 @@ async def drive_async(flow: Generator[Request, Any, Any], source: AsyncJobSource
                 answer = FetchFailed(str(e))
         elif isinstance(request, ReadLog):
             try:
-                answer = await source.read_log(request.pod, request.namespace, request.since_seconds)
+                answer = await source.read_log(request.pod, request.namespace, request.since_seconds, *_tail(request))
             except KubeError as e:
                 answer = _no_log_text(e, log)
         elif isinstance(request, DeleteJob):
@@ -298,6 +376,6 @@ async def drive_async(flow: Generator[Request, Any, Any], source: AsyncJobSource
             except KubeError as e:
                 answer = str(e)
         elif isinstance(request, Sleep):
-            await asyncio.sleep(request.seconds)
+            await sleep(request.seconds)
         elif isinstance(request, EmitLog):
             log(request.line)

@@ -27,6 +27,12 @@ def main(argv: list[str] | None = None) -> int:
         help=f"where the cluster keeps its data, logs and kubeconfigs (default: ${cp.DEFAULT_STATE_DIR_ENV} "
         f"or {cp.DEFAULT_STATE_DIR})",
     )
+    parser.add_argument(
+        "--audit-log",
+        type=Path,
+        default=None,
+        help="up: have the kube-apiserver write an audit log (JSON lines, one per request) to this path",
+    )
     args = parser.parse_args(argv)
     state_dir = (args.state_dir or cp.default_state_dir()).resolve()
 
@@ -38,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
             print(info.kubeconfig)
             return 0
         try:
-            info = cp.ControlPlane(state_dir, log=_log, show_build_output=True).start()
+            info = cp.ControlPlane(state_dir, log=_log, show_build_output=True, audit_log=args.audit_log).start()
         except cp.ClusterError as e:
             _log(f"ERROR: {e}")
             return 1

@@ -281,8 +281,12 @@ class ControlPlane:
         start_simulators: bool = True,
         show_build_output: bool = False,
         log: Any = None,
+        audit_log: Path | None = None,
     ) -> None:
         self.state_dir = Path(state_dir).resolve()
+        #: Where the apiserver writes its audit log (one JSON line per request, Metadata level), to count requests by
+        #: identity in benchmarks; None: no audit log.
+        self.audit_log = Path(audit_log).resolve() if audit_log is not None else None
         self.start_simulators = start_simulators
         self.show_build_output = show_build_output
         self._log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
@@ -398,6 +402,7 @@ class ControlPlane:
                 "--endpoint-reconciler-type=none",
                 "--allow-privileged=true",
                 "--profiling=false",
+                *self._audit_args(),
             ],
         )
         cert_file, key_file = cert_dir / "apiserver.crt", cert_dir / "apiserver.key"
@@ -458,6 +463,31 @@ class ControlPlane:
             self._start_simulators(info)
         (state / "state.json").write_text(json.dumps(info.to_json(), indent=2) + "\n")
         return info
+
+    def _audit_args(self) -> list[str]:
+        if self.audit_log is None:
+            return []
+        policy = self.state_dir / "audit-policy.yaml"
+        # One event per request, when its response completed (a watch: when it ended); Metadata carries the user,
+        # verb and URI, which is all a request count needs.
+        policy.write_text(
+            json.dumps(
+                {
+                    "apiVersion": "audit.k8s.io/v1",
+                    "kind": "Policy",
+                    "omitStages": ["RequestReceived", "ResponseStarted"],
+                    "rules": [{"level": "Metadata"}],
+                }
+            )
+        )
+        self.audit_log.parent.mkdir(parents=True, exist_ok=True)
+        return [
+            f"--audit-policy-file={policy}",
+            f"--audit-log-path={self.audit_log}",
+            "--audit-log-format=json",
+            "--audit-log-mode=batch",
+            "--audit-log-batch-max-wait=1s",
+        ]
 
     def _start_simulators(self, info: ClusterInfo) -> None:
         # Pods run this checkout's code as the runner image would have it: installed into a layer of this cluster's

@@ -1,9 +1,10 @@
 """The runner environment that the simulated kubelet runs containers' Pythons with: the runner image, as a venv.
 
-``scripts/build-runner-env.sh`` builds it like ``docker/Dockerfile`` builds the image (torch, cloudpickle, numpy;
-no Airflow, no kubernetes client) and caches it once per machine, keyed by what goes into it. This checkout is not
-part of the cached env: every cluster start layers the current code on top of it (``<state dir>/runner-env``, a
-venv that reaches the cached env's site-packages through a ``.pth`` and has the package installed ``--no-deps``).
+``scripts/build-runner-env.sh`` builds it like ``docker/Dockerfile`` builds the image (torch, cloudpickle, numpy, and
+s3fs as ``STORAGE=1`` adds it, for the storage tests; no Airflow, no kubernetes client) and caches it once per machine,
+keyed by what goes into it. This checkout is not part of the cached env: every cluster start layers the current code
+on top of it (``<state dir>/runner-env``, a venv that reaches the cached env's site-packages through a ``.pth`` and
+has the package installed ``--no-deps``).
 """
 
 from __future__ import annotations

@@ -81,6 +81,9 @@ Failure injection (pod annotations; a PyTorchJob replica template's annotations 
     SIGTERM (SIGKILL after the grace period), phase Failed, reason ``Evicted``, message like a real node-pressure
     eviction, condition ``DisruptionTarget``; evicted pods are never restarted.
 ``sim.torchelastic.dev/start-delay-seconds=N``: the pod stays Pending (ContainerCreating) for N s first.
+``sim.torchelastic.dev/hold=true``: the app containers start no process: they are Running (with an empty log) until
+    the pod gets the annotation ``sim.torchelastic.dev/exit-code=N``, then terminate with exit code N. For load tests
+    (hundreds of running pods at no CPU cost) and for tests that decide when a pod ends.
 ``sim.torchelastic.dev/fail-times=N``: inject ``fail``/``evict-after-seconds`` only the first N times for this
     namespace/pod name (each container start for OOMKilled, each pod otherwise). A recreated pod keeps its name, so
     this gives "fails once, then succeeds after the operator's restart".
@@ -143,6 +146,8 @@ ANN_EVICT_AFTER = "sim.torchelastic.dev/evict-after-seconds"
 ANN_START_DELAY = "sim.torchelastic.dev/start-delay-seconds"
 ANN_FAIL_INDEXES = "sim.torchelastic.dev/fail-indexes"
 ANN_FAIL_TIMES_SCOPE = "sim.torchelastic.dev/fail-times-scope"
+ANN_HOLD = "sim.torchelastic.dev/hold"
+ANN_EXIT_CODE = "sim.torchelastic.dev/exit-code"
 FAULTS = ("ImagePullBackOff", "ErrImagePull", "Unschedulable", "CreateContainerConfigError", "OOMKilled")
 # What the training operator puts on every pod of a PyTorchJob (``replica_labels`` in sim_operator).
 LABEL_REPLICA_TYPE = "training.kubeflow.org/replica-type"
@@ -762,6 +767,9 @@ class PodRunner:
         self.fault_containers = {s.strip() for s in fault_containers.split(",")} if fault_containers else None
         self.evict_after = parse_float(annotations.get(ANN_EVICT_AFTER))
         self.start_delay = parse_float(annotations.get(ANN_START_DELAY), 0.0) or 0.0
+        # Held containers run no process; they end when the pod is annotated with an exit code.
+        self.hold = (meta.get("annotations") or {}).get(ANN_HOLD) == "true"
+        self.release_code: int | None = None
         self.grace = min(float(spec.get("terminationGracePeriodSeconds", 30)), MAX_GRACE_SECONDS)
         self.thread = threading.Thread(target=self._run, name=f"pod-{self.ns}/{self.name}", daemon=True)
 
@@ -773,6 +781,14 @@ class PodRunner:
     def update(self, pod: dict[str, Any]) -> None:
         self.pod = pod
         meta = pod["metadata"]
+        code = (meta.get("annotations") or {}).get(ANN_EXIT_CODE)
+        if self.hold and code is not None and self.release_code is None:
+            try:
+                self.release_code = int(code)
+            except ValueError:
+                log.warning("pod %s/%s: ignoring non-integer %s=%r", self.ns, self.name, ANN_EXIT_CODE, code)
+            else:
+                self.events.put(("release",))
         if meta.get("deletionTimestamp"):
             grace = float(meta.get("deletionGracePeriodSeconds") or 0)
             self.events.put(("stop", min(grace, MAX_GRACE_SECONDS), False))
@@ -1008,6 +1024,10 @@ class PodRunner:
             _, container, proc, returncode = event
             if container.proc is proc:
                 self._on_exit(container, returncode)
+        elif kind == "release" and self.release_code is not None:
+            for c in self.main:
+                if c.live and c.proc is None:
+                    self._on_exit(c, self.release_code)
         elif kind == "stop":
             _, grace, gone = event
             self.stop_requested = True
@@ -1026,6 +1046,12 @@ class PodRunner:
         log_path.parent.mkdir(parents=True, exist_ok=True)
         log_path.write_bytes(b"")
         c.started_at = now_rfc3339()
+        if self.hold and not c.is_init:
+            c.live, c.ready = True, True
+            c.state = {"running": {"startedAt": c.started_at}}
+            if self.release_code is not None:  # told to end before it started
+                self.events.put(("release",))
+            return
         if c.is_init and self._is_init_pytorch(c.spec):
             # The operator's "until nslookup <master>" loop: simulated, the master's DNS record exists once it runs.
             c.live = True

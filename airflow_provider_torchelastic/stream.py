@@ -1,0 +1,421 @@
+"""One list+watch per connection and namespace, shared by every trigger that waits there (Airflow 3.3 shared streams).
+
+The triggerer runs :func:`watch_namespace` once per :func:`stream_key` (``open_shared_stream``) and broadcasts its
+:class:`StreamUpdate` s to the triggers of that key. Each trigger keeps driving the one wait core
+(:func:`~wait.wait_for_job`); only its :class:`~wait.AsyncJobSource` changes: a :class:`SharedSource` answers "what
+does the job look like now" from the stream's :class:`JobCache` and sleeps until the stream says that the job
+changed. So there is no second state machine, and deciding needs no request.
+
+What the stream does, as a client-go informer does: list each registered kind of job and the pods, all by the
+provider's ``managed-by`` label, then watch from the list's ``resourceVersion`` with bookmarks; a watch that the
+server ends is resumed from the last version seen, a 410 Gone relists, a broken connection is retried with jittered
+backoff. A 401/403 (an identity that may not list or watch) ends the stream: every trigger then polls on its own.
+
+The contract with the triggers:
+
+* A late joiner gets the current state: updates carry the cache itself, and a tick is broadcast every
+  :data:`TICK_SECONDS` even when nothing changed, so a new trigger reads its job within a tick of joining. A job
+  the cache has not seen (created a moment ago) is fetched once by the stream (:meth:`JobCache.want`), not by the
+  trigger.
+* The key is a fingerprint of the connection settings (Airflow logs keys; settings may hold a token).
+* A trigger whose queue overflowed, or whose stream ended, polls on its own from then on and says so once.
+* One API client per stream; the triggers' own requests (log reads, the final delete) go through it, at most
+  :data:`MAX_CONCURRENT_REQUESTS` at a time, which leaves the client's connection pool room for the watches.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import hashlib
+import json
+import random
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+from airflow_provider_torchelastic import jobkinds
+from airflow_provider_torchelastic.errors import KubeError
+from airflow_provider_torchelastic.naming import LABEL_MANAGED_BY, MANAGED_BY
+from airflow_provider_torchelastic.status import JobRef, Snapshot
+
+__all__ = [
+    "MAX_CONCURRENT_REQUESTS",
+    "TICK_SECONDS",
+    "JobCache",
+    "SharedSource",
+    "StreamUnavailable",
+    "StreamUpdate",
+    "stream_key",
+    "watch_namespace",
+]
+
+#: Updates are broadcast at least this often, so that a late joiner and a deadline need no change to wake up.
+TICK_SECONDS: Final = 1.0
+#: How long a change waits for others to share its broadcast.
+BATCH_SECONDS: Final = 0.05
+#: Requests the triggers of one stream may have in flight at once (log reads, deletes, the stream's own GETs); the
+#: client's pool (100 connections) keeps the rest for the watches, so log reads never starve them.
+MAX_CONCURRENT_REQUESTS: Final = 8
+#: Updates (about a second each) a trigger waits for the stream to know its job before it polls on its own.
+MAX_UNKNOWN_TICKS: Final = 60
+#: How long the server keeps one watch open; resumed from the last version afterwards (jittered, as informers do).
+WATCH_SECONDS: Final = 290
+#: Backoff after a failed list or watch: 1, 2, 4... seconds, capped, jittered.
+BACKOFF_MAX: Final = 30.0
+#: Every object the provider creates carries this label; the watch sees nothing else.
+SELECTOR: Final = f"{LABEL_MANAGED_BY}={MANAGED_BY}"
+
+
+class StreamUnavailable(Exception):
+    """The stream cannot list or watch (401/403): the triggers poll on their own."""
+
+
+def stream_key(
+    *,
+    namespace: str,
+    conn_id: str | None,
+    connection_extras: Mapping[str, Any] | None,
+    config_dict: Mapping[str, Any] | None,
+    cluster_context: str | None,
+    in_cluster: bool | None,
+) -> tuple[str, str, str]:
+    """The shared-stream key: triggers with equal connection settings and namespace share one watch.
+
+    A digest, not the settings: the triggerer logs keys, and the extras or config dict may carry a token.
+    """
+    settings = {
+        "conn_id": conn_id,
+        "extras": connection_extras,
+        "config": config_dict,
+        "context": cluster_context,
+        "in_cluster": in_cluster,
+    }
+    digest = hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    return ("torchelastic-watch", namespace, digest)
+
+
+@dataclass(frozen=True)
+class StreamUpdate:
+    """What the stream broadcasts: its cache, and which jobs changed since the last update (``None``: maybe all)."""
+
+    cache: JobCache
+    changed: frozenset[str] | None
+
+
+def _version(obj: Mapping[str, Any]) -> int:
+    # Opaque by contract, but etcd's revisions, compared only to keep the newer of a GET and a watch event.
+    try:
+        return int(obj.get("metadata", {}).get("resourceVersion", "0"))
+    except ValueError:
+        return 0
+
+
+class JobCache:
+    """The stream's view of one namespace: the provider's jobs by kind and name, and their pods by job.
+
+    Written only by the stream; read by the triggers without I/O. ``kube`` is the stream's client (an
+    :class:`~kube.AsyncKube`), through which :meth:`request` runs the triggers' own calls.
+    """
+
+    def __init__(self, namespace: str, kube: Any) -> None:
+        self.namespace = namespace
+        self.kube = kube
+        self.objects: dict[str, dict[str, dict[str, Any]]] = {}  # kind -> name -> object
+        self.synced: set[str] = set()  # kinds listed at least once
+        self.kinds: tuple[str, ...] = ()
+        self.absent: set[tuple[str, str]] = set()  # (kind, name) the API confirmed gone
+        self.unwatched: set[tuple[str, str]] = set()  # exists, but without the label: the watch cannot see it
+        self.wanted: set[tuple[str, str]] = set()
+        self.closed = False
+        self._requests = asyncio.Semaphore(MAX_CONCURRENT_REQUESTS)
+        self._changed: set[str] = set()
+        self._all_changed = False
+        self._wake = asyncio.Event()
+
+    # -- read by the triggers (no I/O) --------------------------------------------------------------------------
+
+    @property
+    def ready(self) -> bool:
+        return bool(self.kinds) and self.synced >= set(self.kinds)
+
+    def knows(self, ref: JobRef) -> bool:
+        """Whether the cache can answer for this job: it is there, or known to be gone."""
+        key = (ref.kind, ref.name)
+        return self.ready and (ref.name in self.objects.get(ref.kind, {}) or key in self.absent)
+
+    def watches(self, ref: JobRef) -> bool:
+        return ref.kind in self.kinds and (ref.kind, ref.name) not in self.unwatched
+
+    def snapshot(self, ref: JobRef) -> Snapshot:
+        job = self.objects.get(ref.kind, {}).get(ref.name)
+        descriptor = jobkinds.get(ref.kind)
+        pods: list[dict[str, Any]] = []
+        if job is not None and descriptor.pod_owner_label is not None:
+            label = descriptor.pod_owner_label
+            pods = [
+                p
+                for p in self.objects.get("Pod", {}).values()
+                if (p.get("metadata", {}).get("labels") or {}).get(label) == ref.name
+            ]
+        return Snapshot(job=job, pods=pods, now=time.time())
+
+    def want(self, ref: JobRef) -> None:
+        """Ask the stream to fetch a job it has not seen (created just before its trigger joined)."""
+        if (ref.kind, ref.name) not in self.wanted:
+            self.wanted.add((ref.kind, ref.name))
+            self._wake.set()
+
+    async def request(self, call: Callable[[], Awaitable[Any]]) -> Any:
+        """A trigger's own call through the stream's client, at most :data:`MAX_CONCURRENT_REQUESTS` at once."""
+        if self.closed:
+            raise KubeError(0, "StreamClosed", "the shared watch's client is closed")
+        async with self._requests:
+            return await call()
+
+    # -- written by the stream --------------------------------------------------------------------------------
+
+    def _mark(self, names: set[str] | None) -> None:
+        if names is None:
+            self._all_changed = True
+        else:
+            self._changed |= names
+        self._wake.set()
+
+    def _owner(self, kind: str, obj: Mapping[str, Any]) -> str:
+        """The job a Pod event concerns (its own name for a bare Pod job, else its owner label)."""
+        meta = obj.get("metadata", {})
+        if kind != "Pod":
+            return str(meta.get("name", ""))
+        labels = meta.get("labels") or {}
+        for descriptor in jobkinds.registered():
+            if descriptor.pod_owner_label and descriptor.pod_owner_label in labels:
+                return str(labels[descriptor.pod_owner_label])
+        return str(meta.get("name", ""))
+
+    def replace(self, kind: str, items: list[dict[str, Any]]) -> None:
+        """A (re)list: the whole set of objects of ``kind`` as of the list's version."""
+        self.objects[kind] = {item["metadata"]["name"]: item for item in items}
+        for item in items:
+            self.absent.discard((kind, item["metadata"]["name"]))
+        self.synced.add(kind)
+        self._mark(None)
+
+    def apply(self, kind: str, event_type: str, obj: dict[str, Any]) -> None:
+        name = obj.get("metadata", {}).get("name")
+        if not name:
+            return
+        store = self.objects.setdefault(kind, {})
+        if event_type == "DELETED":
+            store.pop(name, None)
+            self.absent.add((kind, name))
+        else:
+            current = store.get(name)
+            if current is not None and _version(current) > _version(obj):
+                return  # an older copy (a GET that raced the watch)
+            store[name] = obj
+            self.absent.discard((kind, name))
+            self.unwatched.discard((kind, name))
+        self._mark({self._owner(kind, obj)})
+
+    def take_changes(self) -> frozenset[str] | None:
+        changed: frozenset[str] | None = None if self._all_changed else frozenset(self._changed)
+        self._changed, self._all_changed = set(), False
+        self._wake.clear()
+        return changed
+
+
+async def _backoff(attempt: int) -> None:
+    await asyncio.sleep(random.uniform(0.5, 1.0) * min(BACKOFF_MAX, 2.0 ** min(attempt, 6)))
+
+
+async def _list_and_watch(cache: JobCache, kind: str) -> None:
+    """Keep ``cache`` current for one kind, forever; raises :class:`StreamUnavailable` on 401/403."""
+    version: str | None = None
+    failures = 0
+    while True:
+        try:
+            if version is None:
+                doc = await cache.kube.list_objects(kind, cache.namespace, SELECTOR)
+                cache.replace(kind, list(doc.get("items") or []))
+                version = str(doc.get("metadata", {}).get("resourceVersion", ""))
+            timeout = int(WATCH_SECONDS * random.uniform(0.9, 1.1))
+            async for event in cache.kube.watch_objects(kind, cache.namespace, SELECTOR, version, timeout):
+                event_type, obj = event.get("type"), event.get("object") or {}
+                if event_type == "ERROR":
+                    if obj.get("code") == 410:
+                        version = None  # too old for the watch cache: relist
+                        break
+                    raise KubeError(int(obj.get("code") or 0), str(obj.get("reason", "")), str(obj.get("message")))
+                version = str(obj.get("metadata", {}).get("resourceVersion") or version)
+                if event_type != "BOOKMARK":
+                    cache.apply(kind, str(event_type), obj)
+                failures = 0
+        except KubeError as e:
+            if e.status in (401, 403):
+                raise StreamUnavailable(f"cannot list/watch {kind} in {cache.namespace}: {e}") from e
+            if e.status == 410:
+                version = None
+                continue
+            if e.status == 404 and version is None:
+                # A registered kind whose CRD this cluster does not serve: there are none of it; look again later.
+                cache.replace(kind, [])
+                await asyncio.sleep(BACKOFF_MAX)
+                continue
+            failures += 1
+            await _backoff(failures)
+            if failures >= 3:
+                version = None  # a long outage: relist rather than trust a version the server may have dropped
+
+
+async def _fetch_wanted(cache: JobCache) -> None:
+    """GET the jobs that triggers asked for and the watch has not delivered (a job created a moment ago)."""
+    for kind, name in sorted(cache.wanted):
+        if cache.knows(JobRef(kind=kind, name=name, namespace=cache.namespace)):
+            cache.wanted.discard((kind, name))
+            continue
+        try:
+            obj = await cache.request(functools.partial(cache.kube.get, kind, name, cache.namespace))
+        except KubeError:
+            continue  # asked again on the next tick
+        cache.wanted.discard((kind, name))
+        if obj is None:
+            if name not in cache.objects.get(kind, {}):
+                cache.absent.add((kind, name))
+        else:
+            cache.apply(kind, "ADDED", obj)
+            labels = obj.get("metadata", {}).get("labels") or {}
+            if labels.get(LABEL_MANAGED_BY) != MANAGED_BY:
+                cache.unwatched.add((kind, name))  # the watch will never update it: its trigger must poll
+        cache._mark({name})
+
+
+async def watch_namespace(kube: Any, namespace: str) -> AsyncIterator[StreamUpdate]:
+    """The shared stream: yields an update on every change and at least every :data:`TICK_SECONDS`, forever.
+
+    ``kube`` is an :class:`~kube.AsyncKube`; it is used only here and through :meth:`JobCache.request`.
+    """
+    cache = JobCache(namespace, kube)
+    # The Pod kind's objects double as the pods of every other kind: one pod watch serves all.
+    kinds = {"Pod"} | {k.kind for k in jobkinds.registered()}
+    cache.kinds = tuple(sorted(kinds))
+    watchers = [asyncio.create_task(_list_and_watch(cache, kind), name=f"torchelastic-watch-{kind}") for kind in kinds]
+    fetcher: asyncio.Task[None] | None = None
+    try:
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(cache._wake.wait(), TICK_SECONDS)
+            if cache._wake.is_set():
+                # Gather what else arrives in the next moment into the same update: every update wakes every
+                # trigger of the stream, so a burst of events (hundreds of jobs ending) costs a few broadcasts.
+                await asyncio.sleep(BATCH_SECONDS)
+            for task in watchers:
+                if task.done():
+                    task.result()  # raises what ended it (StreamUnavailable); a watcher never returns
+            if cache.wanted and cache.ready and (fetcher is None or fetcher.done()):
+                fetcher = asyncio.create_task(_fetch_wanted(cache))
+            yield StreamUpdate(cache=cache, changed=cache.take_changes())
+    finally:
+        cache.closed = True
+        for task in [*watchers, *([fetcher] if fetcher else [])]:
+            task.cancel()
+        for task in [*watchers, *([fetcher] if fetcher else [])]:
+            with contextlib.suppress(BaseException):
+                await task
+
+
+class SharedSource:
+    """An :class:`~wait.AsyncJobSource` fed by a shared stream, polling on its own once the stream fails it.
+
+    ``updates`` is the trigger's subscription; ``direct`` opens a client of the trigger's own (an
+    :class:`~kube.AsyncKube`) when it must poll. ``say`` is the trigger's log.
+    """
+
+    def __init__(
+        self,
+        updates: AsyncIterator[StreamUpdate],
+        direct: Callable[[], Awaitable[Any]],
+        say: Callable[[str], None],
+    ) -> None:
+        self._updates = updates
+        self._open_direct = direct
+        self._say = say
+        self._cache: JobCache | None = None
+        self._last_changed: frozenset[str] | None = None
+        self._direct: Any = None
+
+    @property
+    def polling(self) -> bool:
+        return self._direct is not None
+
+    async def _fall_back(self, why: str) -> Any:
+        if self._direct is None:
+            self._say(f"Shared watch unavailable ({why}); this trigger polls the API on its own from now on")
+            self._direct = await self._open_direct()
+        return self._direct
+
+    async def _next(self) -> bool:
+        """Wait for the next update; False once this trigger has fallen back to polling."""
+        if self._direct is not None:
+            return False
+        try:
+            update = await anext(self._updates)
+        except Exception as e:  # overflow, or the stream ended (403, a bug): never leave the task unobserved
+            await self._fall_back(f"{type(e).__name__}: {e}")
+            return False
+        self._cache = update.cache
+        self._last_changed = update.changed
+        return True
+
+    def _usable(self, ref: JobRef) -> JobCache | None:
+        cache = self._cache
+        return cache if cache is not None and not cache.closed and cache.watches(ref) else None
+
+    async def snapshot(self, ref: JobRef) -> Snapshot:
+        waited = 0
+        while self._direct is None:
+            cache = self._cache
+            if cache is not None and cache.ready and not cache.watches(ref):
+                await self._fall_back(f"{ref.kind} {ref.name} lacks the label {SELECTOR}")
+                break
+            if cache is not None and not cache.closed and cache.knows(ref):
+                return cache.snapshot(ref)
+            if waited >= MAX_UNKNOWN_TICKS:  # the stream cannot list, or cannot fetch this job: do not wait forever
+                await self._fall_back(f"it did not see {ref.kind} {ref.name} within {waited} updates")
+                break
+            if cache is not None and cache.ready:
+                cache.want(ref)
+            await self._next()
+            waited += 1
+        direct = self._direct or await self._fall_back("the shared watch ended")
+        return await direct.snapshot(ref)
+
+    async def sleep_until_changed(self, ref: JobRef, seconds: float) -> None:
+        """Sleep up to ``seconds``, waking up as soon as the stream reports a change of the job or its pods."""
+        deadline = time.monotonic() + seconds
+        while self._direct is None and time.monotonic() < deadline:
+            # Ticks arrive every TICK_SECONDS, so the deadline is kept to about a tick without a timer of our own
+            # (cancelling a pending read of the subscription would close it).
+            if not await self._next():
+                break
+            changed = self._last_changed
+            if changed is None or ref.name in changed:
+                return
+        if self._direct is not None and (left := deadline - time.monotonic()) > 0:
+            await asyncio.sleep(left)
+
+    async def read_log(self, pod: str, namespace: str, since_seconds: int | None, tail_lines: int | None = None) -> str:
+        cache = self._cache
+        if self._direct is None and cache is not None and not cache.closed:
+            return await cache.request(lambda: cache.kube.read_log(pod, namespace, since_seconds, tail_lines))
+        direct = self._direct or await self._fall_back("the shared watch ended")
+        return await direct.read_log(pod, namespace, since_seconds, tail_lines)
+
+    async def delete_job(self, ref: JobRef) -> bool:
+        cache = self._usable(ref)
+        if self._direct is None and cache is not None:
+            return await cache.request(lambda: cache.kube.delete_job(ref))
+        direct = self._direct or await self._fall_back("the shared watch ended")
+        return await direct.delete_job(ref)
