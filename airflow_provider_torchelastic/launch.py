@@ -109,11 +109,18 @@ def runner_command(
     max_result_bytes: int = TERMINATION_MESSAGE_LIMIT,
     nnodes: str | None = None,
     python: str = "python",
+    result_url: str | None = None,
 ) -> list[str]:
-    """The runner's command line. ``nnodes`` is omitted where ``PET_NNODES`` supplies it (a PyTorchJob)."""
+    """The runner's command line. ``nnodes`` is omitted where ``PET_NNODES`` supplies it (a PyTorchJob).
+
+    ``result_url``: where the node holding rank 0 writes a value too large for its result file
+    (``[torch_elastic] result_storage``); a URL only, never credentials (those come from the workers' environment).
+    """
     args: list[str] = [python, "-m", RUNNER_MODULE, "--payload", payload_path, "--result-file", result_file]
     # Always explicit, locally too: one limit for rank 0's result wherever the task runs.
     args += ["--max-result-bytes", str(max_result_bytes)]
+    if result_url is not None:
+        args += ["--result-url", result_url]
     if nnodes is not None:
         args += ["--nnodes", nnodes]
     args += [

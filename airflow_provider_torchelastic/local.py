@@ -17,11 +17,12 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Final
 
+from airflow_provider_torchelastic.context import CONTEXT_ENV, TaskContext
 from airflow_provider_torchelastic.launch import LaunchSpec, nccl_env_defaults, runner_command
 from airflow_provider_torchelastic.outcome import NodeOutcome, NodeReport, Verdict, decide_run, decode_outcome
 
@@ -44,8 +45,16 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _clean_env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PET_") and k not in _INHERITED_RENDEZVOUS}
+def _clean_env(task_context: TaskContext | None = None) -> dict[str, str]:
+    # Nor Airflow's AIRFLOW_CTX_* of the worker's own task: the run context reaches the workers in one variable, as
+    # in pods, where there is no Airflow; code that read AIRFLOW_CTX_* would work here and break on Kubernetes.
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("PET_", "AIRFLOW_CTX_")) and k not in _INHERITED_RENDEZVOUS and k != CONTEXT_ENV
+    }
+    if task_context is not None:
+        env[CONTEXT_ENV] = task_context.to_env_value()
     env["PYTHONUNBUFFERED"] = "1"
     # The same NCCL defaults as every pod, whether or not this machine has a GPU (finding out would import torch in
     # the Airflow worker; gloo ignores them); a value in the worker's own environment wins.
@@ -53,14 +62,21 @@ def _clean_env() -> dict[str, str]:
     return env
 
 
-def node_commands(spec: LaunchSpec, *, workdir: Path, python: str = sys.executable) -> list[list[str]]:
+def node_commands(
+    spec: LaunchSpec, *, workdir: Path, python: str = sys.executable, result_url: str | None = None
+) -> list[list[str]]:
     """One runner command line per node. Node 0 hosts the rendezvous store, so none of them races for it."""
     payload = str(workdir / "payload.bin")
     nodes = spec.max_nodes
     if nodes == 1:
         return [
             runner_command(
-                spec, payload_path=payload, result_file=str(workdir / "node-0.json"), nnodes="1", python=python
+                spec,
+                payload_path=payload,
+                result_file=str(workdir / "node-0.json"),
+                nnodes="1",
+                python=python,
+                result_url=result_url,
             )
         ]
     endpoint = f"127.0.0.1:{_free_port()}"
@@ -74,6 +90,7 @@ def node_commands(spec: LaunchSpec, *, workdir: Path, python: str = sys.executab
             result_file=str(workdir / f"node-{index}.json"),
             nnodes=spec.nnodes,
             python=python,
+            result_url=result_url,
         )
         command += ["--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--rdzv-id", run_id]
         commands.append(command)
@@ -85,6 +102,8 @@ class LocalRun:
     """Running node processes; :meth:`stop` is safe to call from another thread (``on_kill``)."""
 
     processes: list[subprocess.Popen[str]] = field(default_factory=list)
+    #: What each node reported, once the run ended (for the job summary).
+    reports: list[NodeReport] = field(default_factory=list)
     _stopped: threading.Event = field(default_factory=threading.Event)
 
     def stop(self) -> None:
@@ -131,14 +150,22 @@ def run_locally(
     log_line: Callable[[str], None],
     run: LocalRun | None = None,
     python: str = sys.executable,
+    task_context: TaskContext | None = None,
+    result_url: str | None = None,
+    extra_env: Mapping[str, str] | None = None,
 ) -> Verdict:
-    """Run the payload on this machine and decide the outcome. Every process is gone when this returns."""
+    """Run the payload on this machine and decide the outcome. Every process is gone when this returns.
+
+    ``task_context`` reaches every worker as :data:`~airflow_provider_torchelastic.context.CONTEXT_ENV`, as it does
+    in pods; ``result_url`` is where a result too large for the result file goes (``[torch_elastic]
+    result_storage``). ``extra_env`` is added to every node's environment (the metrics interval).
+    """
     run = run or LocalRun()
     with tempfile.TemporaryDirectory(prefix="torchelastic-local-") as tmp:
         workdir = Path(tmp)
         (workdir / "payload.bin").write_bytes(payload)
-        commands = node_commands(spec, workdir=workdir, python=python)
-        env = _clean_env()
+        commands = node_commands(spec, workdir=workdir, python=python, result_url=result_url)
+        env = {**_clean_env(task_context), **(extra_env or {})}
         pumps: list[threading.Thread] = []
         try:
             for index, command in enumerate(commands):
@@ -170,6 +197,7 @@ def run_locally(
             )
             for index, proc in enumerate(run.processes)
         ]
+    run.reports = reports
     if run.stopped:
         return Verdict(succeeded=False, detail="the run was stopped before it finished")
     return decide_run(reports)

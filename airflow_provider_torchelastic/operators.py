@@ -23,6 +23,7 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from airflow_provider_torchelastic import jobkinds
 from airflow_provider_torchelastic.config import Elastic, TaskConfig, check_task_config
+from airflow_provider_torchelastic.context import TaskContext, checkpoint_location, result_location
 from airflow_provider_torchelastic.errors import KubeError
 from airflow_provider_torchelastic.launch import config_to_launch_spec
 from airflow_provider_torchelastic.naming import RunIdentity, placeholder_identity
@@ -46,7 +47,10 @@ if TYPE_CHECKING:
     from airflow.sdk.types import TaskInstanceKey
 
     from airflow_provider_torchelastic.kube import SyncKube
+    from airflow_provider_torchelastic.launch import LaunchSpec
     from airflow_provider_torchelastic.local import LocalRun
+    from airflow_provider_torchelastic.metrics import MetricsTap
+    from airflow_provider_torchelastic.summary import JobSummary
 
 __all__ = ["TorchElasticOperator", "TrainingFailedError", "TrainingRecoverableError"]
 
@@ -128,6 +132,113 @@ def configured_image() -> str | None:
     return value
 
 
+def check_checkpoint_uri(value: object) -> str:
+    """``checkpoint_uri``: a non-empty path or fsspec URL (or a template of one), without surrounding spaces."""
+    expected = "a path or fsspec URL (s3://bucket/prefix, file:///mnt/ckpt, /mnt/ckpt), a template, or None"
+    if not isinstance(value, str):
+        raise fail("", "checkpoint_uri", value, expected, TypeError)
+    if not value or value != value.strip():
+        raise fail("", "checkpoint_uri", value, expected)
+    return value
+
+
+def configured_checkpoint_root() -> str | None:
+    """``[torch_elastic] checkpoint_root``: the root of every task's checkpoint location; None when unset."""
+    from airflow.sdk.configuration import conf
+
+    return conf.get(CONFIG_SECTION, "checkpoint_root", fallback="").strip() or None
+
+
+@dataclass(frozen=True, kw_only=True)
+class ResultStorage:
+    """``[torch_elastic] result_storage*``: where results too large for a termination message go."""
+
+    url: str
+    conn_id: str | None
+    keep: bool
+
+
+def configured_result_storage() -> ResultStorage | None:
+    from airflow.sdk.configuration import conf
+
+    url = conf.get(CONFIG_SECTION, "result_storage", fallback="").strip()
+    if not url:
+        return None
+    return ResultStorage(
+        url=url,
+        conn_id=conf.get(CONFIG_SECTION, "result_storage_conn_id", fallback="").strip() or None,
+        keep=conf.getboolean(CONFIG_SECTION, "result_storage_keep", fallback=False),
+    )
+
+
+def read_stored_result(url: str, storage: ResultStorage | None) -> Any:
+    """Rank 0's value written to result storage: JSON, read with Airflow's ``ObjectStoragePath`` (the connection
+    ``[torch_elastic] result_storage_conn_id`` holds the credentials), then deleted unless
+    ``[torch_elastic] result_storage_keep``. Never unpickled."""
+    from airflow.sdk import ObjectStoragePath
+
+    from airflow_provider_torchelastic.outcome import decode_result
+
+    conn_id = storage.conn_id if storage is not None else None
+    path = ObjectStoragePath(url if "://" in url else f"file://{url}", conn_id=conn_id)
+    value = decode_result(path.read_bytes())
+    if storage is None or not storage.keep:
+        path.unlink(missing_ok=True)
+    return value
+
+
+def configured_report_interval() -> float | None:
+    """``[torch_elastic] report_interval``: seconds between rank 0's metrics lines; None when unset (the default of
+    ``report()`` applies)."""
+    from airflow.sdk.configuration import conf
+
+    raw = str(conf.get(CONFIG_SECTION, "report_interval", fallback="") or "").strip()
+    if not raw:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value < float("inf"):
+        raise AirflowFailException(
+            f"[{CONFIG_SECTION}] report_interval: expected seconds >= 0, got {raw!r} "
+            "(env AIRFLOW__TORCH_ELASTIC__REPORT_INTERVAL)"
+        )
+    return value
+
+
+def _metrics_env() -> dict[str, str]:
+    """The workers' env for local execution: the metrics interval, as rendered into pods."""
+    from airflow_provider_torchelastic.metrics import INTERVAL_ENV
+
+    interval = configured_report_interval()
+    return {} if interval is None else {INTERVAL_ENV: f"{interval:g}"}
+
+
+def _local_summary(
+    identity: RunIdentity, spec: LaunchSpec, run: LocalRun, verdict: Verdict, tap: MetricsTap, started: float
+) -> JobSummary:
+    import socket
+
+    from airflow_provider_torchelastic.naming import job_name
+    from airflow_provider_torchelastic.summary import local_job_summary
+
+    nproc = str(spec.nproc_per_node)
+    return local_job_summary(
+        # The name the try's job would have on Kubernetes: unique per try, and the same key for the UI.
+        name=job_name(identity),
+        reports=run.reports,
+        succeeded=verdict.succeeded,
+        root_cause=verdict.detail,
+        created=started,
+        finished=time.time(),
+        nproc_per_node=int(nproc) if nproc.isdigit() else None,
+        hostname=socket.gethostname(),
+        tails=tap.tails(),
+        series=tap.series,
+    )
+
+
 def _configured_execution() -> str:
     from airflow.sdk.configuration import conf
 
@@ -162,6 +273,7 @@ def check_operator_arguments(
     pending_grace_seconds: float = 120.0,
     on_finish_action: str = "delete_succeeded",
     scheduling_timeout: float | None = None,
+    checkpoint_uri: str | None = None,
     dag_id: str = "dag",
     task_id: str = "task",
     known_at_run_time: Collection[str] = (),
@@ -211,6 +323,8 @@ def check_operator_arguments(
     )
     if known("on_finish_action") and on_finish_action not in FINISH_ACTIONS:
         raise fail("", "on_finish_action", on_finish_action, f"one of {', '.join(map(repr, FINISH_ACTIONS))}")
+    if known("checkpoint_uri") and checkpoint_uri is not None:
+        check_checkpoint_uri(checkpoint_uri)
     capacity = None
     if known("scheduling_timeout") and scheduling_timeout is not None:
         capacity = check_seconds("", "scheduling_timeout", scheduling_timeout)
@@ -261,6 +375,7 @@ _ARGUMENTS: Final = (
     "pending_grace_seconds",
     "on_finish_action",
     "scheduling_timeout",
+    "checkpoint_uri",
 )
 
 
@@ -396,13 +511,16 @@ class TorchElasticOperator(BaseOperator):
         suspended or Kueue-queued job) before the task fails as recoverable; default None: until
         ``execution_timeout``. Pods of an elastic job beyond its minimum never count: it runs on what it got.
     :param on_finish_action: ``delete_succeeded`` (default), ``delete`` or ``keep`` the job once it ended.
+    :param checkpoint_uri: this task's checkpoint location (a path or fsspec URL; templated), in place of
+        ``{[torch_elastic] checkpoint_root}/{dag_id}/{run_id}/{task_id}/{map_index}``. The workers read it from
+        ``context.current().checkpoint_uri``; the ``checkpoint`` helpers use it.
     """
 
     operator_extra_links = (TorchElasticJobLink(), TorchElasticLogsLink())
     # The manifest is built in execute(); show it in the rendered-template view of the run, not the parse-time one.
     overwrite_rtif_after_execution = True
 
-    template_fields: Sequence[str] = ("op_args", "op_kwargs", "image", "namespace", "rendered_job")
+    template_fields: Sequence[str] = ("op_args", "op_kwargs", "image", "namespace", "checkpoint_uri", "rendered_job")
     template_fields_renderers: ClassVar[dict[str, str]] = {"op_args": "py", "op_kwargs": "py", "rendered_job": "yaml"}
     # The callable may hold objects that cannot be deep-copied (Airflow copies operators when it maps tasks).
     shallow_copy_attrs: Sequence[str] = ("python_callable",)
@@ -426,6 +544,7 @@ class TorchElasticOperator(BaseOperator):
         pending_grace_seconds: float = 120.0,
         on_finish_action: str = "delete_succeeded",
         scheduling_timeout: float | None = None,
+        checkpoint_uri: str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -444,6 +563,7 @@ class TorchElasticOperator(BaseOperator):
             pending_grace_seconds=pending_grace_seconds,
             on_finish_action=on_finish_action,
             scheduling_timeout=scheduling_timeout,
+            checkpoint_uri=checkpoint_uri,
             dag_id=self.dag_id,
             task_id=self.task_id,
         )
@@ -462,6 +582,7 @@ class TorchElasticOperator(BaseOperator):
         self.pending_grace_seconds = checked.pending_grace_seconds
         self.scheduling_timeout = checked.scheduling_timeout
         self.on_finish_action = on_finish_action
+        self.checkpoint_uri = checkpoint_uri
         self.rendered_job: str | None = None
         self._local_run: LocalRun | None = None
         self._job: JobRef | None = None
@@ -503,27 +624,66 @@ class TorchElasticOperator(BaseOperator):
             len(payload),
         )
         if execution == "local":
-            return self._execute_locally(payload)
+            return self._execute_locally(context, payload)
         return self._execute_on_kubernetes(context, payload)
 
-    def _execute_locally(self, payload: bytes) -> Any:
+    def _execute_locally(self, context: Context, payload: bytes) -> Any:
         from airflow_provider_torchelastic.local import LocalRun, run_locally
+        from airflow_provider_torchelastic.metrics import MetricsTap
 
         spec = config_to_launch_spec(self.task_config)
-        self._local_run = LocalRun()
+        task_context = self._task_context(self._identity(context), context, self.checkpoint_uri)
+        run = self._local_run = LocalRun()
+        # Rank 0's metrics lines become progress lines; the tap keeps them, and the log's tail, for the job summary.
+        tap = MetricsTap(self.log.info)
+        started = time.time()
         try:
-            verdict = run_locally(payload, spec, log_line=self.log.info, run=self._local_run)
+            verdict = run_locally(
+                payload,
+                spec,
+                log_line=tap,
+                run=run,
+                task_context=task_context,
+                result_url=_result_url(task_context),
+                extra_env=_metrics_env(),
+            )
         finally:
             self._local_run = None
-        return self.result_or_raise(verdict)
+        self._push_job_summary(context, _local_summary(self._identity(context), spec, run, verdict, tap, started))
+        return self.result_or_raise(verdict, last_metrics=tap.summary_line())
 
-    def result_or_raise(self, verdict: Verdict) -> Any:
-        """Rank 0's result, or the Airflow exception that says what failed and whether a retry can help."""
+    def _push_job_summary(self, context: Context, summary: JobSummary) -> None:
+        """Save the job summary (the UI's record of a finished job) as the XCom ``torch_elastic_job``."""
+        from airflow_provider_torchelastic.summary import XCOM_KEY
+
+        try:
+            context["ti"].xcom_push(key=XCOM_KEY, value=summary.to_dict())
+        except Exception as e:  # the training's outcome stands; only the UI's record of it is missing
+            self.log.warning("Could not save the job summary (XCom %r): %s", XCOM_KEY, e)
+
+    def result_or_raise(self, verdict: Verdict, *, last_metrics: str = "") -> Any:
+        """Rank 0's result, or the Airflow exception that says what failed and whether a retry can help.
+
+        ``last_metrics`` (``MetricsTap.summary_line()``) ends the task's final log line: the last reported values.
+        """
+        suffix = f"; {last_metrics}" if last_metrics else ""
+        if verdict.succeeded and verdict.result_ref is not None:
+            try:
+                value = read_stored_result(verdict.result_ref, configured_result_storage())
+            except Exception as e:  # the store or its connection failed: the training is done, but its value is not
+                raise TrainingRecoverableError(
+                    f"Training succeeded but rank 0's result could not be read from {verdict.result_ref} "
+                    f"(result storage, connection [torch_elastic] result_storage_conn_id): {type(e).__name__}: {e}"
+                ) from e
+            self.log.info("Training succeeded; rank 0's result read from %s%s", verdict.result_ref, suffix)
+            return value
         if verdict.succeeded:
-            self.log.info("Training succeeded; rank 0's result: %r", verdict.result)
+            self.log.info("Training succeeded; rank 0's result: %r%s", verdict.result, suffix)
             return verdict.result
         if verdict.failure is not None and verdict.failure.traceback:
             self.log.error("Root cause, %s, traceback:\n%s", verdict.failure.summary(), verdict.failure.traceback)
+        if last_metrics:
+            self.log.info("Training failed; %s", last_metrics)
         if verdict.recoverable:
             raise TrainingRecoverableError(f"Training failed, a retry may help: {verdict.detail}")
         raise TrainingFailedError(f"Training failed, a retry will not help: {verdict.detail}")
@@ -543,7 +703,7 @@ class TorchElasticOperator(BaseOperator):
         identity = self._identity(context)
         template_context = context if context is not None else _placeholder_context(self, identity)
         rendered, failed = _render_template_fields(
-            self, ("image", "namespace", "op_args", "op_kwargs"), template_context
+            self, ("image", "namespace", "op_args", "op_kwargs", "checkpoint_uri"), template_context
         )
         image, namespace = rendered["image"], rendered["namespace"]
         if "image" in failed or is_templated(image):
@@ -552,8 +712,16 @@ class TorchElasticOperator(BaseOperator):
         if "namespace" in failed or is_templated(namespace):
             failed.setdefault("namespace", "it renders to another template")
             namespace = _UNRENDERED_NAMESPACE
+        checkpoint_uri = rendered["checkpoint_uri"]
+        if "checkpoint_uri" in failed or is_templated(checkpoint_uri):
+            failed.setdefault("checkpoint_uri", "it renders to another template")
+            checkpoint_uri = None
         if failed:
-            placeholders = {"image": repr(UNRENDERED_IMAGE), "namespace": repr(_UNRENDERED_NAMESPACE)}
+            placeholders = {
+                "image": repr(UNRENDERED_IMAGE),
+                "namespace": repr(_UNRENDERED_NAMESPACE),
+                "checkpoint_uri": "the [torch_elastic] checkpoint_root location, or none",
+            }
             warnings.warn(
                 "render_manifests: these templated fields need the task's run and are shown with placeholders: "
                 + "; ".join(
@@ -564,7 +732,10 @@ class TorchElasticOperator(BaseOperator):
                 stacklevel=2,
             )
         payload = dump_payload(self.python_callable, rendered["op_args"], rendered["op_kwargs"])
-        return self._render_objects(identity, namespace if namespace is not None else "default", payload, image=image)
+        task_context = self._task_context(identity, context, checkpoint_uri)
+        return self._render_objects(
+            identity, namespace if namespace is not None else "default", payload, image=image, task_context=task_context
+        )
 
     def _identity(self, context: Context | None) -> RunIdentity:
         if context is None:
@@ -578,8 +749,41 @@ class TorchElasticOperator(BaseOperator):
             try_number=ti.try_number,
         )
 
+    def _task_context(self, identity: RunIdentity, context: Context | None, checkpoint_uri: str | None) -> TaskContext:
+        """What every worker of this try sees as its run context (``TORCHELASTIC_CONTEXT``): the same for every
+        rendering of the try, so that a re-attaching worker renders the same manifest."""
+        if checkpoint_uri is not None and (is_templated(checkpoint_uri) or not checkpoint_uri):
+            raise TrainingFailedError(f"checkpoint_uri: expected a path or fsspec URL, got {checkpoint_uri!r}")
+        root = configured_checkpoint_root()
+        if checkpoint_uri is None and root is not None:
+            checkpoint_uri = checkpoint_location(
+                root,
+                dag_id=identity.dag_id,
+                run_id=identity.run_id,
+                task_id=identity.task_id,
+                map_index=identity.map_index,
+            )
+        ti = context["ti"] if context is not None else None
+        logical_date = context.get("logical_date") if context is not None else None
+        return TaskContext(
+            dag_id=identity.dag_id,
+            task_id=identity.task_id,
+            run_id=identity.run_id,
+            map_index=identity.map_index,
+            try_number=identity.try_number,
+            max_tries=int(getattr(ti, "max_tries", 0) or 0) if ti is not None else max(0, identity.try_number - 1),
+            logical_date=logical_date.isoformat() if logical_date is not None else None,
+            checkpoint_uri=checkpoint_uri,
+        )
+
     def _render_objects(
-        self, identity: RunIdentity, namespace: str, payload: bytes, *, image: str | None = None
+        self,
+        identity: RunIdentity,
+        namespace: str,
+        payload: bytes,
+        *,
+        image: str | None = None,
+        task_context: TaskContext | None = None,
     ) -> list[dict[str, Any]]:
         """The manifests of one try; ``image`` (rendered) replaces the operator's when given. Where neither the
         replicas, the operator nor the pod template names an image, ``[torch_elastic] image`` (read now) does."""
@@ -593,6 +797,9 @@ class TorchElasticOperator(BaseOperator):
             job_options=self.job_options,
             default_image=configured_image(),
             renderer=jobkinds.for_config(self.task_config).render,
+            task_context=task_context,
+            result_url=_result_url(task_context) if task_context is not None else None,
+            report_interval=configured_report_interval(),
         )
 
     def _hook(self) -> Any:
@@ -623,7 +830,9 @@ class TorchElasticOperator(BaseOperator):
         hook = self._hook()
         namespace = self.namespace or hook.get_namespace() or "default"
         try:
-            manifests = self._render_objects(self._identity(context), namespace, payload)
+            identity = self._identity(context)
+            task_context = self._task_context(identity, context, self.checkpoint_uri)
+            manifests = self._render_objects(identity, namespace, payload, task_context=task_context)
         except (ValueError, TypeError) as e:
             # A setting only known at run time (templated image, the connection's namespace, the payload's size)
             # is wrong: the same try would fail the same way, so do not spend retries on it.
@@ -645,17 +854,21 @@ class TorchElasticOperator(BaseOperator):
 
         if self._resolve_deferrable():
             self._defer(hook, ref, context)
+        from airflow_provider_torchelastic.metrics import MetricsTap
+
+        # Rank 0's metrics lines (in its pod's log) become progress lines; the tap keeps them for the job summary.
+        tap = MetricsTap(self.log.info)
         # Waiting here: the wait core enforces execution_timeout, deletes the job when it cannot be observed, and
         # applies on_finish_action; anything else that ends the wait (SIGTERM, a bug) must not leave the job running.
         try:
-            decision = drive_sync(wait_for_job(ref, self._policy(context)), kube, self.log.info)
+            decision = drive_sync(wait_for_job(ref, self._policy(context)), kube, tap)
         except BaseException:
             self.log.warning("Waiting for %s %s/%s was interrupted", ref.kind, ref.namespace, ref.name)
             self._stop(ref, kube)
             raise
         finally:
             self._job = None
-        return self._result_of(ref, decision)
+        return self._result_of(ref, decision, context, tap)
 
     def _warn_if_it_may_queue_forever(self, workload: Mapping[str, Any]) -> None:
         queue = queue_name(workload)
@@ -802,12 +1015,33 @@ class TorchElasticOperator(BaseOperator):
             raise TrainingRecoverableError(
                 f"Waiting for {ref.kind} {ref.namespace}/{ref.name} failed: {event.get('message')}"
             )
-        return self._result_of(ref, WaitDecision.from_event(event))
+        from airflow_provider_torchelastic.metrics import MetricsTap
 
-    def _result_of(self, ref: JobRef, decision: WaitDecision) -> Any:
+        decision = WaitDecision.from_event(event)
+        # The trigger's tap (when it drove the wait with one) sent what it kept along with the decision.
+        tap = MetricsTap.from_json(decision.metrics, self.log.info)
+        return self._result_of(ref, decision, context, tap)
+
+    def _result_of(self, ref: JobRef, decision: WaitDecision, context: Context, tap: MetricsTap) -> Any:
+        from airflow_provider_torchelastic.summary import JobSummary, with_log_tails
+
         verdict = decision.verdict or Verdict(succeeded=False, detail=decision.progress)
         self.log.info("%s %s/%s ended: %s", ref.kind, ref.namespace, ref.name, decision.progress)
-        return self.result_or_raise(verdict)
+        start = getattr(context["ti"], "start_date", None)
+        created = decision.created or (start.timestamp() if start is not None else time.time())
+        summary = JobSummary.build(
+            kind=ref.kind,
+            namespace=ref.namespace,
+            name=ref.name,
+            succeeded=verdict.succeeded,
+            created=created,
+            finished=time.time(),
+            root_cause=verdict.detail,
+            pods=with_log_tails(decision.pods, tap.tails()),
+            series=tap.series,
+        )
+        self._push_job_summary(context, summary)
+        return self.result_or_raise(verdict, last_metrics=tap.summary_line())
 
     def _stop(self, ref: JobRef, kube: SyncKube | None = None) -> None:
         """Delete the job unless it has finished: the one way the worker ends a job it no longer waits for."""
@@ -824,6 +1058,12 @@ class TorchElasticOperator(BaseOperator):
         if self._job is not None:
             self.log.info("Task killed: stopping %s %s/%s", self._job.kind, self._job.namespace, self._job.name)
             self._stop(self._job)
+
+
+def _result_url(task_context: TaskContext) -> str | None:
+    """Where this try's rank 0 writes a result too large for its result file, when result storage is configured."""
+    storage = configured_result_storage()
+    return result_location(storage.url, task_context) if storage is not None else None
 
 
 def _submit_error(ref: JobRef, error: KubeError) -> Exception:

@@ -18,8 +18,10 @@ __all__ = [
     "ResultTooLargeError",
     "WorkerFailure",
     "decode_outcome",
+    "decode_result",
     "encode_failure",
     "encode_success",
+    "encode_success_ref",
 ]
 
 #: Marks our documents, so that a log tail (``FallbackToLogsOnError``) is never mistaken for an outcome.
@@ -61,6 +63,8 @@ class NodeOutcome:
     #: Rank 0's return value, already decoded from JSON: strict JSON values only, NaN and infinities as the strings
     #: ``"NaN"``, ``"Infinity"``, ``"-Infinity"`` (:mod:`airflow_provider_torchelastic.encoding`).
     result: Any = None
+    #: Where rank 0's value was written instead ([torch_elastic] result_storage), when it was too large to carry.
+    result_ref: str | None = None
     failure: WorkerFailure | None = None
 
 
@@ -74,10 +78,16 @@ def encode_success(result_json: str | None, *, max_bytes: int | None = None) -> 
     if max_bytes is not None and size > max_bytes:
         raise ResultTooLargeError(
             f"rank 0's return value is {size} bytes as JSON (with its envelope), more than the limit of {max_bytes} "
-            "bytes for a Kubernetes termination message; return a smaller value (metrics, a path), and put large "
-            "artifacts in object storage"
+            "bytes for a Kubernetes termination message; set the Airflow option [torch_elastic] result_storage "
+            "(env AIRFLOW__TORCH_ELASTIC__RESULT_STORAGE, an fsspec URL such as s3://bucket/results) to pass larger "
+            "values through object storage, or return a smaller value (metrics, a path)"
         )
     return text
+
+
+def encode_success_ref(url: str) -> str:
+    """The document for the node holding rank 0 whose value was written to ``url`` (result storage)."""
+    return json.dumps({"schema": SCHEMA, "succeeded": True, "holds_rank0": True, "result_ref": url})
 
 
 def encode_failure(failure: WorkerFailure, *, max_bytes: int | None = None) -> str:
@@ -123,6 +133,11 @@ def _trim_to_encoded_size(value: str, budget: int, *, keep_end: bool) -> str:
 _NON_FINITE: Final[dict[str, str]] = {"NaN": NAN, "Infinity": POSITIVE_INFINITY, "-Infinity": NEGATIVE_INFINITY}
 
 
+def decode_result(text: str | bytes) -> Any:
+    """Rank 0's value as written to result storage (JSON text), decoded as its outcome document's would be."""
+    return json.loads(text, parse_constant=_NON_FINITE.__getitem__)
+
+
 def decode_outcome(text: str | bytes | None) -> NodeOutcome | None:
     """Parse a node's document; ``None`` for anything else (an empty file, a log tail, another program's output)."""
     if not text:
@@ -134,7 +149,13 @@ def decode_outcome(text: str | bytes | None) -> NodeOutcome | None:
     if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
         return None
     if doc.get("succeeded"):
-        return NodeOutcome(succeeded=True, holds_rank0=bool(doc.get("holds_rank0")), result=doc.get("result"))
+        ref = doc.get("result_ref")
+        return NodeOutcome(
+            succeeded=True,
+            holds_rank0=bool(doc.get("holds_rank0")),
+            result=doc.get("result"),
+            result_ref=ref if isinstance(ref, str) and ref else None,
+        )
     raw = doc.get("failure") or {}
     known = {k: raw[k] for k in WorkerFailure.__dataclass_fields__ if k in raw}
     known.setdefault("rank", -1)
@@ -161,6 +182,8 @@ class NodeReport:
 class Verdict:
     succeeded: bool
     result: Any = None
+    #: Where rank 0's value is, when it went through result storage: the Airflow side reads it from there.
+    result_ref: str | None = None
     #: Whether a retry may help; meaningful only when not succeeded.
     recoverable: bool = False
     #: The node holding the root cause, and its failure, when one reported it.
@@ -211,9 +234,10 @@ def decide_run(reports: list[NodeReport]) -> Verdict:
                 else "see its log"
             ),
         )
-    holders = [r for r in reports if r.outcome is not None and r.outcome.holds_rank0]
+    holders = [(r.name, o) for r in reports if (o := r.outcome) is not None and o.holds_rank0]
     if holders:
-        return Verdict(succeeded=True, result=holders[0].outcome.result, node=holders[0].name)  # type: ignore[union-attr]
+        name, outcome = holders[0]
+        return Verdict(succeeded=True, result=outcome.result, result_ref=outcome.result_ref, node=name)
     return Verdict(
         succeeded=False,
         detail="the run ended but no node reported rank 0's result (was the result file written?)",

@@ -33,13 +33,15 @@ import base64
 import copy
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from decimal import Decimal, InvalidOperation
 from enum import Enum
 from typing import Any, Final, TypeAlias
 
 from airflow_provider_torchelastic.config import Elastic, Master, TaskConfig, Worker, check_task_config
+from airflow_provider_torchelastic.context import CONTEXT_ENV, TaskContext
 from airflow_provider_torchelastic.launch import config_to_launch_spec, nccl_env_defaults, runner_command
+from airflow_provider_torchelastic.metrics import INTERVAL_ENV as METRICS_INTERVAL_ENV
 from airflow_provider_torchelastic.naming import (
     RunIdentity,
     identity_annotations,
@@ -404,6 +406,10 @@ class RenderInputs:
     configmap: str
     default_image: str | None = None
     image_required: bool = True
+    #: Env of every pod's ``pytorch`` container that the provider sets for the run (the run context).
+    worker_env: Sequence[JsonDict] = ()
+    #: Where a result too large for the termination message goes, or None.
+    result_url: str | None = None
 
 
 def _metadata(inputs: RenderInputs) -> JsonDict:
@@ -429,7 +435,12 @@ def render_pod(inputs: RenderInputs) -> JsonDict:
         )
     spec = config_to_launch_spec(config)
     command = runner_command(
-        spec, payload_path=PAYLOAD_PATH, result_file=RESULT_FILE, max_result_bytes=MAX_RESULT_BYTES, nnodes="1"
+        spec,
+        payload_path=PAYLOAD_PATH,
+        result_file=RESULT_FILE,
+        max_result_bytes=MAX_RESULT_BYTES,
+        nnodes="1",
+        result_url=inputs.result_url,
     )
     template = _render_pod_template(
         _PodSettings(
@@ -445,7 +456,7 @@ def render_pod(inputs: RenderInputs) -> JsonDict:
             labels=inputs.labels,
             annotations=inputs.annotations,
             # What the training operator gives every container of a PyTorchJob: logs arrive as they are written.
-            env=[{"name": "PYTHONUNBUFFERED", "value": "1"}],
+            env=[{"name": "PYTHONUNBUFFERED", "value": "1"}, *inputs.worker_env],
         )
     )
     metadata = {"name": inputs.name, "namespace": inputs.namespace, **template.get("metadata", {})}
@@ -475,6 +486,7 @@ def _replica_spec(
             configmap=inputs.configmap,
             labels=inputs.labels,
             annotations=inputs.annotations,
+            env=inputs.worker_env,
         )
     )
     # The restart policy lives on the replica: the training operator overwrites the pod's own (ExitCode -> Never).
@@ -507,7 +519,11 @@ def render_pytorchjob(inputs: RenderInputs) -> JsonDict:
     launch = config_to_launch_spec(config)
     # No --nnodes: the training operator sets PET_NNODES ("min:max" for elastic, the replica count otherwise).
     command = runner_command(
-        launch, payload_path=PAYLOAD_PATH, result_file=RESULT_FILE, max_result_bytes=MAX_RESULT_BYTES
+        launch,
+        payload_path=PAYLOAD_PATH,
+        result_file=RESULT_FILE,
+        max_result_bytes=MAX_RESULT_BYTES,
+        result_url=inputs.result_url,
     )
     spec: JsonDict = {}
     if isinstance(config, Elastic):
@@ -554,6 +570,9 @@ def render_manifests(
     renderer: Callable[[RenderInputs], JsonDict] | None = None,
     default_image: str | None = None,
     require_image: bool = True,
+    task_context: TaskContext | None = None,
+    result_url: str | None = None,
+    report_interval: float | None = None,
 ) -> list[JsonDict]:
     """The objects one try of a task creates, in creation order: ``[ConfigMap, PyTorchJob]`` or ``[ConfigMap, Pod]``.
 
@@ -563,6 +582,11 @@ def render_manifests(
     Each pod's image is, most specific first: its replica's (``Master``/``Worker(image=...)``), ``image``, the pod
     template's ``pytorch`` container's, ``default_image``. A pod with none is an error unless ``require_image`` is
     False (a parse-time check, where the image may come at run time): objects rendered so are checked, not submitted.
+
+    ``task_context`` (the try's context: retries, logical date, checkpoint location) reaches every pod's ``pytorch``
+    container as one variable, ``TORCHELASTIC_CONTEXT``; by default the identity's alone. It must name the same task
+    instance and try as ``identity``. ``result_url`` goes on the runner's command line: where the node holding rank 0
+    writes a result too large for the termination message.
     """
     config = check_task_config(config)
     if not isinstance(identity, RunIdentity):
@@ -576,6 +600,14 @@ def render_manifests(
         raise TypeError(f"pod_options: expected a PodOptions(...) or None, got {pod_options!r}")
     if job_options is not None and not isinstance(job_options, JobOptions):
         raise TypeError(f"job_options: expected a JobOptions(...) or None, got {job_options!r}")
+    if task_context is None:
+        task_context = task_context_for(identity)
+    elif not isinstance(task_context, TaskContext):
+        raise TypeError(f"task_context: expected a TaskContext(...) or None, got {task_context!r}")
+    elif task_context_for(identity) != replace(
+        task_context, max_tries=max(0, identity.try_number - 1), logical_date=None, checkpoint_uri=None
+    ):
+        raise _fail("task_context", task_context, f"the task instance and try of the identity {identity!r}")
     name = job_name(identity)
     options = pod_options or PodOptions()
     labels = identity_labels(identity)
@@ -599,9 +631,27 @@ def render_manifests(
         configmap=configmap["metadata"]["name"],
         default_image=default_image,
         image_required=require_image,
+        worker_env=[
+            {"name": CONTEXT_ENV, "value": task_context.to_env_value()},
+            # Seconds between rank 0's metrics lines ([torch_elastic] report_interval); unset: report()'s default.
+            *([{"name": METRICS_INTERVAL_ENV, "value": f"{report_interval:g}"}] if report_interval is not None else []),
+        ],
+        result_url=result_url,
     )
     workload = (renderer or _RENDERERS[workload_for(config)])(inputs)
     return [configmap, workload]
+
+
+def task_context_for(identity: RunIdentity) -> TaskContext:
+    """The context of a try known only by its identity: its last try, no logical date, no checkpoint location."""
+    return TaskContext(
+        dag_id=identity.dag_id,
+        task_id=identity.task_id,
+        run_id=identity.run_id,
+        map_index=identity.map_index,
+        try_number=identity.try_number,
+        max_tries=max(0, identity.try_number - 1),
+    )
 
 
 def check_renderable(

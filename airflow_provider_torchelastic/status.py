@@ -16,6 +16,7 @@ from functools import cached_property
 from typing import Any, Final
 
 from airflow_provider_torchelastic.outcome import NodeReport, Verdict, WorkerFailure, decide_run, decode_outcome
+from airflow_provider_torchelastic.summary import PodSummary, pod_summaries
 
 __all__ = [
     "FINISH_ACTIONS",
@@ -117,17 +118,34 @@ class WaitDecision:
     #: One line for the task log: job phase, pods ready/total, elapsed time.
     progress: str
     verdict: Verdict | None = None
+    #: Once the job ended: its pods as the last snapshot showed them, and when the job was created (Unix time), for
+    #: the job summary the task saves (:mod:`airflow_provider_torchelastic.summary`).
+    pods: tuple[PodSummary, ...] = ()
+    created: float | None = None
+    #: What the log's metrics tap kept (``MetricsTap.to_json()``), set by whoever drove the wait with one.
+    metrics: Mapping[str, Any] | None = None
 
     def to_event(self) -> dict[str, Any]:
         """JSON-safe form for a trigger event (the trigger and ``execute_complete`` share this one format)."""
-        return {"phase": self.phase.value, "progress": self.progress, "verdict": _verdict_to_dict(self.verdict)}
+        return {
+            "phase": self.phase.value,
+            "progress": self.progress,
+            "verdict": _verdict_to_dict(self.verdict),
+            "pods": [pod.to_dict() for pod in self.pods],
+            "created": self.created,
+            "metrics": None if self.metrics is None else dict(self.metrics),
+        }
 
     @classmethod
     def from_event(cls, event: Mapping[str, Any]) -> WaitDecision:
+        created = event.get("created")
         return cls(
             phase=Phase(event["phase"]),
             progress=str(event.get("progress", "")),
             verdict=_verdict_from_dict(event.get("verdict")),
+            pods=tuple(PodSummary.from_dict(pod) for pod in event.get("pods") or ()),
+            created=float(created) if isinstance(created, int | float) else None,
+            metrics=event.get("metrics"),
         )
 
 
@@ -360,8 +378,21 @@ def pod_finished(pod: Mapping[str, Any]) -> bool:
     return pod.get("status", {}).get("phase") in ("Succeeded", "Failed")
 
 
+def _with_pods(decision: WaitDecision, snapshot: Snapshot, pods: Sequence[Mapping[str, Any]]) -> WaitDecision:
+    """A decision that ends the wait carries the pods and the creation time, for the job summary."""
+    if not decision.phase.is_terminal or snapshot.job is None:
+        return decision
+    created = parse_time(snapshot.job.get("metadata", {}).get("creationTimestamp"))
+    return replace(decision, pods=pod_summaries(pods), created=created)
+
+
 def decide_pod(ref: JobRef, snapshot: Snapshot, policy: WaitPolicy) -> WaitDecision:
     """A single Pod (one node): it is its own only pod."""
+    decision = _decide_pod(ref, snapshot, policy)
+    return _with_pods(decision, snapshot, [snapshot.job] if snapshot.job is not None else [])
+
+
+def _decide_pod(ref: JobRef, snapshot: Snapshot, policy: WaitPolicy) -> WaitDecision:
     job = snapshot.job
     if job is None:
         return job_gone(ref)
@@ -393,6 +424,10 @@ def _min_nodes(job: Mapping[str, Any], total: int) -> int:
 
 def decide_pytorchjob(ref: JobRef, snapshot: Snapshot, policy: WaitPolicy) -> WaitDecision:
     """A Kubeflow PyTorchJob: its conditions, and the reports of its pods."""
+    return _with_pods(_decide_pytorchjob(ref, snapshot, policy), snapshot, snapshot.pods)
+
+
+def _decide_pytorchjob(ref: JobRef, snapshot: Snapshot, policy: WaitPolicy) -> WaitDecision:
     job = snapshot.job
     if job is None:
         return job_gone(ref)

@@ -5,11 +5,17 @@ Kubernetes the pod runs the image of the Airflow option ``[torch_elastic] image`
 which must then be set where the DAG is parsed and where it runs. Nothing is downloaded: the data set is generated,
 with a fixed seed, inside the training function. The function and the helpers beside it are shipped to the workers
 by value, so they need not exist where training runs.
+
+Retries resume: with a checkpoint location (the Airflow option ``[torch_elastic] checkpoint_root``; the quickstart
+script sets one under ``.demo/``), every epoch is checkpointed and a retried try continues after the last complete
+checkpoint instead of starting over. ``interrupt_at_epoch`` (a DAG param) makes the first try fail recoverably after
+that epoch, to show it: ``python scripts/quickstart.py --interrupt-at 10``.
 """
 
 from __future__ import annotations
 
 import os
+from datetime import timedelta
 
 import pendulum
 from airflow.sdk import dag, task
@@ -35,12 +41,14 @@ def make_dataset(n_samples: int, seed: int):  # -> tuple[Tensor, Tensor]
     return features, labels
 
 
-@task.torch_elastic(task_config=Elastic(nnodes=1, nproc_per_node=2))
-def train(epochs: int = 30, lr: float = 0.05) -> dict:
+@task.torch_elastic(task_config=Elastic(nnodes=1, nproc_per_node=2), retries=1, retry_delay=timedelta(seconds=1))
+def train(epochs: int = 30, lr: float = 0.05, interrupt_at_epoch: int | str = -1) -> dict:
     import torch
     import torch.distributed as dist
     from torch import nn
     from torch.nn.parallel import DistributedDataParallel
+
+    from airflow_provider_torchelastic import RecoverableError, checkpoint, context, report
 
     use_cuda = torch.cuda.is_available()
     dist.init_process_group("nccl" if use_cuda else "gloo")
@@ -58,14 +66,33 @@ def train(epochs: int = 30, lr: float = 0.05) -> dict:
     optimizer = torch.optim.SGD(ddp.parameters(), lr=lr, momentum=0.9)
     loss_fn = nn.CrossEntropyLoss()
     loss = torch.zeros((), device=device)
-    for epoch in range(epochs):
+
+    ctx = context.current()
+    # A retried try (or one the node's agent restarted) continues after the last complete checkpoint of this task
+    # instance; the first try of a run finds none. Every rank loads it, so the replicas start equal.
+    loaded = checkpoint.load_latest(map_location=device) if ctx.checkpoint_uri else None
+    first_epoch = 0
+    if loaded is not None:
+        model.load_state_dict(loaded.state["model"])
+        optimizer.load_state_dict(loaded.state["optimizer"])
+        first_epoch = loaded.step + 1
+        if rank == 0:
+            print(f"try {ctx.try_number}: resuming after epoch {loaded.step} from {loaded.uri}")
+    for epoch in range(first_epoch, epochs):
         for start in range(0, len(x_shard), 128):
             optimizer.zero_grad()
             loss = loss_fn(ddp(x_shard[start : start + 128]), y_shard[start : start + 128])
             loss.backward()
             optimizer.step()
-        if rank == 0 and epoch % 10 == 0:
-            print(f"epoch {epoch}: loss {loss.item():.4f}")
+        with torch.no_grad():
+            epoch_accuracy = (model(x_test.to(device)).argmax(dim=1) == y_test.to(device)).float().mean()
+        # Rank 0's values become progress lines in the task log and charts in the Airflow UI (other ranks: no-op).
+        report(step=epoch, loss=loss, accuracy=epoch_accuracy)
+        if ctx.checkpoint_uri:
+            # Rank 0 writes (the replicas are equal); a write cut off midway is never taken as the latest.
+            checkpoint.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, step=epoch)
+        if ctx.try_number == 1 and epoch == int(interrupt_at_epoch):
+            raise RecoverableError(f"interrupted after epoch {epoch} (interrupt_at_epoch), to show a retry resuming")
 
     mean_loss = loss.detach().clone()
     dist.all_reduce(mean_loss)  # average the last batch loss over ranks
@@ -77,6 +104,8 @@ def train(epochs: int = 30, lr: float = 0.05) -> dict:
         "final_loss": round(mean_loss.item() / world_size, 4),
         "accuracy": round(accuracy, 4),
         "epochs": epochs,
+        "try_number": ctx.try_number,
+        "resumed_after_epoch": loaded.step if loaded is not None else None,
     }
 
 
@@ -94,9 +123,10 @@ def report(metrics: dict) -> None:
     start_date=pendulum.datetime(2026, 1, 1),
     catchup=False,
     tags=["example", "torch_elastic"],
+    params={"interrupt_at_epoch": -1},
 )
 def torch_elastic_quickstart():
-    report(train())
+    report(train(interrupt_at_epoch="{{ params.interrupt_at_epoch }}"))
 
 
 torch_elastic_quickstart()

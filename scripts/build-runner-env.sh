@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Build the runner environment of the local test cluster: what docker/Dockerfile puts in the runner image (Python,
-# torch, cloudpickle, numpy), as a venv cached once per machine. The simulated kubelet runs the pods' `python` and
+# torch, cloudpickle, numpy, and with STORAGE=1 s3fs for checkpoints and results in object storage), as a venv cached
+# once per machine. The simulated kubelet runs the pods' `python` and
 # `torchrun` with it, so a pod sees what it would see in the real image: no Airflow, no kubernetes client, no checkout.
 #
 #   build-runner-env.sh              build (or reuse) the cached base env; prints its python
@@ -15,7 +16,7 @@
 # Env:
 #   TORCHELASTIC_KUBE_CACHE         cache dir (default: $HOME/.cache/airflow-provider-torchelastic)
 #   TORCHELASTIC_REFERENCE_PYTHON   the Airflow side's python (default: .venv/bin/python): the env gets its Python
-#                                   version (payloads are pickled bytecode) and its cloudpickle and numpy versions
+#                                   version (payloads are pickled bytecode) and its cloudpickle, numpy and s3fs versions
 set -euo pipefail
 
 export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_INPUT=1
@@ -23,7 +24,7 @@ exec </dev/null
 
 REPO="$(cd "$(dirname "$0")/.." && pwd)"
 TORCH_VERSION=2.13.0  # exactly this: a looser pin downloads a multi-GB CUDA build instead of the CPU wheel
-RECIPE=1              # bump when what this script puts into the base env changes
+RECIPE=2              # bump when what this script puts into the base env changes (2: s3fs, as STORAGE=1 adds)
 CACHE_DIR="${TORCHELASTIC_KUBE_CACHE:-$HOME/.cache/airflow-provider-torchelastic}"
 REF_PY="${TORCHELASTIC_REFERENCE_PYTHON:-$REPO/.venv/bin/python}"
 
@@ -38,16 +39,16 @@ case "${1:-}" in
 esac
 
 [[ -x "$REF_PY" ]] || die "reference python $REF_PY not found (run scripts/setup.sh, or set TORCHELASTIC_REFERENCE_PYTHON)"
-read -r BASE_PY PY_VERSION CLOUDPICKLE_VERSION NUMPY_VERSION < <("$REF_PY" -c '
+read -r BASE_PY PY_VERSION CLOUDPICKLE_VERSION NUMPY_VERSION S3FS_VERSION < <("$REF_PY" -c '
 import os, platform, sys
 from importlib.metadata import version
 # The interpreter behind the venv: an env made from it has the same Python, as the image must.
 print(os.path.realpath(getattr(sys, "_base_executable", sys.executable)), platform.python_version(),
-      version("cloudpickle"), version("numpy"))
+      version("cloudpickle"), version("numpy"), version("s3fs"))
 ')
-[[ -n "${NUMPY_VERSION:-}" ]] || die "could not read the Python, cloudpickle and numpy versions of $REF_PY"
+[[ -n "${S3FS_VERSION:-}" ]] || die "could not read the Python, cloudpickle, numpy and s3fs versions of $REF_PY"
 
-NAME="runner-env-py$PY_VERSION-torch$TORCH_VERSION-cloudpickle$CLOUDPICKLE_VERSION-numpy$NUMPY_VERSION-r$RECIPE"
+NAME="runner-env-py$PY_VERSION-torch$TORCH_VERSION-cloudpickle$CLOUDPICKLE_VERSION-numpy$NUMPY_VERSION-s3fs$S3FS_VERSION-r$RECIPE"
 BASE="$CACHE_DIR/$NAME"
 
 site_packages() { "$1" -c 'import sysconfig; print(sysconfig.get_path("purelib"))'; }
@@ -94,7 +95,7 @@ for name in ("airflow", "kubernetes"):
         continue
     sys.exit(f"{name} is importable in the runner env ({sys.executable}); the image has no {name}")
 if os.environ["CHECK_TORCH"] == "1":
-    import cloudpickle, numpy, torch
+    import cloudpickle, numpy, s3fs, torch
 
     got = (torch.__version__.split("+")[0], cloudpickle.__version__, numpy.__version__)
     want = (os.environ["TORCH"], os.environ["CLOUDPICKLE"], os.environ["NUMPY"])
@@ -123,10 +124,11 @@ build_base() {
     # shellcheck disable=SC2064
     trap "rm -rf '$tmp'" EXIT
     trap 'exit 130' INT TERM
-    log "building $BASE from $BASE_PY (torch $TORCH_VERSION CPU, cloudpickle $CLOUDPICKLE_VERSION, numpy $NUMPY_VERSION)"
+    log "building $BASE from $BASE_PY (torch $TORCH_VERSION CPU, cloudpickle $CLOUDPICKLE_VERSION, numpy $NUMPY_VERSION, s3fs $S3FS_VERSION)"
     "$BASE_PY" -m venv "$tmp"
+    # s3fs (the S3 tests' pods write checkpoints and results through it) pins the fsspec that torch needs too.
     "$tmp/bin/python" -m pip install -q --progress-bar off "torch==$TORCH_VERSION" \
-        "cloudpickle==$CLOUDPICKLE_VERSION" "numpy==$NUMPY_VERSION" >&2
+        "cloudpickle==$CLOUDPICKLE_VERSION" "numpy==$NUMPY_VERSION" "s3fs==$S3FS_VERSION" >&2
     check_env "$tmp/bin/python" 1 0 || die "the new env failed its check; nothing was cached"
     # Console scripts (pip, torchrun) name the interpreter by its absolute path: point them at the final place.
     grep -rlIZ -- "$tmp" "$tmp/bin" "$tmp/pyvenv.cfg" | xargs -0 -r sed -i "s#$tmp#$BASE#g"

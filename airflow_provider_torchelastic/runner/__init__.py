@@ -25,9 +25,11 @@ import tempfile
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Final
+
+from airflow_provider_torchelastic import metrics
 
 # Re-exported: the error a worker raises for rank 0's value is the runner's.
 from airflow_provider_torchelastic.encoding import ResultNotSerializableError as ResultNotSerializableError
@@ -45,6 +47,7 @@ from airflow_provider_torchelastic.outcome import (
     WorkerFailure,
     encode_failure,
     encode_success,
+    encode_success_ref,
 )
 from airflow_provider_torchelastic.payload import PayloadError, check_compatible, load_payload, read_header
 
@@ -69,6 +72,8 @@ class RunnerSettings:
     payload: str
     result_file: str | None
     max_result_bytes: int | None
+    #: Where a result too large for ``result_file`` goes (``[torch_elastic] result_storage``), or None.
+    result_url: str | None = None
     min_nodes: int
     max_nodes: int
     nproc_per_node: str
@@ -126,6 +131,12 @@ def _build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
         default=TERMINATION_MESSAGE_LIMIT,
         help="refuse a larger outcome document (default: a Kubernetes termination message's limit)",
     )
+    parser.add_argument(
+        "--result-url",
+        default=None,
+        help="where the node holding rank 0 writes a result larger than --max-result-bytes (a path or fsspec URL; "
+        "credentials come from the environment); the outcome document then carries this reference",
+    )
     parser.add_argument("--nnodes", default=env_default("NNODES", "1"), help="N or MIN:MAX (env PET_NNODES)")
     parser.add_argument("--nproc-per-node", default=env_default("NPROC_PER_NODE", "1"), help="N, auto, cpu or gpu")
     parser.add_argument("--start-method", default=env.get("PET_START_METHOD", "spawn"), choices=["spawn", "fork"])
@@ -175,6 +186,7 @@ def parse_settings(argv: Sequence[str] | None, env: Mapping[str, str]) -> Runner
         payload=args.payload,
         result_file=args.result_file,
         max_result_bytes=args.max_result_bytes,
+        result_url=args.result_url or None,
         min_nodes=min_nodes,
         max_nodes=max_nodes,
         nproc_per_node=str(args.nproc_per_node),
@@ -233,11 +245,16 @@ def encode_result(value: Any) -> str:
 
 def call_training_function(fn: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any]) -> str | None:
     """Run the user's function in a worker; rank 0 returns its value as JSON, the others None."""
+    if os.environ.get("RANK", "0") == "0":  # with the "[rank0]:" prefix, it tells the trigger whose log to stream
+        print("this node holds rank 0", flush=True)
     try:
         value = fn(*args, **kwargs)
     except Exception as e:
         _leave_failure_markers(e)
         raise
+    finally:
+        # Rank 0's last reported metrics: a forked worker ends with os._exit, which skips atexit.
+        metrics.flush()
     if int(os.environ.get("RANK", "0")) != 0:
         return None
     # Encode in the worker, so that a bad value fails with rank 0's traceback instead of a pickling error later.
@@ -393,7 +410,25 @@ def run(settings: RunnerSettings) -> int:
         _write_outcome(settings, encode_success(rank0_json, max_bytes=settings.max_result_bytes))
     except ResultTooLargeError as e:
         # Only the node holding rank 0 carries a value, so the failure is rank 0's.
-        return _report_failure(settings, _runner_failure(e, rank=0))
+        if rank0_json is None or settings.result_url is None:
+            return _report_failure(settings, _runner_failure(e, rank=0))
+        return _store_result(settings, rank0_json, settings.result_url)
+    return EXIT_OK
+
+
+def _store_result(settings: RunnerSettings, rank0_json: str, url: str) -> int:
+    """Write a result too large for the result file to result storage, and report where it is."""
+    from airflow_provider_torchelastic.checkpoint import write_bytes
+
+    try:
+        write_bytes(url, rank0_json.encode())
+    except Exception as e:  # any store error (credentials, network, a missing library): rank 0's value is lost
+        failure = _runner_failure(e, rank=0)
+        message = f"could not write rank 0's result ({len(rank0_json)} bytes) to {url}: {failure.message}"
+        # A store that was unreachable may be reachable on the next try.
+        return _report_failure(settings, replace(failure, message=message, recoverable=not isinstance(e, ImportError)))
+    log.info("rank 0's result (%d bytes) written to %s", len(rank0_json), url)
+    _write_outcome(settings, encode_success_ref(url))
     return EXIT_OK
 
 

@@ -565,7 +565,8 @@ def test_render_is_deterministic_per_try() -> None:
 
 
 def test_summary_shows_the_whole_job_when_it_fits() -> None:
-    manifests = render(Elastic(nnodes=2), payload=b"x" * 5000)
+    # One node (a Pod): a two-node PyTorchJob with its run context no longer fits the 4000 characters whole.
+    manifests = render(Elastic(), payload=b"x" * 5000)
     text = summarize_for_ui(manifests)
     assert len(text) <= 4000
     assert text.rstrip("\n").splitlines()[-1] == UI_FOOTER

@@ -1,0 +1,443 @@
+"""The job summary saved in Airflow's database when a job ends: its pods, why it ended, and its metrics.
+
+The operator pushes it as the XCom ``torch_elastic_job`` (success or failure, before raising), as JSON:
+``{"version": 1, "kind", "namespace", "name", "phase", "created", "finished", "elapsed_seconds", "root_cause",
+"pods": [{"name", "replica_type", "replica_index", "ranks", "phase", "node", "restarts", "reason", "message",
+"exit_code", "log_tail"}], "metrics": {"loss": [[step, value], ...]}, "last_metrics": {"loss": value}}``. It is
+what shows a job in the UI once ``on_finish_action`` deleted it, and what shows a local execution at all.
+
+Pure (standard library only): builders from the Kubernetes pod objects (the API's camelCase JSON) or from a local
+run's node reports, and a bound on the size (:data:`MAX_SUMMARY_BYTES`: log tails go first, then metric points).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any, Final
+
+from airflow_provider_torchelastic.metrics import MetricSeries
+from airflow_provider_torchelastic.outcome import NodeReport, decode_outcome
+
+__all__ = [
+    "KIND_LOCAL",
+    "MAX_SUMMARY_BYTES",
+    "SUMMARY_VERSION",
+    "XCOM_KEY",
+    "JobSummary",
+    "PodSummary",
+    "bound_summary",
+    "local_job_summary",
+    "local_pod_summaries",
+    "pod_summaries",
+    "pod_summary",
+    "with_log_tails",
+]
+
+#: The XCom key of the summary.
+XCOM_KEY: Final = "torch_elastic_job"
+SUMMARY_VERSION: Final = 1
+KIND_LOCAL: Final = "local"
+#: The most a summary takes as JSON; Airflow keeps XComs in its database, and the UI reads many at once.
+MAX_SUMMARY_BYTES: Final = 64 * 1024
+#: Per pod, the end of its training container's log, at most this many lines and bytes; and only for a few pods.
+LOG_TAIL_LINES: Final = 50
+LOG_TAIL_BYTES: Final = 8 * 1024
+MAX_LOG_TAILS: Final = 4
+#: A pod's status message (e.g. a crash's log tail in the termination message) is cut to this.
+MESSAGE_CHARS: Final = 1000
+
+_TRAINING_CONTAINER: Final = "pytorch"
+_REPLICA_TYPE_LABEL: Final = "training.kubeflow.org/replica-type"
+_REPLICA_INDEX_LABEL: Final = "training.kubeflow.org/replica-index"
+
+
+@dataclass(frozen=True, kw_only=True)
+class PodSummary:
+    """One pod of the job (or one node of a local run) as it was when the job ended."""
+
+    name: str
+    #: ``master``/``worker`` (the training operator's label), ``pod`` for a single Pod, ``node`` locally.
+    replica_type: str
+    replica_index: int | None = None
+    #: The global ranks it held, where they can be known (a static rank, or the node that held rank 0); else [].
+    ranks: tuple[int, ...] = ()
+    #: The pod's phase: ``Pending``, ``Running``, ``Succeeded``, ``Failed``, ``Unknown``.
+    phase: str = "Unknown"
+    node: str | None = None
+    restarts: int = 0
+    #: Why the training container waits or ended (``OOMKilled``, ``ImagePullBackOff``, ``Evicted``), and what it says.
+    reason: str = ""
+    message: str = ""
+    exit_code: int | None = None
+    log_tail: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["ranks"] = list(self.ranks)
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> PodSummary:
+        index, code = data.get("replica_index"), data.get("exit_code")
+        return cls(
+            name=str(data.get("name", "")),
+            replica_type=str(data.get("replica_type", "")),
+            replica_index=int(index) if isinstance(index, int) else None,
+            ranks=tuple(int(rank) for rank in data.get("ranks") or ()),
+            phase=str(data.get("phase", "Unknown")),
+            node=data.get("node"),
+            restarts=int(data.get("restarts") or 0),
+            reason=str(data.get("reason") or ""),
+            message=str(data.get("message") or ""),
+            exit_code=int(code) if isinstance(code, int) else None,
+            log_tail=str(data.get("log_tail") or ""),
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobSummary:
+    #: ``PyTorchJob``, ``Pod`` or ``local``.
+    kind: str
+    #: None for a local run.
+    namespace: str | None
+    name: str
+    #: ``succeeded`` or ``failed``.
+    phase: str
+    #: Unix times.
+    created: float
+    finished: float
+    root_cause: str | None = None
+    pods: tuple[PodSummary, ...] = ()
+    #: ``{metric: [[step, value], ...]}``, decimated; finite values only.
+    metrics: Mapping[str, tuple[tuple[float, float], ...]] = field(default_factory=dict)
+    #: ``{metric: value}``; None where the value was not finite (a diverged loss).
+    last_metrics: Mapping[str, float | None] = field(default_factory=dict)
+    version: int = SUMMARY_VERSION
+
+    @property
+    def elapsed_seconds(self) -> float:
+        return max(0.0, self.finished - self.created)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "version": self.version,
+            "kind": self.kind,
+            "namespace": self.namespace,
+            "name": self.name,
+            "phase": self.phase,
+            "created": self.created,
+            "finished": self.finished,
+            "elapsed_seconds": round(self.elapsed_seconds, 3),
+            "root_cause": self.root_cause,
+            "pods": [pod.to_dict() for pod in self.pods],
+            "metrics": {name: [[_compact(s), v] for s, v in points] for name, points in self.metrics.items()},
+            "last_metrics": dict(self.last_metrics),
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), separators=(",", ":"), allow_nan=False)
+
+    @classmethod
+    def from_json(cls, data: str | bytes | Mapping[str, Any]) -> JobSummary:
+        """From the JSON text or the already-decoded dict (an XCom value is either, depending on who reads it)."""
+        doc = json.loads(data) if isinstance(data, str | bytes) else data
+        if not isinstance(doc, Mapping):
+            raise ValueError(f"a job summary: expected a JSON object, got {type(doc).__name__}")
+        version = doc.get("version")
+        if version != SUMMARY_VERSION:
+            raise ValueError(f"a job summary: expected version {SUMMARY_VERSION}, got {version!r}")
+        return cls(
+            kind=str(doc["kind"]),
+            namespace=doc.get("namespace"),
+            name=str(doc["name"]),
+            phase=str(doc["phase"]),
+            created=float(doc["created"]),
+            finished=float(doc["finished"]),
+            root_cause=doc.get("root_cause"),
+            pods=tuple(PodSummary.from_dict(pod) for pod in doc.get("pods") or ()),
+            metrics={
+                str(name): tuple((float(s), float(v)) for s, v in points)
+                for name, points in (doc.get("metrics") or {}).items()
+            },
+            last_metrics={
+                str(name): None if value is None else float(value)
+                for name, value in (doc.get("last_metrics") or {}).items()
+            },
+        )
+
+    @classmethod
+    def build(
+        cls,
+        *,
+        kind: str,
+        namespace: str | None,
+        name: str,
+        succeeded: bool,
+        created: float,
+        finished: float,
+        root_cause: str | None,
+        pods: Sequence[PodSummary],
+        series: MetricSeries | None = None,
+        max_bytes: int = MAX_SUMMARY_BYTES,
+    ) -> JobSummary:
+        """A bounded summary; ``series`` gives the metrics (non-finite points are left out of the charts)."""
+        metrics: dict[str, tuple[tuple[float, float], ...]] = {}
+        last: dict[str, float | None] = {}
+        if series is not None:
+            for metric in series.names:
+                metrics[metric] = tuple((s, v) for s, v in series.points(metric) if math.isfinite(v))
+            last = {metric: value if math.isfinite(value) else None for metric, value in series.last().items()}
+        summary = cls(
+            kind=kind,
+            namespace=namespace,
+            name=name,
+            phase="succeeded" if succeeded else "failed",
+            created=created,
+            finished=max(finished, created),
+            root_cause=None if succeeded else root_cause,
+            pods=tuple(pods),
+            metrics=metrics,
+            last_metrics=last,
+        )
+        return bound_summary(summary, max_bytes)
+
+
+def _compact(step: float) -> float | int:
+    return int(step) if step.is_integer() else step
+
+
+def _size(summary: JobSummary) -> int:
+    return len(summary.to_json().encode())
+
+
+def bound_summary(summary: JobSummary, max_bytes: int = MAX_SUMMARY_BYTES) -> JobSummary:
+    """``summary`` within ``max_bytes`` of JSON: log tails are dropped first (longest first), then every metric keeps
+    every other point until it fits, then the pods' messages are cut, then pods beyond the first few go."""
+    if _size(summary) <= max_bytes:
+        return summary
+    pods = list(summary.pods)
+    for index in sorted(range(len(pods)), key=lambda i: -len(pods[i].log_tail)):
+        pods[index] = replace(pods[index], log_tail="")
+        summary = replace(summary, pods=tuple(pods))
+        if _size(summary) <= max_bytes:
+            return summary
+    while any(len(points) > 2 for points in summary.metrics.values()):
+        summary = replace(summary, metrics={name: _halve(points) for name, points in summary.metrics.items()})
+        if _size(summary) <= max_bytes:
+            return summary
+    pods = [replace(pod, message=pod.message[:200]) for pod in summary.pods]
+    summary = replace(summary, pods=tuple(pods))
+    while _size(summary) > max_bytes and len(summary.pods) > 1:
+        summary = replace(summary, pods=summary.pods[: len(summary.pods) // 2])
+    if _size(summary) > max_bytes:
+        summary = replace(summary, metrics={}, root_cause=(summary.root_cause or "")[:MESSAGE_CHARS] or None)
+    return summary
+
+
+def _halve(points: tuple[tuple[float, float], ...]) -> tuple[tuple[float, float], ...]:
+    if len(points) <= 2:
+        return points
+    kept = points[::2]
+    return kept if kept[-1] == points[-1] else (*kept, points[-1])  # the chart still ends at the last step
+
+
+def _tail(text: str) -> str:
+    """The last :data:`LOG_TAIL_LINES` lines, at most :data:`LOG_TAIL_BYTES` bytes."""
+    lines = text.splitlines()[-LOG_TAIL_LINES:]
+    tail = "\n".join(lines)
+    encoded = tail.encode()
+    if len(encoded) > LOG_TAIL_BYTES:
+        tail = encoded[-LOG_TAIL_BYTES:].decode(errors="ignore")
+        tail = tail.partition("\n")[2] or tail  # start at a whole line
+    return tail
+
+
+def with_log_tails(pods: Sequence[PodSummary], tails: Mapping[str, str]) -> tuple[PodSummary, ...]:
+    """The pods with the tails of their logs (by pod name), for at most :data:`MAX_LOG_TAILS` pods: failed pods first
+    (that is where the root cause is), then those that held ranks, then by name."""
+
+    def priority(pod: PodSummary) -> tuple[int, int, str]:
+        return (0 if pod.phase == "Failed" or pod.exit_code not in (None, 0) else 1, 0 if pod.ranks else 1, pod.name)
+
+    chosen = {pod.name for pod in sorted((p for p in pods if tails.get(p.name)), key=priority)[:MAX_LOG_TAILS]}
+    return tuple(replace(pod, log_tail=_tail(tails[pod.name])) if pod.name in chosen else pod for pod in pods)
+
+
+# --- from Kubernetes pod objects ------------------------------------------------------------------------------------
+
+
+def _training_status(pod: Mapping[str, Any]) -> Mapping[str, Any]:
+    statuses = pod.get("status", {}).get("containerStatuses") or []
+    for status in statuses:
+        if status.get("name") == _TRAINING_CONTAINER:
+            return status
+    return statuses[0] if statuses else {}
+
+
+def _training_container(pod: Mapping[str, Any]) -> Mapping[str, Any]:
+    containers = pod.get("spec", {}).get("containers") or []
+    for container in containers:
+        if container.get("name") == _TRAINING_CONTAINER:
+            return container
+    return containers[0] if containers else {}
+
+
+def _env(container: Mapping[str, Any], name: str) -> str | None:
+    for item in container.get("env") or []:
+        if item.get("name") == name and isinstance(item.get("value"), str):
+            return str(item["value"])
+    return None
+
+
+def _nproc(container: Mapping[str, Any]) -> int | None:
+    """Workers per node: the training operator's ``PET_NPROC_PER_NODE``, else the runner's ``--nproc-per-node``."""
+    value = _env(container, "PET_NPROC_PER_NODE")
+    command = [str(part) for part in (container.get("command") or []) + (container.get("args") or [])]
+    if (value is None or not value.isdigit()) and "--nproc-per-node" in command:
+        position = command.index("--nproc-per-node") + 1
+        value = command[position] if position < len(command) else None
+    return int(value) if value is not None and value.isdigit() and int(value) > 0 else None
+
+
+def _ranks(pod: Mapping[str, Any], replica_type: str, outcome_rank: int | None, holds_rank0: bool) -> tuple[int, ...]:
+    """The global ranks a pod held: ``node rank * nproc + local rank`` where the node rank is known (a single Pod is
+    node 0; a Master/Worker job's pods get ``PET_NODE_RANK``; an elastic node that held rank 0, or reported a
+    failing rank, is the node of that rank's group). Empty where it cannot be known (elastic peers)."""
+    container = _training_container(pod)
+    nproc = _nproc(container)
+    if nproc is None:
+        return (0,) if holds_rank0 else ()
+    node_rank: int | None = None
+    static = _env(container, "PET_NODE_RANK")
+    if replica_type == "pod" or holds_rank0:
+        node_rank = 0
+    elif static is not None and static.isdigit():
+        node_rank = int(static)
+    elif outcome_rank is not None and outcome_rank >= 0:
+        node_rank = outcome_rank // nproc
+    if node_rank is None:
+        return ()
+    return tuple(range(node_rank * nproc, (node_rank + 1) * nproc))
+
+
+def pod_summary(pod: Mapping[str, Any]) -> PodSummary:
+    """What one pod says: its replica, phase, node, restarts, and the training container's state."""
+    metadata = pod.get("metadata", {})
+    status = pod.get("status", {})
+    labels = metadata.get("labels") or {}
+    replica_type = str(labels.get(_REPLICA_TYPE_LABEL) or "pod").lower()
+    index_label = labels.get(_REPLICA_INDEX_LABEL)
+    replica_index = int(index_label) if isinstance(index_label, str) and index_label.isdigit() else None
+    if replica_type == "pod":
+        replica_index = 0
+    container = _training_status(pod)
+    state = container.get("state") or {}
+    terminated = state.get("terminated") or (container.get("lastState") or {}).get("terminated") or {}
+    waiting = state.get("waiting") or {}
+    reason = str(terminated.get("reason") or waiting.get("reason") or status.get("reason") or "")
+    raw_message = terminated.get("message") or waiting.get("message") or status.get("message") or ""
+    outcome = decode_outcome(terminated.get("message"))
+    failing_rank: int | None = None
+    if outcome is not None:
+        # Our own outcome document: say what failed; a success says nothing (rank 0's value is the task's XCom).
+        raw_message = outcome.failure.summary() if outcome.failure is not None else ""
+        failing_rank = outcome.failure.rank if outcome.failure is not None else None
+    exit_code = terminated.get("exitCode")
+    return PodSummary(
+        name=str(metadata.get("name", "?")),
+        replica_type=replica_type,
+        replica_index=replica_index,
+        ranks=_ranks(pod, replica_type, failing_rank, outcome is not None and outcome.holds_rank0),
+        phase=str(status.get("phase") or "Unknown"),
+        node=pod.get("spec", {}).get("nodeName"),
+        restarts=int(container.get("restartCount") or 0),
+        reason=reason,
+        message=str(raw_message)[:MESSAGE_CHARS],
+        exit_code=int(exit_code) if isinstance(exit_code, int) else None,
+    )
+
+
+_TYPE_ORDER: Final = {"master": 0, "worker": 1}
+
+
+def pod_summaries(pods: Sequence[Mapping[str, Any]]) -> tuple[PodSummary, ...]:
+    """The pods of a job, Master first, then Workers by index."""
+
+    def order(pod: PodSummary) -> tuple[int, int, str]:
+        return _TYPE_ORDER.get(pod.replica_type, 2), pod.replica_index or 0, pod.name
+
+    return tuple(sorted((pod_summary(pod) for pod in pods), key=order))
+
+
+# --- from a local run -------------------------------------------------------------------------------------------------
+
+
+def local_pod_summaries(
+    reports: Sequence[NodeReport], *, nproc_per_node: int | None, hostname: str | None
+) -> tuple[PodSummary, ...]:
+    """One entry per local node (``node-0``, ``node-1``, ...): its exit code and what its outcome says."""
+    summaries = []
+    for index, report in enumerate(reports):
+        outcome = report.outcome
+        failure = outcome.failure if outcome is not None else None
+        failed = report.exit_code not in (0, None) or (outcome is not None and not outcome.succeeded)
+        ranks: tuple[int, ...] = ()
+        if nproc_per_node:
+            # Local nodes join one rendezvous; node ranks follow the start order only for a static job, so the
+            # node's ranks are known where its outcome names one: the holder of rank 0, or the failing rank.
+            node_rank = 0 if len(reports) == 1 or (outcome is not None and outcome.holds_rank0) else None
+            if node_rank is None and failure is not None and failure.rank >= 0:
+                node_rank = failure.rank // nproc_per_node
+            if node_rank is not None:
+                ranks = tuple(range(node_rank * nproc_per_node, (node_rank + 1) * nproc_per_node))
+        summaries.append(
+            PodSummary(
+                name=f"node-{index}",
+                replica_type="node",
+                replica_index=index,
+                ranks=ranks,
+                phase="Failed" if failed else ("Succeeded" if report.exit_code == 0 else "Unknown"),
+                node=hostname,
+                reason=report.reason,
+                message=(failure.summary() if failure is not None else "")[:MESSAGE_CHARS],
+                exit_code=report.exit_code,
+            )
+        )
+    return tuple(summaries)
+
+
+def local_job_summary(
+    *,
+    name: str,
+    reports: Sequence[NodeReport],
+    succeeded: bool,
+    root_cause: str | None,
+    created: float,
+    finished: float,
+    nproc_per_node: int | None,
+    hostname: str | None,
+    tails: Mapping[str, str],
+    series: MetricSeries | None,
+) -> JobSummary:
+    """The summary of a local run. ``tails`` are the log tails by source as the task log got them: local execution
+    prefixes a node's lines with ``[node<i>] `` when it runs several nodes, and with nothing when it runs one."""
+    pods = local_pod_summaries(reports, nproc_per_node=nproc_per_node, hostname=hostname)
+    by_pod = {
+        pod.name: tails.get("" if len(pods) == 1 else f"node{pod.replica_index}", "")
+        for pod in pods
+        if pod.replica_index is not None
+    }
+    return JobSummary.build(
+        kind=KIND_LOCAL,
+        namespace=None,
+        name=name,
+        succeeded=succeeded,
+        created=created,
+        finished=finished,
+        root_cause=root_cause,
+        pods=with_log_tails(pods, by_pod),
+        series=series,
+    )

@@ -1,0 +1,92 @@
+"""An S3-compatible server on this machine for the storage tests: moto in server mode, on a free port.
+
+Import the fixture into a test module (``from tests.s3_server import s3  # noqa: F401``). The server is a thread of
+the test process; the runners and the pods of the local cluster (local processes) reach it over TCP with the
+credentials and endpoint in :attr:`S3Server.env`, as pods would get theirs from a Secret. ``AWS_ENDPOINT_URL`` is
+read by botocore, so s3fs needs no endpoint argument.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+
+@dataclass(frozen=True)
+class S3Server:
+    endpoint: str
+    bucket: str
+
+    @property
+    def env(self) -> dict[str, str]:
+        """What a process needs to use the server: test credentials (moto accepts any) and its endpoint."""
+        return {
+            "AWS_ACCESS_KEY_ID": "testing",
+            "AWS_SECRET_ACCESS_KEY": "testing",
+            "AWS_DEFAULT_REGION": "us-east-1",
+            "AWS_ENDPOINT_URL": self.endpoint,
+        }
+
+    def connection_json(self) -> str:
+        """An Airflow ``aws`` connection to the server, for ``AIRFLOW_CONN_<ID>``."""
+        return json.dumps(
+            {
+                "conn_type": "aws",
+                "login": "testing",
+                "password": "testing",
+                "extra": {"endpoint_url": self.endpoint, "region_name": "us-east-1"},
+            }
+        )
+
+    def url(self, prefix: str) -> str:
+        return f"s3://{self.bucket}/{prefix}"
+
+    def client(self) -> Any:
+        import boto3
+
+        return boto3.client(
+            "s3",
+            endpoint_url=self.endpoint,
+            aws_access_key_id="testing",
+            aws_secret_access_key="testing",
+            region_name="us-east-1",
+        )
+
+    def keys(self, prefix: str = "") -> list[str]:
+        pages = self.client().get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=prefix)
+        return sorted(item["Key"] for page in pages for item in page.get("Contents", []))
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture(scope="session")
+def s3() -> Iterator[S3Server]:
+    from moto.server import ThreadedMotoServer
+
+    port = _free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    try:
+        info = S3Server(endpoint=f"http://127.0.0.1:{port}", bucket=f"torchelastic-{uuid.uuid4().hex[:8]}")
+        info.client().create_bucket(Bucket=info.bucket)
+        yield info
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def s3_env(s3: S3Server, monkeypatch: pytest.MonkeyPatch) -> S3Server:
+    """The server's credentials and endpoint in this process's environment (so in local runners' too)."""
+    for key, value in s3.env.items():
+        monkeypatch.setenv(key, value)
+    return s3

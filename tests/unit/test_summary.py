@@ -1,0 +1,284 @@
+"""The job summary: built from pod JSON as the API returns it (and from a local run), round trips, and bounds."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from airflow_provider_torchelastic import jobkinds
+from airflow_provider_torchelastic.metrics import MetricSeries
+from airflow_provider_torchelastic.outcome import NodeOutcome, NodeReport, WorkerFailure, encode_failure, encode_success
+from airflow_provider_torchelastic.status import JobRef, Phase, Snapshot, WaitDecision, WaitPolicy
+from airflow_provider_torchelastic.summary import (
+    LOG_TAIL_BYTES,
+    LOG_TAIL_LINES,
+    MAX_LOG_TAILS,
+    MAX_SUMMARY_BYTES,
+    JobSummary,
+    PodSummary,
+    local_job_summary,
+    pod_summaries,
+    with_log_tails,
+)
+
+STAMP0 = "2027-01-15T08:00:00Z"
+T0 = 1_800_000_000.0
+RUNNER = ["python", "-m", "airflow_provider_torchelastic.runner", "--nproc-per-node", "2"]
+
+
+def pod(
+    name: str,
+    phase: str,
+    *,
+    replica: tuple[str, int] | None = None,
+    env: dict[str, str] | None = None,
+    terminated: dict[str, Any] | None = None,
+    waiting: dict[str, Any] | None = None,
+    restarts: int = 0,
+    status_reason: str | None = None,
+) -> dict[str, Any]:
+    """A pod as the API server returns it, with the training operator's labels and env where given."""
+    labels = {"app.kubernetes.io/managed-by": "airflow-provider-torchelastic"}
+    if replica is not None:
+        labels |= {
+            "training.kubeflow.org/replica-type": replica[0],
+            "training.kubeflow.org/replica-index": str(replica[1]),
+        }
+    state: dict[str, Any] = {"running": {}}
+    if terminated is not None:
+        state = {"terminated": terminated}
+    elif waiting is not None:
+        state = {"waiting": waiting}
+    status: dict[str, Any] = {
+        "phase": phase,
+        "containerStatuses": [{"name": "pytorch", "state": state, "restartCount": restarts}],
+    }
+    if status_reason:
+        status["reason"] = status_reason
+    container = {"name": "pytorch", "command": RUNNER, "env": [{"name": k, "value": v} for k, v in (env or {}).items()]}
+    return {
+        "metadata": {"name": name, "creationTimestamp": STAMP0, "labels": labels},
+        "spec": {"nodeName": f"node-{name[-1]}", "containers": [container]},
+        "status": status,
+    }
+
+
+def failed(rank: int) -> str:
+    return encode_failure(WorkerFailure(rank=rank, exception="ValueError", message="bad shard", timestamp=T0))
+
+
+def test_pods_of_a_master_worker_job_with_static_ranks() -> None:
+    pods = [
+        pod(
+            "job-worker-0",
+            "Failed",
+            replica=("worker", 0),
+            env={"PET_NODE_RANK": "1", "PET_NPROC_PER_NODE": "2"},
+            terminated={"exitCode": 1, "reason": "Error", "message": failed(3)},
+            restarts=2,
+        ),
+        pod(
+            "job-master-0",
+            "Running",
+            replica=("master", 0),
+            env={"PET_NODE_RANK": "0", "PET_NPROC_PER_NODE": "2"},
+        ),
+    ]
+    master, worker = pod_summaries(pods)
+    assert master == PodSummary(
+        name="job-master-0", replica_type="master", replica_index=0, ranks=(0, 1), phase="Running", node="node-0"
+    )
+    assert worker.replica_type == "worker" and worker.replica_index == 0 and worker.ranks == (2, 3)
+    assert (worker.phase, worker.exit_code, worker.restarts, worker.reason) == ("Failed", 1, 2, "Error")
+    assert worker.message == "rank 3 failed with ValueError: bad shard"
+
+
+def test_elastic_pods_know_ranks_only_where_an_outcome_names_them() -> None:
+    pods = [
+        pod(
+            "job-worker-1",
+            "Succeeded",
+            replica=("worker", 1),
+            terminated={"exitCode": 0, "message": encode_success("7")},
+        ),
+        pod(
+            "job-worker-0",
+            "Succeeded",
+            replica=("worker", 0),
+            terminated={"exitCode": 0, "message": encode_success(None)},
+        ),
+        pod(
+            "job-worker-2",
+            "Pending",
+            replica=("worker", 2),
+            waiting={"reason": "ImagePullBackOff", "message": "Back-off pulling image"},
+        ),
+        pod("job-worker-3", "Failed", replica=("worker", 3), status_reason="Evicted"),
+    ]
+    summaries = pod_summaries(pods)
+    assert [p.name for p in summaries] == ["job-worker-0", "job-worker-1", "job-worker-2", "job-worker-3"]
+    by_name = {p.name: p for p in summaries}
+    # The pod that held rank 0 held the first group of ranks; its peers' ranks are unknown.
+    assert by_name["job-worker-1"].ranks == (0, 1) and by_name["job-worker-0"].ranks == ()
+    assert by_name["job-worker-1"].message == "", "rank 0's value is the task's XCom, not repeated here"
+    assert (by_name["job-worker-2"].reason, by_name["job-worker-2"].message) == (
+        "ImagePullBackOff",
+        "Back-off pulling image",
+    )
+    assert by_name["job-worker-3"].reason == "Evicted" and by_name["job-worker-3"].exit_code is None
+
+
+def test_a_single_pod_holds_every_rank() -> None:
+    (single,) = pod_summaries([pod("job", "Succeeded", terminated={"exitCode": 0, "message": encode_success("1")})])
+    assert (single.replica_type, single.replica_index, single.ranks) == ("pod", 0, (0, 1))
+
+
+def test_a_terminal_decision_carries_the_pods_and_they_travel_in_the_trigger_event() -> None:
+    ref = JobRef(kind="Pod", name="job", namespace="ml")
+    done = pod("job", "Failed", terminated={"exitCode": 1, "reason": "Error", "message": failed(1)})
+    decision = jobkinds.get("Pod").decide(ref, Snapshot(job=done, now=T0 + 30), WaitPolicy())
+    assert decision.phase is Phase.FAILED and decision.created == T0
+    assert [p.name for p in decision.pods] == ["job"]
+    with_metrics = WaitDecision.from_event(json.loads(json.dumps(decision.to_event())))
+    assert with_metrics == decision
+    running = jobkinds.get("Pod").decide(ref, Snapshot(job=pod("job", "Running"), now=T0 + 30), WaitPolicy())
+    assert running.pods == () and running.created is None, "pods are summarized once, when the wait ends"
+
+
+def summary_with(pods: tuple[PodSummary, ...], series: MetricSeries | None = None) -> JobSummary:
+    return JobSummary.build(
+        kind="PyTorchJob",
+        namespace="ml",
+        name="job",
+        succeeded=False,
+        created=T0,
+        finished=T0 + 90.5,
+        root_cause="job-worker-0: rank 3 failed with ValueError: bad shard (non-recoverable)",
+        pods=pods,
+        series=series,
+    )
+
+
+def test_summary_round_trips_through_json_with_the_documented_fields() -> None:
+    series = MetricSeries()
+    for step in range(10):
+        series.add("loss", step, 1.0 / (step + 1))
+    series.add("grad_norm", 9, float("nan"))
+    pods = pod_summaries([pod("job-worker-0", "Failed", replica=("worker", 0), terminated={"exitCode": 1})])
+    summary = summary_with(with_log_tails(pods, {"job-worker-0": "a\nb"}), series)
+    doc = json.loads(summary.to_json())
+    assert set(doc) == {
+        "version",
+        "kind",
+        "namespace",
+        "name",
+        "phase",
+        "created",
+        "finished",
+        "elapsed_seconds",
+        "root_cause",
+        "pods",
+        "metrics",
+        "last_metrics",
+    }
+    assert set(doc["pods"][0]) == {
+        "name",
+        "replica_type",
+        "replica_index",
+        "ranks",
+        "phase",
+        "node",
+        "restarts",
+        "reason",
+        "message",
+        "exit_code",
+        "log_tail",
+    }
+    assert doc["version"] == 1 and doc["phase"] == "failed" and doc["elapsed_seconds"] == 90.5
+    assert doc["metrics"]["loss"][0] == [0, 1.0] and doc["metrics"]["grad_norm"] == []
+    assert doc["last_metrics"] == {"loss": 0.1, "grad_norm": None}, "a NaN is null: the JSON stays strict"
+    assert doc["pods"][0]["log_tail"] == "a\nb"
+    assert JobSummary.from_json(summary.to_json()) == summary
+    assert JobSummary.from_json(doc) == summary, "an XCom value read back as a dict"
+
+
+def test_log_tails_are_bounded_and_failed_pods_come_first() -> None:
+    names = [f"job-worker-{i}" for i in range(8)]
+    pods = tuple(PodSummary(name=name, replica_type="worker", phase="Succeeded") for name in names)
+    pods = (*pods[:6], PodSummary(name=names[6], replica_type="worker", phase="Failed", exit_code=1), pods[7])
+    long_log = "\n".join(f"line {i} " + "x" * 400 for i in range(500))
+    tailed = with_log_tails(pods, dict.fromkeys(names, long_log))
+    with_tails = [p for p in tailed if p.log_tail]
+    assert len(with_tails) == MAX_LOG_TAILS
+    assert names[6] in {p.name for p in with_tails}, "the failed pod's tail is kept first"
+    for p in with_tails:
+        assert len(p.log_tail.encode()) <= LOG_TAIL_BYTES and len(p.log_tail.splitlines()) <= LOG_TAIL_LINES
+        assert p.log_tail.endswith("line 499 " + "x" * 400), "the end of the log is kept"
+
+
+def test_summary_stays_under_its_byte_bound_dropping_tails_before_points() -> None:
+    series = MetricSeries(max_points=500)
+    for step in range(100_000):
+        for metric in range(12):
+            series.add(f"metric_{metric}", step, step * 0.001 + metric)
+    pods = tuple(PodSummary(name=f"job-worker-{i}", replica_type="worker", message="m" * 900) for i in range(16))
+    tails = {p.name: "\n".join("y" * 150 for _ in range(50)) for p in pods}
+    summary = summary_with(with_log_tails(pods, tails), series)
+    size = len(summary.to_json().encode())
+    assert size <= MAX_SUMMARY_BYTES, size
+    assert all(not p.log_tail for p in summary.pods), "log tails go first"
+    assert len(summary.pods) == 16
+    for points in summary.metrics.values():
+        assert points[0][0] == 0 and points[-1][0] == 99_999, "charts still span the whole run"
+    # A small job keeps everything.
+    small = summary_with(with_log_tails(pods[:2], tails))
+    assert all(p.log_tail for p in small.pods)
+
+
+def test_local_summary_names_nodes_and_takes_tails_by_the_local_prefixes() -> None:
+    reports = [
+        NodeReport(name="node 0", exit_code=0, outcome=NodeOutcome(succeeded=True, holds_rank0=False)),
+        NodeReport(
+            name="node 1",
+            exit_code=1,
+            outcome=NodeOutcome(
+                succeeded=False, failure=WorkerFailure(rank=2, exception="ValueError", message="bad", timestamp=T0)
+            ),
+        ),
+    ]
+    summary = local_job_summary(
+        name="job",
+        reports=reports,
+        succeeded=False,
+        root_cause="node 1: rank 2 failed",
+        created=T0,
+        finished=T0 + 3,
+        nproc_per_node=2,
+        hostname="host",
+        tails={"node0": "zero", "node1": "one"},
+        series=None,
+    )
+    assert summary.kind == "local" and summary.namespace is None and summary.phase == "failed"
+    assert [(p.name, p.phase, p.ranks, p.log_tail, p.exit_code) for p in summary.pods] == [
+        ("node-0", "Succeeded", (), "zero", 0),
+        ("node-1", "Failed", (2, 3), "one", 1),
+    ]
+
+
+def test_the_metrics_tap_state_travels_with_the_decision_in_the_trigger_event() -> None:
+    from dataclasses import replace
+
+    from airflow_provider_torchelastic.metrics import MARKER, MetricsTap
+
+    logged: list[str] = []
+    tap = MetricsTap(logged.append)  # what the trigger wraps its log callable with
+    tap(f'[job] [rank0]:{MARKER} {{"step":3,"last":{{"loss":0.5}},"points":{{"loss":[[0,2.0],[3,0.5]]}}}}')
+    ref = JobRef(kind="Pod", name="job", namespace="ml")
+    done = pod("job", "Succeeded", terminated={"exitCode": 0, "message": encode_success("1")})
+    decision = jobkinds.get("Pod").decide(ref, Snapshot(job=done, now=T0 + 30), WaitPolicy())
+    event = json.loads(json.dumps(replace(decision, metrics=tap.to_json()).to_event()))
+    resumed = WaitDecision.from_event(event)  # execute_complete, on a fresh operator
+    again = MetricsTap.from_json(resumed.metrics, logged.append)
+    assert again.summary_line() == "last metrics: step 3 loss=0.5"
+    assert again.series.points("loss") == [(0.0, 2.0), (3.0, 0.5)]
+    assert resumed.pods == decision.pods and resumed.created == T0
