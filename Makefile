@@ -1,11 +1,15 @@
 # The two commands of the README: `make demo` (set up, run the quickstart DAG locally) and `make test` (everything).
-.PHONY: demo test setup lint cluster-up cluster-down golden crd bench
+.PHONY: demo ui test setup lint cluster-up cluster-down golden crd bench bench-triggerer
 
 setup:
 	bash scripts/setup.sh
 
 demo: setup
 	.venv/bin/python scripts/quickstart.py
+
+# Airflow's UI on the home `make demo` kept: its run in the "Training jobs" page and the "Training job" tab.
+ui: setup
+	bash scripts/ui.sh
 
 test: setup
 	bash scripts/test.sh
@@ -28,3 +32,9 @@ crd: setup
 
 bench: setup
 	.venv/bin/python benchmarks/bench_runner.py
+
+# Hundreds of deferred jobs in one triggerer on the local cluster (about 25 min); not part of `make test`.
+bench-triggerer: setup
+	bash scripts/build-kube-apiserver.sh
+	bash scripts/build-runner-env.sh
+	.venv/bin/python benchmarks/bench_triggerer.py

@@ -20,6 +20,7 @@ from airflow_provider_torchelastic.config import (
     Worker,
 )
 from airflow_provider_torchelastic.errors import RecoverableError
+from airflow_provider_torchelastic.metrics import report
 
 if TYPE_CHECKING:
     from airflow_provider_torchelastic.operators import TorchElasticOperator
@@ -36,14 +37,21 @@ __all__ = [
     "RunPolicy",
     "TorchElasticOperator",
     "Worker",
+    "checkpoint",
+    "context",
+    "report",
 ]
 
 # Names whose modules need Airflow: imported on first access, so the runner (and images without Airflow) can import
 # this package.
 _LAZY = {"TorchElasticOperator": "airflow_provider_torchelastic.operators"}
+# Modules for training functions (``context.current()``, ``checkpoint.save``): imported on first access too.
+_LAZY_MODULES = frozenset({"checkpoint", "context"})
 
 
 def __getattr__(name: str) -> Any:
+    if name in _LAZY_MODULES:
+        return importlib.import_module(f"{__name__}.{name}")
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
@@ -99,6 +107,55 @@ def get_provider_info() -> dict[str, Any]:
                         "example": "registry.example.com/ml/torchelastic-runner:0.1.0",
                         "default": "",
                     },
+                    "checkpoint_root": {
+                        "description": "Root of every task's checkpoint location, an fsspec URL (s3://, gs://, "
+                        "abfs://, file://) or a path on a volume mounted in the pods: a task instance's location is "
+                        "{root}/{dag_id}/{run_id}/{task_id}/{map_index}, the same for every try and restart of it, "
+                        "and the workers read it from context.current().checkpoint_uri. A task's checkpoint_uri "
+                        "argument replaces it. Empty: no location unless the task names one. Checkpoints are kept: "
+                        "clean up with a lifecycle rule or by deleting {root}/{dag_id}/{run_id}.",
+                        "version_added": "0.1.0",
+                        "type": "string",
+                        "example": "s3://ml-checkpoints/airflow",
+                        "default": "",
+                    },
+                    "result_storage": {
+                        "description": "Where rank 0's result goes when it is larger than a termination message "
+                        "(4096 bytes), an fsspec URL or a path reachable from the pods and the Airflow workers: "
+                        "{result_storage}/{dag_id}/{run_id}/{task_id}/{map_index}/{try_number}/result.json. The "
+                        "Airflow side reads it back with ObjectStoragePath. Empty: larger results fail the task.",
+                        "version_added": "0.1.0",
+                        "type": "string",
+                        "example": "s3://ml-results/airflow",
+                        "default": "",
+                    },
+                    "result_storage_conn_id": {
+                        "description": "The Airflow connection that ObjectStoragePath uses to read results from "
+                        "result_storage (the pods use their own environment's credentials). Empty: the file "
+                        "system's defaults.",
+                        "version_added": "0.1.0",
+                        "type": "string",
+                        "example": "aws_default",
+                        "default": "",
+                    },
+                    "result_storage_keep": {
+                        "description": "Keep result files in result_storage after they were read (by default they "
+                        "are deleted once the result is in XCom).",
+                        "version_added": "0.1.0",
+                        "type": "boolean",
+                        "example": "True",
+                        "default": "False",
+                    },
+                    "report_interval": {
+                        "description": "Seconds between two metrics lines of rank 0 (report() in the training "
+                        "code): at most one progress line per interval reaches the task log, however often report() "
+                        "is called; the last values are always printed when the training function ends. Rendered "
+                        "into every pod (TORCHELASTIC_REPORT_INTERVAL) and set for local execution.",
+                        "version_added": "0.1.0",
+                        "type": "float",
+                        "example": "60",
+                        "default": "15",
+                    },
                     "deferrable": {
                         "description": "Whether Kubernetes tasks release their worker slot while the job runs.",
                         "version_added": "0.1.0",
@@ -121,6 +178,15 @@ def get_provider_info() -> dict[str, Any]:
                         "type": "string",
                         "example": "https://logs.example.com/?q=kubernetes.labels.training_kubeflow_org_job-name:{name}",
                         "default": "",
+                    },
+                    "ui_kubernetes_conn_id": {
+                        "description": "The cncf.kubernetes connection through which the api-server's 'Training "
+                        "jobs' pages list running jobs and read their pods and logs (the README gives the Role this "
+                        "identity needs). Finished jobs come from Airflow's database and need no connection.",
+                        "version_added": "0.1.0",
+                        "type": "string",
+                        "example": "kubernetes_default",
+                        "default": "kubernetes_default",
                     },
                 },
             }

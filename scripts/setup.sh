@@ -17,3 +17,15 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   .venv/bin/python -m pip install -q -e ".[test]"
   echo "$want" > "$stamp"
 fi
+
+# The UI plugin's bundle (airflow_provider_torchelastic/plugin/static, git-ignored, shipped in the wheel): built from
+# ui/ with npm, only when a source is newer than the built bundle.
+bundle=airflow_provider_torchelastic/plugin/static/torch-elastic.js
+if [ ! -f "$bundle" ] || [ -n "$(find ui/src ui/package.json ui/package-lock.json ui/build.mjs -newer "$bundle" 2>/dev/null | head -1)" ]; then
+  if ! command -v npm >/dev/null; then
+    echo "==> installing Node.js and npm (Debian's) to build the UI bundle"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q nodejs npm >/dev/null
+  fi
+  echo "==> building the UI plugin bundle (ui/: npm ci && npm run build)"
+  (cd ui && npm ci --no-audit --no-fund --loglevel=error && npm run build --silent)
+fi

@@ -19,6 +19,8 @@ if [ "${TORCHELASTIC_SKIP_CLUSTER:-0}" != "1" ]; then
   bash scripts/build-runner-env.sh
   echo "==> PostgreSQL (the Airflow deployment tests' metadata database: Debian's, installed once if missing)"
   .venv/bin/python -m tests.airflow_services install-postgres
+  echo "==> Chromium (the browser tests' headless browser: Debian's, installed once if missing)"
+  command -v chromium >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null
 fi
 
 echo "==> pytest"

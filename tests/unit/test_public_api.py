@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 import airflow_provider_torchelastic
-from airflow_provider_torchelastic import config, errors
+from airflow_provider_torchelastic import config, errors, metrics
 from tests.conftest import REPO_ROOT
 
 DIST = "airflow-provider-torchelastic"
@@ -29,6 +29,12 @@ EXPORTED = {
     "RestartPolicy",
     "CleanPodPolicy",
     "RecoverableError",
+    # Modules for the training function (standard library only when imported): context.current() and the
+    # checkpoint helpers.
+    "checkpoint",
+    "context",
+    # report(step=..., **metrics) from the training function (metrics.py, standard library only).
+    "report",
 }
 
 
@@ -52,12 +58,19 @@ def test_all_is_exactly_the_intended_surface() -> None:
 
 
 def test_every_exported_name_resolves_to_its_definition() -> None:
+    from airflow_provider_torchelastic import checkpoint, context
     from airflow_provider_torchelastic.operators import TorchElasticOperator
 
+    modules = {"checkpoint": checkpoint, "context": context}
     expected = {
         "TorchElasticOperator": TorchElasticOperator,
         "RecoverableError": errors.RecoverableError,
-        **{name: getattr(config, name) for name in EXPORTED - {"TorchElasticOperator", "RecoverableError"}},
+        "report": metrics.report,
+        **modules,
+        **{
+            name: getattr(config, name)
+            for name in EXPORTED - {"TorchElasticOperator", "RecoverableError", "report", *modules}
+        },
     }
     for name in EXPORTED:
         assert getattr(airflow_provider_torchelastic, name) is expected[name], name
@@ -102,6 +115,7 @@ def test_runner_modules_import_without_airflow() -> None:
         import airflow_provider_torchelastic.runner, airflow_provider_torchelastic.outcome
         import airflow_provider_torchelastic.payload, airflow_provider_torchelastic.errors
         import airflow_provider_torchelastic.config
+        import airflow_provider_torchelastic.metrics, airflow_provider_torchelastic.summary
         print(sorted(m for m in sys.modules if m.split(".")[0] in ("airflow", "torch", "kubernetes")))
         """
     )

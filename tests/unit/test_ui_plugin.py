@@ -1,0 +1,182 @@
+"""The UI plugin's pure parts: rows from live objects (as rendered by the provider) and from summaries, one list
+from both, the DAG-level filter through a real auth manager, and the light import of the plugin module."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from typing import Any
+
+from airflow_provider_torchelastic import Elastic
+from airflow_provider_torchelastic.metrics import MetricSeries, MetricsLine
+from airflow_provider_torchelastic.plugin import views
+from airflow_provider_torchelastic.plugin.service import RunningMetrics, readable_log
+from airflow_provider_torchelastic.summary import JobSummary, PodSummary
+from tests.contract.builders import render, workload
+
+NOW = 1_800_000_000.0
+CREATED = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(NOW - 3600))
+
+
+def _live_pytorchjob(*, failed_rank1: bool = False, **identity: Any) -> views.LiveJob:
+    """A rendered 2-node elastic PyTorchJob as the API returns it running, with its two pods."""
+    job = workload(render(Elastic(nnodes="2:2", nproc_per_node=1), **identity))
+    job["metadata"]["creationTimestamp"] = CREATED
+    job["status"] = {"conditions": [{"type": "Running", "status": "True", "lastTransitionTime": CREATED}]}
+    name = job["metadata"]["name"]
+    template = job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]
+    pods = []
+    for index in range(2):
+        running = {"phase": "Running", "containerStatuses": [{"name": "pytorch", "state": {"running": {}}}]}
+        if failed_rank1 and index == 1:
+            terminated = {"exitCode": 1, "reason": "Error"}
+            running = {
+                "phase": "Failed",
+                "containerStatuses": [{"name": "pytorch", "state": {"terminated": terminated}}],
+            }
+        labels = {
+            **template["metadata"]["labels"],
+            "training.kubeflow.org/job-name": name,
+            "training.kubeflow.org/replica-type": "worker",
+            "training.kubeflow.org/replica-index": str(index),
+        }
+        pod = {"metadata": {"name": f"{name}-worker-{index}", "namespace": "ml", "labels": labels}, "status": running}
+        pods.append({**pod, "spec": {"nodeName": f"node-{index}", "containers": template["spec"]["containers"]}})
+    [grouped] = views.group_live_jobs({"PyTorchJob": [job], "Pod": []}, [*reversed(pods), _stranger_pod()])
+    return grouped
+
+
+def _stranger_pod() -> dict[str, Any]:
+    return {"metadata": {"name": "other-worker-0", "labels": {"training.kubeflow.org/job-name": "other"}}}
+
+
+def test_a_live_job_reads_as_the_task_decides_with_its_identity_from_annotations() -> None:
+    run_id = "manual__2027-01-15T08:00:00+00:00"  # '+' and ':' are not label-safe: the annotation has it whole
+    job = _live_pytorchjob(run_id=run_id, map_index=3, try_number=2)
+    assert [p["metadata"]["name"][-8:] for p in job.pods] == ["worker-0", "worker-1"]
+    row = views.job_row_from_live(job, now=NOW)
+    assert row is not None
+    assert {k: row[k] for k in ("dag_id", "task_id", "run_id", "map_index", "try_number", "kind", "phase")} == {
+        "dag_id": "nightly_training",
+        "task_id": "train",
+        "run_id": run_id,
+        "map_index": 3,
+        "try_number": 2,
+        "kind": "PyTorchJob",
+        "phase": "running",
+    }
+    assert (row["pods_running"], row["pods_total"], row["elapsed_seconds"]) == (2, 2, 3600.0)
+    assert row["ti_url"] == "/dags/nightly_training/runs/manual__2027-01-15T08%3A00%3A00%2B00%3A00/tasks/train/mapped/3"
+
+
+def test_a_live_job_detail_has_its_pods_log_tails_and_metrics() -> None:
+    job = _live_pytorchjob(failed_rank1=True)
+    tails = {job.pods[1]["metadata"]["name"]: "Traceback ...\nFloatingPointError: nan"}
+    detail = views.job_detail_from_live(job, now=NOW, log_tails=tails, metrics={"loss": [[1, 2.0], [2, 1.5]]})
+    assert detail is not None
+    assert [(p["replica_type"], p["replica_index"], p["phase"], p["node"]) for p in detail["pods"]] == [
+        ("worker", 0, "Running", "node-0"),
+        ("worker", 1, "Failed", "node-1"),
+    ]
+    assert detail["pods"][1]["exit_code"] == 1 and "FloatingPointError" in detail["pods"][1]["log_tail"]
+    assert detail["metrics"] == {"loss": [[1, 2.0], [2, 1.5]]} and detail["last_metrics"] == {"loss": 1.5}
+
+
+def _summary(name: str, phase: str = "failed", created: float = NOW) -> dict[str, Any]:
+    summary = JobSummary(
+        kind="PyTorchJob",
+        namespace="ml",
+        name=name,
+        phase=phase,
+        created=created,
+        finished=created + 90,
+        root_cause="rank 1 raised FloatingPointError: nan" if phase == "failed" else None,
+        pods=(PodSummary(name=f"{name}-worker-0", replica_type="worker", replica_index=0, phase="Failed"),),
+        metrics={"loss": tuple((float(s), 1.0 / s) for s in range(1, 201))},
+        last_metrics={"loss": 1.0 / 200},
+    )
+    return summary.to_dict()
+
+
+def test_a_summary_row_and_detail_come_from_the_xcom_value_as_stored() -> None:
+    identity = views.Identity(dag_id="d", task_id="t", run_id="r", try_number=1)
+    stored = _summary("job-a")
+    for value in (stored, JobSummary.from_json(stored).to_json()):  # a decoded XCom or its JSON text
+        summary = views.summary_from_xcom(value)
+        assert summary is not None
+        row = views.job_row_from_summary(summary, identity)
+        assert (row["phase"], row["pods_running"], row["pods_total"], row["elapsed_seconds"]) == ("failed", 0, 1, 90)
+        assert row["root_cause"] == "rank 1 raised FloatingPointError: nan"
+        # The list's sparkline is small whatever the series; the detail has the series whole.
+        assert len(row["sparkline"]["points"]) == views.SPARKLINE_POINTS
+        assert row["sparkline"]["points"][-1] == [200, 1.0 / 200]
+        assert len(views.job_detail_from_summary(summary, identity)["metrics"]["loss"]) == 200
+    assert views.summary_from_xcom({"version": 99, "name": "x"}) is None
+    assert views.summary_from_xcom("not json") is None
+
+
+def test_local_runs_get_a_namespace_that_is_no_kubernetes_namespace() -> None:
+    local = {**_summary("local-run"), "kind": "local", "namespace": None}
+    row = views.job_row_from_summary(local, views.Identity(dag_id="d", task_id="t", run_id="r"))
+    assert row["namespace"] == views.LOCAL_NAMESPACE == "_local"
+
+
+def _row(name: str, dag_id: str, phase: str, created: float, source: str) -> dict[str, Any]:
+    return {"namespace": "ml", "name": name, "dag_id": dag_id, "phase": phase, "created": created, "source": source}
+
+
+def test_one_list_newest_first_a_summary_replacing_its_live_job_then_filtered_and_paged() -> None:
+    live = [_row("a", "d1", "running", 3, "kubernetes"), _row("b", "d1", "failed", 2, "kubernetes")]
+    finished = [_row("b", "d1", "failed", 2, "summary"), _row("c", "d2", "succeeded", 1, "summary")]
+    rows = views.merge_rows(live, finished)
+    assert [(r["name"], r["source"]) for r in rows] == [("a", "kubernetes"), ("b", "summary"), ("c", "summary")]
+    assert [r["name"] for r in views.merge_rows(live, finished, phase="failed")] == ["b"]
+    assert [r["name"] for r in views.merge_rows(live, finished, offset=1, limit=1)] == ["b"]
+
+
+def _simple_auth_manager(readable: set[str]) -> Any:
+    """Airflow's SimpleAuthManager with a per-DAG rule, as FAB or Keycloak managers have (the simple one has none)."""
+    from airflow.api_fastapi.auth.managers.simple.simple_auth_manager import SimpleAuthManager
+
+    class PerDagAuthManager(SimpleAuthManager):
+        def is_authorized_dag(self, *, method: str, user: Any, access_entity: Any = None, details: Any = None) -> bool:
+            return method == "GET" and details is not None and details.id in readable
+
+    return PerDagAuthManager()
+
+
+def test_a_user_sees_only_jobs_of_dags_they_may_read() -> None:
+    from airflow.api_fastapi.auth.managers.simple.user import SimpleAuthManagerUser
+
+    from airflow_provider_torchelastic.plugin import access
+
+    manager = _simple_auth_manager({"d1"})
+    user = SimpleAuthManagerUser(username="viewer", role="viewer")
+    assert access.readable_dag_ids({"d1", "d2", "d3"}, user, manager) == {"d1"}
+    assert access.can_read_dag("d1", user, manager) and not access.can_read_dag("d2", user, manager)
+
+
+def _metrics_line(step: int) -> str:
+    return MetricsLine(step=float(step), last={"loss": 1 / step}, points={"loss": ((float(step), 1 / step),)}).to_text()
+
+
+def test_running_metrics_take_each_line_once_across_overlapping_log_tails() -> None:
+    running = RunningMetrics()
+    key = ("ml", "job")
+    first = "\n".join(f"[rank0]:{_metrics_line(s)}" for s in (1, 2, 3))
+    running.feed(key, first)
+    series = running.feed(key, first + "\n" + _metrics_line(4))  # the next read overlaps the previous one
+    assert isinstance(series, MetricSeries)
+    assert [step for step, _ in series.points("loss")] == [1, 2, 3, 4]
+    assert readable_log(f"hello\n{_metrics_line(4)}") == "hello\nmetrics: step 4 loss=0.25"
+
+
+def test_importing_the_plugin_imports_neither_torch_nor_the_kubernetes_client() -> None:
+    code = (
+        "import sys; import airflow_provider_torchelastic.plugin as p; "
+        "assert p.TorchElasticPlugin.name == 'torch_elastic'; "
+        "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'kubernetes', 'kubernetes_asyncio')); "
+        "assert not bad, bad"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)

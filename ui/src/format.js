@@ -1,0 +1,34 @@
+export function elapsed(seconds) {
+  if (seconds === null || seconds === undefined) return "";
+  const s = Math.max(0, Math.round(seconds));
+  const h = Math.floor(s / 3600);
+  const m = Math.floor((s % 3600) / 60);
+  const rest = String(s % 60).padStart(2, "0");
+  return h ? `${h}h${String(m).padStart(2, "0")}m${rest}s` : `${m}m${rest}s`;
+}
+
+export function when(unix) {
+  if (!unix) return "";
+  return new Date(unix * 1000).toLocaleString();
+}
+
+export function number(value) {
+  if (typeof value !== "number") return String(value);
+  return Math.abs(value) >= 1000 || Number.isInteger(value) ? String(value) : value.toPrecision(4);
+}
+
+// Chakra's semantic colour tokens of Airflow's theme, with fallbacks for a page outside it.
+export const color = {
+  fg: "var(--chakra-colors-fg, #1a202c)",
+  muted: "var(--chakra-colors-fg-muted, #718096)",
+  border: "var(--chakra-colors-border, #e2e8f0)",
+  subtle: "var(--chakra-colors-bg-subtle, #f7fafc)",
+  line: "var(--chakra-colors-blue-500, #3182ce)",
+};
+
+export const phaseColor = {
+  pending: "var(--chakra-colors-gray-500, #718096)",
+  running: "var(--chakra-colors-cyan-500, #00b5d8)",
+  succeeded: "var(--chakra-colors-green-600, #2f855a)",
+  failed: "var(--chakra-colors-red-600, #c53030)",
+};
