@@ -101,7 +101,13 @@ def create_app() -> FastAPI:
 
     @app.get("/api/jobs/{namespace}/{name}")
     def get_job(namespace: str, name: str, user: User) -> dict[str, Any]:
-        job = _service().job(namespace, name, lambda dag_id: access.can_read_dag(dag_id, user))
+        from airflow_provider_torchelastic.plugin.service import KubernetesUnavailable
+
+        try:
+            job = _service().job(namespace, name, lambda dag_id: access.can_read_dag(dag_id, user))
+        except KubernetesUnavailable as e:
+            # A finished job would have come from its summary: this one is live, and the cluster cannot be read.
+            raise HTTPException(503, f"cannot read {namespace}/{name} from Kubernetes: {e}") from e
         if job is None:
             # The same answer whether it does not exist or the user may not read its DAG: no existence leak.
             raise HTTPException(404, f"no training job {namespace}/{name}")

@@ -22,7 +22,12 @@ from airflow_provider_torchelastic.plugin.sources import (
 )
 from airflow_provider_torchelastic.plugin.views import Identity, LiveJob
 
-__all__ = ["JobsService", "RunningMetrics"]
+__all__ = ["JobsService", "KubernetesUnavailable", "RunningMetrics"]
+
+
+class KubernetesUnavailable(RuntimeError):
+    """A live job could not be read from Kubernetes (the API maps it to 503)."""
+
 
 #: Running jobs whose series are kept (the least recently updated go first): memory stays bounded.
 MAX_TRACKED_JOBS: Final = 256
@@ -188,10 +193,13 @@ class JobsService:
             return views.job_detail_from_summary(summary, identity, base_path=self.base_path)
         if namespace == views.LOCAL_NAMESPACE:
             return None
-        job = self.kube.find(namespace, name)
-        if job is None or job.identity is None or not can_read(job.identity.dag_id):
-            return None
-        tails = self.kube.log_tails(job)
+        try:
+            job = self.kube.find(namespace, name)
+            if job is None or job.identity is None or not can_read(job.identity.dag_id):
+                return None
+            tails = self.kube.log_tails(job)
+        except Exception as e:  # no connection, no permission, API down: the API answers 503 and says why
+            raise KubernetesUnavailable(f"{type(e).__name__}: {e}") from e
         series = None
         for text in tails.values():
             series = self.metrics.feed(job.key, text) if text else series

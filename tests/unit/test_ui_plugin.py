@@ -8,6 +8,8 @@ import sys
 import time
 from typing import Any
 
+import pytest
+
 from airflow_provider_torchelastic import Elastic
 from airflow_provider_torchelastic.metrics import MetricSeries, MetricsLine
 from airflow_provider_torchelastic.plugin import views
@@ -180,3 +182,18 @@ def test_importing_the_plugin_imports_neither_torch_nor_the_kubernetes_client() 
         "assert not bad, bad"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def test_a_live_job_that_kubernetes_cannot_give_is_an_unavailable_error_not_a_crash() -> None:
+    """The detail view of a job without a summary needs the cluster: when it cannot be read, the API says 503 and
+    why (here the UI's connection does not exist), instead of a bare 500."""
+    from airflow_provider_torchelastic.plugin.service import JobsService, KubernetesUnavailable
+    from airflow_provider_torchelastic.plugin.sources import KubeJobs
+
+    class NoSummaries:
+        def find(self, namespace: str | None, name: str) -> None:
+            return None
+
+    service = JobsService(KubeJobs("torch_elastic_no_such_connection"), NoSummaries())  # type: ignore[arg-type]
+    with pytest.raises(KubernetesUnavailable, match="torch_elastic_no_such_connection"):
+        service.job("ml", "some-job", lambda dag_id: True)
