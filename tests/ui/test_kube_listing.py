@@ -34,3 +34,57 @@ def test_page_views_share_one_list_per_kind_and_namespace(kube_cluster, kubernet
     assert kube.log_tail(namespace, "no-such-pod") == ""
     assert kube.log_tail(namespace, "no-such-pod") == ""
     assert kube.calls == 2 * kinds + 1
+
+
+def test_the_documented_read_only_role_is_enough_for_the_pages(kube_cluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    """deploy/rbac-ui.yaml, bound to the cluster's Airflow identity (which has no rights of its own), lets the plugin
+    list jobs and pods and read a log; nothing more is needed, and without it the page says why."""
+    import time
+    import uuid
+    from pathlib import Path
+
+    import yaml
+    from kubernetes import client, config
+
+    from airflow_provider_torchelastic.errors import KubeError
+    from tests.cluster.pytest_plugin import airflow_connection_json
+
+    namespace = kube_cluster.namespace
+    conn_id = f"ui_ro_{uuid.uuid4().hex[:6]}"
+    monkeypatch.setenv(
+        f"AIRFLOW_CONN_{conn_id.upper()}", airflow_connection_json(kube_cluster.sa_kubeconfig, namespace)
+    )
+    role, binding = yaml.safe_load_all(Path("deploy/rbac-ui.yaml").read_text())
+    name = f"{role['metadata']['name']}-{uuid.uuid4().hex[:6]}"
+    role["metadata"]["name"] = binding["metadata"]["name"] = binding["roleRef"]["name"] = name
+    binding["subjects"] = [{"kind": "ServiceAccount", "name": kube_cluster.sa_name, "namespace": namespace}]
+
+    def kinds_listed() -> int:
+        kube = KubeJobs(conn_id)
+        kube.jobs(namespace)
+        return kube.calls
+
+    with pytest.raises(KubeError) as refused:
+        kinds_listed()
+    assert refused.value.status == 403
+    with config.new_client_from_config(config_file=str(kube_cluster.kubeconfig)) as admin:
+        rbac = client.RbacAuthorizationV1Api(admin)
+        rbac.create_namespaced_role(namespace, role)
+        rbac.create_namespaced_role_binding(namespace, binding)
+        try:
+            deadline = time.monotonic() + 10  # RBAC reaches the authorizer through an informer
+            while True:
+                try:
+                    assert kinds_listed() == len(sources._kinds())
+                    break
+                except KubeError as e:
+                    if e.status != 403 or time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.2)
+            # pods/log is granted: a pod that does not exist is a 404, not a 403.
+            with pytest.raises(KubeError) as missing:
+                KubeJobs(conn_id)._get(f"/api/v1/namespaces/{namespace}/pods/no-such-pod/log", {})
+            assert missing.value.status == 404
+        finally:
+            rbac.delete_namespaced_role_binding(name, namespace)
+            rbac.delete_namespaced_role(name, namespace)
