@@ -501,7 +501,11 @@ class MetricsTap:
 
     def _keep_tail(self, line: str) -> None:
         match = _SOURCE.match(line)
-        source, rest = (match.group("source"), match.group("rest")) if match else ("", line)
+        if match is None:
+            # The wait's own lines (progress, fallbacks), not a pod's or node's log: no summary shows them, and
+            # keeping them would put them in the trigger event, which the triggerer logs again.
+            return
+        source, rest = match.group("source"), match.group("rest")
         with self._lock:
             tail = self._tails.get(source)
             if tail is None:
@@ -511,7 +515,7 @@ class MetricsTap:
             tail.append(rest[:TAIL_LINE_CHARS])
 
     def tails(self) -> dict[str, str]:
-        """The last lines of each source's log (``""``: lines without a ``[source] `` prefix)."""
+        """The last lines of each source's log (lines with a ``[pod] `` or ``[nodeN] `` prefix)."""
         with self._lock:
             return {source: "\n".join(lines) for source, lines in self._tails.items()}
 

@@ -26,7 +26,9 @@ def chromium_path() -> str | None:
     return shutil.which("chromium") or shutil.which("chromium-browser")
 
 
-@pytest.fixture(scope="session")
+# Module scope, not session: while playwright's sync API is open, its event loop counts as running in this thread,
+# and every later test that calls asyncio.run() would fail.
+@pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
     path = chromium_path()
     if path is None:
