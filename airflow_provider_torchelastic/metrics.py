@@ -373,6 +373,10 @@ def _as_float(value: Any) -> float | None:
     """A number (int, float, a 0-d torch tensor or numpy scalar: anything ``float()`` takes), else None."""
     if isinstance(value, bool | str | bytes):
         return None
+    # A loss straight from the graph (requires_grad): float() would warn on every call; detach() does not copy.
+    detach = getattr(value, "detach", None)
+    if callable(detach):
+        value = detach()
     try:
         return float(value)
     except (TypeError, ValueError, RuntimeError):  # RuntimeError: a tensor with more than one element

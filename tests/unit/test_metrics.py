@@ -281,3 +281,16 @@ def test_tap_state_for_a_trigger_event_is_bounded() -> None:
     # Later points keep being decimated consistently after the state travelled.
     again.series.add("m0", 2_000, 1.0)
     assert again.series.points("m0")[-1] == (2_000.0, 1.0)
+
+
+def test_a_loss_straight_from_the_graph_is_taken_without_a_warning_per_call() -> None:
+    import warnings
+
+    import torch
+
+    from airflow_provider_torchelastic.metrics import _as_float
+
+    loss = (torch.ones(3, requires_grad=True) * 2).mean()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # torch warns when float() converts a tensor that requires grad
+        assert _as_float(loss) == 2.0
