@@ -487,9 +487,14 @@ class MetricsTap:
     Its state is JSON (``to_json``/``from_json``), so it can travel in a trigger event.
     """
 
-    def __init__(self, log: Callable[[str], None], *, series: MetricSeries | None = None) -> None:
+    def __init__(
+        self, log: Callable[[str], None], *, series: MetricSeries | None = None, keep_unprefixed: bool = False
+    ) -> None:
         self._log = log
         self.series = series or MetricSeries()
+        #: Keep lines without a ``[source] `` prefix as the tail of source ``""``: a one-node local run's output has
+        #: no prefix. On Kubernetes such lines are the wait's own (progress, notices), which no summary shows.
+        self._keep_unprefixed = keep_unprefixed
         self._tails: dict[str, deque[str]] = {}
         self._lock = threading.Lock()  # local execution pumps each node's output from its own thread
 
@@ -505,11 +510,11 @@ class MetricsTap:
 
     def _keep_tail(self, line: str) -> None:
         match = _SOURCE.match(line)
-        if match is None:
-            # The wait's own lines (progress, fallbacks), not a pod's or node's log: no summary shows them, and
-            # keeping them would put them in the trigger event, which the triggerer logs again.
+        if match is None and not self._keep_unprefixed:
+            # The wait's own lines (progress, fallbacks), not a pod's log: no summary shows them, and keeping them
+            # would put them in the trigger event, which the triggerer logs again.
             return
-        source, rest = match.group("source"), match.group("rest")
+        source, rest = (match.group("source"), match.group("rest")) if match else ("", line)
         with self._lock:
             tail = self._tails.get(source)
             if tail is None:
@@ -519,7 +524,7 @@ class MetricsTap:
             tail.append(rest[:TAIL_LINE_CHARS])
 
     def tails(self) -> dict[str, str]:
-        """The last lines of each source's log (lines with a ``[pod] `` or ``[nodeN] `` prefix)."""
+        """The last lines of each source's log (``""``: a one-node local run's, whose lines have no prefix)."""
         with self._lock:
             return {source: "\n".join(lines) for source, lines in self._tails.items()}
 

@@ -635,7 +635,7 @@ class TorchElasticOperator(BaseOperator):
         task_context = self._task_context(self._identity(context), context, self.checkpoint_uri)
         run = self._local_run = LocalRun()
         # Rank 0's metrics lines become progress lines; the tap keeps them, and the log's tail, for the job summary.
-        tap = MetricsTap(self.log.info)
+        tap = MetricsTap(self.log.info, keep_unprefixed=True)
         started = time.time()
         try:
             verdict = run_locally(

@@ -248,6 +248,10 @@ def test_tap_turns_metrics_lines_into_progress_lines_and_keeps_tails() -> None:
     assert tap.series.points("accuracy") == [(1200.0, 0.91)]
     # Only pods' (nodes') lines are kept: the wait's own lines would come back in the trigger event's log line.
     assert tap.tails() == {"job-worker-0": "[rank0]:epoch done"}
+    # A one-node local run's output has no prefix: its tap keeps it under "".
+    local = MetricsTap(logged.append, keep_unprefixed=True)
+    local("[rank1]:ValueError: diverged")
+    assert local.tails() == {"": "[rank1]:ValueError: diverged"}
     # The state travels as JSON (a trigger event) and comes back whole.
     again = MetricsTap.from_json(json.loads(json.dumps(tap.to_json())), logged.append)
     assert again.summary_line() == tap.summary_line() and again.tails() == tap.tails()
