@@ -22,6 +22,7 @@ import tenacity
 
 from airflow_provider_torchelastic import jobkinds
 from airflow_provider_torchelastic.errors import KubeError
+from airflow_provider_torchelastic.naming import TRAINING_CONTAINER
 from airflow_provider_torchelastic.render import payload_configmap_name
 from airflow_provider_torchelastic.status import JobRef, Snapshot
 
@@ -82,7 +83,7 @@ def _delete_call(core: Any, custom: Any, kind: str, name: str, namespace: str) -
 
 
 def _log_call(core: Any, pod: str, namespace: str, since_seconds: int | None, tail_lines: int | None = None) -> _Call:
-    kwargs: dict[str, Any] = {"container": "pytorch", "timestamps": True}
+    kwargs: dict[str, Any] = {"container": TRAINING_CONTAINER, "timestamps": True}
     if since_seconds is not None:
         kwargs["since_seconds"] = since_seconds
     if tail_lines is not None:

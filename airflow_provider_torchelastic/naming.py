@@ -23,6 +23,9 @@ __all__ = [
     "LABEL_PREFIX",
     "MANAGED_BY",
     "MAX_JOB_NAME_LENGTH",
+    "REPLICA_INDEX_LABEL",
+    "REPLICA_TYPE_LABEL",
+    "TRAINING_CONTAINER",
     "RunIdentity",
     "identity_annotations",
     "identity_labels",
@@ -43,6 +46,12 @@ LABEL_TRY_NUMBER: Final = f"{LABEL_PREFIX}/try-number"
 LABEL_IDENTITY: Final = f"{LABEL_PREFIX}/identity"
 LABEL_MANAGED_BY: Final = "app.kubernetes.io/managed-by"
 MANAGED_BY: Final = "airflow-provider-torchelastic"
+
+#: The container that runs the runner in every pod (its status holds the outcome; its log, the training's output).
+TRAINING_CONTAINER: Final = "pytorch"
+#: Labels the Kubeflow training operator puts on a PyTorchJob's pods.
+REPLICA_TYPE_LABEL: Final = "training.kubeflow.org/replica-type"
+REPLICA_INDEX_LABEL: Final = "training.kubeflow.org/replica-index"
 
 ANNOTATION_DAG_ID: Final = f"{LABEL_PREFIX}/dag-id"
 ANNOTATION_TASK_ID: Final = f"{LABEL_PREFIX}/task-id"

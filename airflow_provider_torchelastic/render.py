@@ -43,6 +43,7 @@ from airflow_provider_torchelastic.context import CONTEXT_ENV, TaskContext
 from airflow_provider_torchelastic.launch import config_to_launch_spec, nccl_env_defaults, runner_command
 from airflow_provider_torchelastic.metrics import INTERVAL_ENV as METRICS_INTERVAL_ENV
 from airflow_provider_torchelastic.naming import (
+    TRAINING_CONTAINER,
     RunIdentity,
     identity_annotations,
     identity_labels,
@@ -78,7 +79,7 @@ PYTORCHJOB_KIND: Final = "PyTorchJob"
 PYTORCHJOB_PLURAL: Final = "pytorchjobs"
 
 #: The training operator reads only this container's exit code and builds Services and env from its ports.
-CONTAINER_NAME: Final = "pytorch"
+CONTAINER_NAME: Final = TRAINING_CONTAINER
 #: The port the operator looks up for the rendezvous/master endpoint ("port not found" without it).
 PORT_NAME: Final = "pytorchjob-port"
 DEFAULT_PORT: Final = 23456

@@ -16,7 +16,7 @@ from functools import cached_property
 from typing import Any, Final
 
 from airflow_provider_torchelastic.outcome import NodeReport, Verdict, WorkerFailure, decide_run, decode_outcome
-from airflow_provider_torchelastic.summary import PodSummary, pod_summaries
+from airflow_provider_torchelastic.summary import PodSummary, pod_summaries, training_container_status
 
 __all__ = [
     "FINISH_ACTIONS",
@@ -37,7 +37,6 @@ __all__ = [
 #: What happens to the job once it ended: delete it, keep it, or delete it only when it succeeded (the default:
 #: a failed job's pods and events stay for debugging; the PyTorchJob's ttl / cleanPodPolicy still apply).
 FINISH_ACTIONS: Final = ("delete_succeeded", "delete", "keep")
-TRAINING_CONTAINER: Final = "pytorch"
 
 #: Container waiting reasons that will not resolve by themselves: fail fast (after ``pending_grace_seconds``) instead
 #: of waiting for a timeout. Waiting for capacity is not among them: that is bounded by ``scheduling_timeout``.
@@ -173,18 +172,10 @@ def parse_time(value: str | None) -> float | None:
         return None
 
 
-def _training_status(pod: Mapping[str, Any]) -> Mapping[str, Any]:
-    statuses = pod.get("status", {}).get("containerStatuses") or []
-    for status in statuses:
-        if status.get("name") == TRAINING_CONTAINER:
-            return status
-    return statuses[0] if statuses else {}
-
-
 def pod_report(pod: Mapping[str, Any]) -> NodeReport | None:
     """What an ended pod says: the training container's exit code, reason and outcome document."""
     status = pod.get("status", {})
-    container = _training_status(pod)
+    container = training_container_status(pod)
     terminated = container.get("state", {}).get("terminated") or container.get("lastState", {}).get("terminated")
     name = pod.get("metadata", {}).get("name", "?")
     if terminated:

@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Final
 
 from airflow_provider_torchelastic.metrics import MetricSeries
+from airflow_provider_torchelastic.naming import REPLICA_INDEX_LABEL, REPLICA_TYPE_LABEL, TRAINING_CONTAINER
 from airflow_provider_torchelastic.outcome import NodeReport, decode_outcome
 
 __all__ = [
@@ -33,6 +34,7 @@ __all__ = [
     "local_pod_summaries",
     "pod_summaries",
     "pod_summary",
+    "training_container_status",
     "with_log_tails",
 ]
 
@@ -48,10 +50,6 @@ LOG_TAIL_BYTES: Final = 8 * 1024
 MAX_LOG_TAILS: Final = 4
 #: A pod's status message (e.g. a crash's log tail in the termination message) is cut to this.
 MESSAGE_CHARS: Final = 1000
-
-_TRAINING_CONTAINER: Final = "pytorch"
-_REPLICA_TYPE_LABEL: Final = "training.kubeflow.org/replica-type"
-_REPLICA_INDEX_LABEL: Final = "training.kubeflow.org/replica-index"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -269,10 +267,11 @@ def with_log_tails(pods: Sequence[PodSummary], tails: Mapping[str, str]) -> tupl
 # --- from Kubernetes pod objects ------------------------------------------------------------------------------------
 
 
-def _training_status(pod: Mapping[str, Any]) -> Mapping[str, Any]:
+def training_container_status(pod: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The status of the pod's training container (the first container's when none has its name)."""
     statuses = pod.get("status", {}).get("containerStatuses") or []
     for status in statuses:
-        if status.get("name") == _TRAINING_CONTAINER:
+        if status.get("name") == TRAINING_CONTAINER:
             return status
     return statuses[0] if statuses else {}
 
@@ -280,7 +279,7 @@ def _training_status(pod: Mapping[str, Any]) -> Mapping[str, Any]:
 def _training_container(pod: Mapping[str, Any]) -> Mapping[str, Any]:
     containers = pod.get("spec", {}).get("containers") or []
     for container in containers:
-        if container.get("name") == _TRAINING_CONTAINER:
+        if container.get("name") == TRAINING_CONTAINER:
             return container
     return containers[0] if containers else {}
 
@@ -328,12 +327,12 @@ def pod_summary(pod: Mapping[str, Any]) -> PodSummary:
     metadata = pod.get("metadata", {})
     status = pod.get("status", {})
     labels = metadata.get("labels") or {}
-    replica_type = str(labels.get(_REPLICA_TYPE_LABEL) or "pod").lower()
-    index_label = labels.get(_REPLICA_INDEX_LABEL)
+    replica_type = str(labels.get(REPLICA_TYPE_LABEL) or "pod").lower()
+    index_label = labels.get(REPLICA_INDEX_LABEL)
     replica_index = int(index_label) if isinstance(index_label, str) and index_label.isdigit() else None
     if replica_type == "pod":
         replica_index = 0
-    container = _training_status(pod)
+    container = training_container_status(pod)
     state = container.get("state") or {}
     terminated = state.get("terminated") or (container.get("lastState") or {}).get("terminated") or {}
     waiting = state.get("waiting") or {}

@@ -18,9 +18,8 @@ from typing import Any, Final
 
 from airflow_provider_torchelastic import jobkinds
 from airflow_provider_torchelastic.errors import KubeError
-from airflow_provider_torchelastic.naming import LABEL_MANAGED_BY, MANAGED_BY
+from airflow_provider_torchelastic.naming import LABEL_MANAGED_BY, MANAGED_BY, TRAINING_CONTAINER
 from airflow_provider_torchelastic.plugin.views import SUMMARY_XCOM_KEY, Identity, LiveJob, group_live_jobs
-from airflow_provider_torchelastic.status import TRAINING_CONTAINER
 
 __all__ = ["KubeJobs", "Summaries", "SummaryQuery", "active_job_namespaces"]
 

@@ -25,6 +25,8 @@ from airflow_provider_torchelastic.naming import (
     ANNOTATION_TASK_ID,
     LABEL_MAP_INDEX,
     LABEL_TRY_NUMBER,
+    REPLICA_INDEX_LABEL,
+    REPLICA_TYPE_LABEL,
 )
 from airflow_provider_torchelastic.status import JobRef, Phase, Snapshot, WaitPolicy, parse_time
 from airflow_provider_torchelastic.summary import XCOM_KEY, JobSummary, pod_summaries
@@ -51,8 +53,6 @@ PHASES: Final = tuple(phase.value for phase in Phase)
 LOCAL_NAMESPACE: Final = "_local"
 #: Points per metric in the list's sparklines (the detail view gets the summary's downsampled series whole).
 SPARKLINE_POINTS: Final = 60
-REPLICA_TYPE_LABEL: Final = "training.kubeflow.org/replica-type"
-REPLICA_INDEX_LABEL: Final = "training.kubeflow.org/replica-index"
 
 JobKey = tuple[str, str]  # (namespace, name)
 
