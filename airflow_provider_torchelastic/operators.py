@@ -13,7 +13,7 @@ import re
 import time
 import warnings
 from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any, ClassVar, Final
 
@@ -30,7 +30,13 @@ from airflow_provider_torchelastic.naming import RunIdentity, placeholder_identi
 from airflow_provider_torchelastic.outcome import Verdict
 from airflow_provider_torchelastic.payload import dump_payload
 from airflow_provider_torchelastic.pod import JobOptions, PodOptions
-from airflow_provider_torchelastic.render import check_renderable, elide_payload, render_manifests, summarize_for_ui
+from airflow_provider_torchelastic.render import (
+    check_renderable,
+    elide_payload,
+    render_manifests,
+    summarize_for_ui,
+    task_context_for,
+)
 from airflow_provider_torchelastic.status import (
     FINISH_ACTIONS,
     JobRef,
@@ -632,7 +638,8 @@ class TorchElasticOperator(BaseOperator):
         from airflow_provider_torchelastic.metrics import MetricsTap
 
         spec = config_to_launch_spec(self.task_config)
-        task_context = self._task_context(self._identity(context), context, self.checkpoint_uri)
+        identity = self._identity(context)
+        task_context = self._task_context(identity, context, self.checkpoint_uri)
         run = self._local_run = LocalRun()
         # Rank 0's metrics lines become progress lines; the tap keeps them, and the log's tail, for the job summary.
         tap = MetricsTap(self.log.info, keep_unprefixed=True)
@@ -649,7 +656,7 @@ class TorchElasticOperator(BaseOperator):
             )
         finally:
             self._local_run = None
-        self._push_job_summary(context, _local_summary(self._identity(context), spec, run, verdict, tap, started))
+        self._push_job_summary(context, _local_summary(identity, spec, run, verdict, tap, started))
         return self.result_or_raise(verdict, last_metrics=tap.summary_line())
 
     def _push_job_summary(self, context: Context, summary: JobSummary) -> None:
@@ -763,17 +770,15 @@ class TorchElasticOperator(BaseOperator):
                 task_id=identity.task_id,
                 map_index=identity.map_index,
             )
-        ti = context["ti"] if context is not None else None
-        logical_date = context.get("logical_date") if context is not None else None
-        return TaskContext(
-            dag_id=identity.dag_id,
-            task_id=identity.task_id,
-            run_id=identity.run_id,
-            map_index=identity.map_index,
-            try_number=identity.try_number,
-            max_tries=int(getattr(ti, "max_tries", 0) or 0) if ti is not None else max(0, identity.try_number - 1),
+        # What the identity alone gives (render_manifests without a run uses the same), then what the run knows.
+        task_context = replace(task_context_for(identity), checkpoint_uri=checkpoint_uri)
+        if context is None:
+            return task_context
+        logical_date = context.get("logical_date")
+        return replace(
+            task_context,
+            max_tries=int(getattr(context["ti"], "max_tries", 0) or 0),
             logical_date=logical_date.isoformat() if logical_date is not None else None,
-            checkpoint_uri=checkpoint_uri,
         )
 
     def _render_objects(

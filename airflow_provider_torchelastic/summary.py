@@ -267,21 +267,18 @@ def with_log_tails(pods: Sequence[PodSummary], tails: Mapping[str, str]) -> tupl
 # --- from Kubernetes pod objects ------------------------------------------------------------------------------------
 
 
+def _training_entry(entries: Sequence[Mapping[str, Any]]) -> Mapping[str, Any]:
+    """The training container's entry in a pod's list of containers or of their statuses (else the first)."""
+    return next((entry for entry in entries if entry.get("name") == TRAINING_CONTAINER), entries[0] if entries else {})
+
+
 def training_container_status(pod: Mapping[str, Any]) -> Mapping[str, Any]:
     """The status of the pod's training container (the first container's when none has its name)."""
-    statuses = pod.get("status", {}).get("containerStatuses") or []
-    for status in statuses:
-        if status.get("name") == TRAINING_CONTAINER:
-            return status
-    return statuses[0] if statuses else {}
+    return _training_entry(pod.get("status", {}).get("containerStatuses") or [])
 
 
 def _training_container(pod: Mapping[str, Any]) -> Mapping[str, Any]:
-    containers = pod.get("spec", {}).get("containers") or []
-    for container in containers:
-        if container.get("name") == TRAINING_CONTAINER:
-            return container
-    return containers[0] if containers else {}
+    return _training_entry(pod.get("spec", {}).get("containers") or [])
 
 
 def _env(container: Mapping[str, Any], name: str) -> str | None:

@@ -389,10 +389,7 @@ def run_provider(cluster: Cluster, n: int, window: float, workdir: Path) -> dict
         cluster.admit(queued)
         cluster.wait_running([held_jobs.master_pod(j) for j in queued], 600)
         released = cluster.release([held_jobs.master_pod(j) for j in running + queued])
-        deadline = time.monotonic() + 600
-        while len(child.events()) < n and time.monotonic() < deadline:
-            time.sleep(2)
-        events = child.events()
+        events = wait_for_events(child, n)
     finally:
         child.stop()
         completions.stop()
@@ -401,6 +398,14 @@ def run_provider(cluster: Cluster, n: int, window: float, workdir: Path) -> dict
     result["delay_release"] = [events[j] - released[held_jobs.master_pod(j)] for j in events]
     cluster.clean()
     return result
+
+
+def wait_for_events(child: Child, n: int, timeout: float = 600) -> dict[str, float]:
+    """The triggers' events (time fired, by item) once all ``n`` fired, or what fired within ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while len(child.events()) < n and time.monotonic() < deadline:
+        time.sleep(2)
+    return child.events()
 
 
 def run_trivial(n: int, window: float, workdir: Path) -> dict[str, Any]:
@@ -429,10 +434,7 @@ def run_kpo(cluster: Cluster, n: int, window: float, workdir: Path) -> dict[str,
         result["whole"] = cluster.requests_by_airflow(child.started_at, time.time())
         result["whole_minutes"] = (time.time() - child.started_at) / 60
         released = cluster.release(pods)
-        deadline = time.monotonic() + 600
-        while len(child.events()) < n and time.monotonic() < deadline:
-            time.sleep(2)
-        events = child.events()
+        events = wait_for_events(child, n)
     finally:
         child.stop()
         completions.stop()

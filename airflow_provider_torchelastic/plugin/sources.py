@@ -180,24 +180,30 @@ ACTIVE_STATES: Final = ("queued", "scheduled", "running", "deferred", "up_for_re
 JOB_NAMESPACE_XCOM: Final = "job_namespace"
 
 
+def _xcom_of_task_instance() -> Any:
+    """The join condition of an XCom row and its task instance (the same four keys in both tables)."""
+    from airflow.models.taskinstance import TaskInstance
+    from airflow.models.xcom import XComModel
+    from sqlalchemy import and_
+
+    return and_(
+        TaskInstance.dag_id == XComModel.dag_id,
+        TaskInstance.run_id == XComModel.run_id,
+        TaskInstance.task_id == XComModel.task_id,
+        TaskInstance.map_index == XComModel.map_index,
+    )
+
+
 def active_job_namespaces(dag_ids: Iterable[str] | None) -> set[str]:
     """Namespaces where tasks that have not ended submitted jobs (the operator pushes ``job_namespace`` first)."""
     from airflow.models.taskinstance import TaskInstance
     from airflow.models.xcom import XComModel
     from airflow.utils.session import create_session
-    from sqlalchemy import and_, select
+    from sqlalchemy import select
 
     query = (
         select(XComModel.value)
-        .join(
-            TaskInstance,
-            and_(
-                TaskInstance.dag_id == XComModel.dag_id,
-                TaskInstance.run_id == XComModel.run_id,
-                TaskInstance.task_id == XComModel.task_id,
-                TaskInstance.map_index == XComModel.map_index,
-            ),
-        )
+        .join(TaskInstance, _xcom_of_task_instance())
         .where(XComModel.key == JOB_NAMESPACE_XCOM, TaskInstance.state.in_(ACTIVE_STATES))
         .limit(MAX_SUMMARIES)
     )
@@ -290,7 +296,7 @@ class Summaries:
         from airflow.models.taskinstance import TaskInstance
         from airflow.models.xcom import XComModel
         from airflow.utils.session import create_session
-        from sqlalchemy import and_, select
+        from sqlalchemy import select
 
         statement = (
             select(
@@ -301,15 +307,7 @@ class Summaries:
                 XComModel.value,
                 TaskInstance.try_number,
             )
-            .outerjoin(
-                TaskInstance,
-                and_(
-                    TaskInstance.dag_id == XComModel.dag_id,
-                    TaskInstance.run_id == XComModel.run_id,
-                    TaskInstance.task_id == XComModel.task_id,
-                    TaskInstance.map_index == XComModel.map_index,
-                ),
-            )
+            .outerjoin(TaskInstance, _xcom_of_task_instance())
             .where(XComModel.key == SUMMARY_XCOM_KEY, *conditions)
             .order_by(XComModel.timestamp.desc())
             .limit(limit)
