@@ -11,8 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from airflow_provider_torchelastic.context import checkpoint_location
-from tests.dags.retries_and_checkpoints import FAIL_AFTER, STEPS, one_megabyte
+from tests.dags.retries_and_checkpoints import one_megabyte
 from tests.e2e.test_kubernetes import (  # noqa: F401 - fixtures
     Cluster,
     clean_namespace,
@@ -21,6 +20,7 @@ from tests.e2e.test_kubernetes import (  # noqa: F401 - fixtures
     failure_dir,
     run_dag,
 )
+from tests.e2e.test_local_checkpoints import assert_resumed_from_the_last_complete_checkpoint
 from tests.s3_server import S3Server, s3  # noqa: F401 - a fixture
 
 pytestmark = [pytest.mark.cluster, pytest.mark.usefixtures("airflow_db", "clean_namespace")]
@@ -47,16 +47,9 @@ def test_a_retried_try_resumes_from_its_checkpoint_on_kubernetes(
     assert result.state == "success", result
     assert result.tasks == {("train", -1): ("success", 2)}
     value = result.xcom()
-    assert value["resumed_from"] == FAIL_AFTER and value["had_checkpoint"] is True, value
-    assert value["total"] == sum(range(STEPS)), value
-    assert (value["try_number"], value["max_tries"], value["rank"], value["world_size"]) == (2, 1, 0, 1), value
-    assert value["identity"] == ["k8s_checkpoint_resume", "train", result.run_id, -1]
-    assert value["checkpoint_uri"] == checkpoint_location(
-        root, dag_id="k8s_checkpoint_resume", run_id=result.run_id, task_id="train", map_index=-1
-    )
+    assert_resumed_from_the_last_complete_checkpoint(value, "k8s_checkpoint_resume", result.run_id, root)
     # The node is the pod: Kubernetes sets HOSTNAME to the pod's name.
     assert value["node"].startswith(result.xcom(key="job_name")), value
-    assert value["airflow_ctx"] == [] and value["logical_date"] is not None
     # failure_dir (autouse) points the DAG's failure callbacks here.
     first_try = (Path(os.environ["TORCHELASTIC_E2E_OUT"]) / "k8s_checkpoint_resume.train.try1.txt").read_text()
     assert "RecoverableError: preempted after step 2" in first_try, first_try

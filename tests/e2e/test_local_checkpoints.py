@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -26,6 +27,23 @@ def storage_root(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     return server.url(tmp_path.name)
 
 
+def assert_resumed_from_the_last_complete_checkpoint(
+    value: dict[str, Any], dag_id: str, run_id: str, root: str
+) -> None:
+    """What the DAG's training function of tests/dags/retries_and_checkpoints.py returned in its second try: try 1
+    saved steps 0..2, was cut off while saving step 3 and failed; try 2 found step 2, not the torn step 3, and its run
+    context is the task instance's, not the Airflow worker's."""
+    assert value["resumed_from"] == FAIL_AFTER and value["had_checkpoint"] is True, value
+    assert value["total"] == sum(range(STEPS)), value
+    assert (value["try_number"], value["max_tries"], value["rank"], value["world_size"]) == (2, 1, 0, 1), value
+    assert value["identity"] == [dag_id, "train", run_id, -1]
+    assert value["logical_date"] is not None
+    assert value["checkpoint_uri"] == checkpoint_location(
+        root, dag_id=dag_id, run_id=run_id, task_id="train", map_index=-1
+    )
+    assert value["airflow_ctx"] == [], "workers must not see the Airflow worker's AIRFLOW_CTX_*"
+
+
 def test_a_retried_try_resumes_from_the_last_complete_checkpoint(
     storage_root: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
@@ -36,17 +54,8 @@ def test_a_retried_try_resumes_from_the_last_complete_checkpoint(
     assert result.state == "success", result
     assert result.tasks == {("train", -1): ("success", 2)}
     value = result.xcom()
-    # Try 1 saved steps 0..2, was cut off while saving step 3 and failed; try 2 found step 2, not the torn step 3.
-    assert value["resumed_from"] == FAIL_AFTER and value["had_checkpoint"] is True, value
-    assert value["total"] == sum(range(STEPS)), value
-    assert (value["try_number"], value["max_tries"], value["rank"], value["world_size"]) == (2, 1, 0, 1), value
-    run_id = value["identity"][2]
-    assert value["identity"] == ["te_checkpoint_resume", "train", run_id, -1]
-    assert value["logical_date"] is not None and value["node"] and value["restart_count"] == 0
-    assert value["checkpoint_uri"] == checkpoint_location(
-        storage_root, dag_id="te_checkpoint_resume", run_id=run_id, task_id="train", map_index=-1
-    )
-    assert value["airflow_ctx"] == [], "local workers must not see the Airflow worker's AIRFLOW_CTX_*"
+    assert_resumed_from_the_last_complete_checkpoint(value, "te_checkpoint_resume", value["identity"][2], storage_root)
+    assert value["node"] and value["restart_count"] == 0
     first_try = (tmp_path / "te_checkpoint_resume.train.try1.txt").read_text()
     assert "RecoverableError: preempted after step 2" in first_try, first_try
 

@@ -3,6 +3,7 @@ and how many log reads a job costs however many pods it has."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Generator
 from typing import Any
 
 import pytest
@@ -78,26 +79,48 @@ def running_pods(n: int, job_name: str = "j") -> list[dict[str, Any]]:
     return [pod(f"{job_name}-worker-{i}", job_name) for i in range(n)]
 
 
+def drive(
+    flow: Generator[Any, Any, Any],
+    snapshot: Callable[[float], Snapshot],
+    logs: dict[str, str],
+    until: Callable[[list[ReadLog], float], bool],
+) -> tuple[list[ReadLog], list[str]]:
+    """Answer the wait core's requests in fake time, from ``T0``, until ``until(reads, now)`` or the wait ends: the
+    log reads it asked for and the lines it emitted."""
+    reads: list[ReadLog] = []
+    emitted: list[str] = []
+    request, now = next(flow), T0
+    try:
+        while not until(reads, now):
+            if isinstance(request, FetchJob):
+                request = flow.send(snapshot(now))
+            elif isinstance(request, ReadLog):
+                reads.append(request)
+                request = flow.send(logs.get(request.pod, ""))
+            elif isinstance(request, EmitLog):
+                emitted.append(request.line)
+                request = flow.send(None)
+            elif isinstance(request, Sleep):
+                now += request.seconds
+                request = flow.send(None)
+            else:
+                request = flow.send(None)
+    except StopIteration:
+        pass
+    return reads, emitted
+
+
 def drive_minutes(pods: list[dict[str, Any]], minutes: float, logs: dict[str, str]) -> list[ReadLog]:
     """Run the wait core over a running PyTorchJob for ``minutes`` of fake time; the log reads it asked for."""
     ref = JobRef(kind="PyTorchJob", name="j", namespace="ml")
-    policy = WaitPolicy(poll_interval=10.0)
-    flow = wait_for_job(ref, policy)
-    now, reads = T0, []
-    request = next(flow)
-    while now < T0 + minutes * 60:
-        if isinstance(request, FetchJob):
-            job_obj = {"metadata": {"name": "j", "creationTimestamp": "2027-01-15T08:00:00Z"}, "spec": {}}
-            job_obj["status"] = {"conditions": [{"type": "Running", "status": "True"}]}
-            request = flow.send(Snapshot(job=job_obj, pods=pods, now=now))
-        elif isinstance(request, ReadLog):
-            reads.append(request)
-            request = flow.send(logs.get(request.pod, ""))
-        elif isinstance(request, Sleep):
-            now += request.seconds
-            request = flow.send(None)
-        else:
-            request = flow.send(None)
+    job_obj = {"metadata": {"name": "j", "creationTimestamp": "2027-01-15T08:00:00Z"}, "spec": {}}
+    job_obj["status"] = {"conditions": [{"type": "Running", "status": "True"}]}
+    reads, _ = drive(
+        wait_for_job(ref, WaitPolicy(poll_interval=10.0)),
+        lambda now: Snapshot(job=job_obj, pods=pods, now=now),
+        logs,
+        lambda reads, now: now >= T0 + minutes * 60,
+    )
     return reads
 
 
@@ -111,23 +134,14 @@ def test_rank_0s_pod_is_found_and_streamed_the_others_are_not() -> None:
     stamp = "2027-01-15T08:00:01Z"
     logs = {"j-worker-2": f"{stamp} [rank0]:this node holds rank 0\n", "j-worker-0": f"{stamp} [rank3]:noise\n"}
     ref = JobRef(kind="PyTorchJob", name="j", namespace="ml")
-    flow = wait_for_job(ref, WaitPolicy(poll_interval=10.0))
     job_obj = {"metadata": {"name": "j"}, "spec": {}, "status": {"conditions": [{"type": "Running", "status": "True"}]}}
-    emitted: list[str] = []
-    reads: list[str] = []
-    request, now = next(flow), T0
-    while len(reads) < 6:
-        if isinstance(request, FetchJob):
-            request = flow.send(Snapshot(job=job_obj, pods=running_pods(4), now=now))
-        elif isinstance(request, ReadLog):
-            reads.append(request.pod)
-            request = flow.send(logs.get(request.pod, ""))
-        elif isinstance(request, EmitLog):
-            emitted.append(request.line)
-            request = flow.send(None)
-        else:
-            now += request.seconds
-            request = flow.send(None)
+    read_requests, emitted = drive(
+        wait_for_job(ref, WaitPolicy(poll_interval=10.0)),
+        lambda now: Snapshot(job=job_obj, pods=running_pods(4), now=now),
+        logs,
+        lambda reads, now: len(reads) >= 6,
+    )
+    reads = [r.pod for r in read_requests]
     assert reads[:3] == ["j-worker-0", "j-worker-1", "j-worker-2"]  # probing, one pod per read
     assert set(reads[3:]) == {"j-worker-2"}  # then only rank 0's pod
     assert "[j-worker-2] [rank0]:this node holds rank 0" in emitted
@@ -154,25 +168,14 @@ def test_a_job_that_ends_before_any_probe_still_shows_rank_0s_log() -> None:
         outcome = encode_success('{"ok": true}' if i == 2 else None)
         terminated = {"exitCode": 0, "reason": "Completed", "message": outcome}
         p["status"]["containerStatuses"] = [{"name": "pytorch", "state": {"terminated": terminated}}]
-    emitted: list[str] = []
-    reads: list[str] = []
-    request, now = next(flow), T0
-    try:
-        while len(reads) < 20:  # bounded: a bug must fail the test, not hang it
-            if isinstance(request, FetchJob):
-                request = flow.send(Snapshot(job=done, pods=pods, now=now))
-            elif isinstance(request, ReadLog):
-                reads.append(request.pod)
-                request = flow.send(logs.get(request.pod, ""))
-            elif isinstance(request, EmitLog):
-                emitted.append(request.line)
-                request = flow.send(None)
-            else:
-                if isinstance(request, Sleep):
-                    break
-                request = flow.send(None)
-    except StopIteration:
-        pass
+    read_requests, emitted = drive(
+        flow,
+        lambda now: Snapshot(job=done, pods=pods, now=now),
+        logs,
+        # Until the first sleep (fake time moved) or, should a bug loop, 20 reads: fail the test, never hang it.
+        lambda reads, now: now > T0 or len(reads) >= 20,
+    )
+    reads = [r.pod for r in read_requests]
     # All in the first pass that saw the job ended, before any sleep: it probed until it found rank 0's pod.
     assert reads == ["j-worker-0", "j-worker-1", "j-worker-2"]
     assert "[j-worker-2] [rank0]:TORCHELASTIC_METRICS {}" in emitted
