@@ -20,7 +20,8 @@ Standard library only: the runner imports this module in images that have neithe
 
 from __future__ import annotations
 
-from typing import Final
+from collections.abc import Mapping
+from typing import Any, Final
 
 __all__ = ["EXIT_FAILED", "EXIT_OK", "EXIT_RECOVERABLE", "EXIT_USAGE", "KubeError", "RecoverableError"]
 
@@ -55,11 +56,23 @@ class KubeError(Exception):
     callers test ``status``/``reason``, never the message text.
     """
 
-    def __init__(self, status: int, reason: str, message: str) -> None:
+    def __init__(self, status: int, reason: str, message: str, *, details: Mapping[str, Any] | None = None) -> None:
         super().__init__(f"{status} {reason}: {message}".strip())
         self.status = status
         self.reason = reason
         self.message = message
+        #: The Kubernetes Status document's ``details`` (the group, kind and name it is about), when it had one.
+        self.details: Mapping[str, Any] | None = details
+
+    @property
+    def denied_by_admission(self) -> bool:
+        """A 403 from an admission webhook (the object was refused), not from RBAC (the identity may not do this).
+
+        Both say ``403 Forbidden``. The API server's RBAC refusal always names what was forbidden in the Status's
+        ``details`` (group and kind); a webhook's denial carries the webhook's own Status, which controller-runtime's
+        ``admission.Denied`` (the Kubeflow training operator's webhook) writes without details.
+        """
+        return self.status == 403 and not (self.details or {}).get("kind")
 
     @property
     def recoverable(self) -> bool:

@@ -37,13 +37,16 @@ def _from_api_exception(exc: Any) -> KubeError:
     status = int(getattr(exc, "status", 0) or 0)
     body = getattr(exc, "body", None)
     reason, message = str(getattr(exc, "reason", "") or ""), ""
+    details: dict[str, Any] | None = None
     if body:
         try:
             doc = json.loads(body)
-            reason, message = doc.get("reason", reason) or reason, doc.get("message", "")
+            reason, message = doc.get("reason", reason) or reason, str(doc.get("message", ""))
+            found = doc.get("details")
+            details = dict(found) if isinstance(found, dict) else None
         except (ValueError, TypeError, AttributeError):
             message = str(body)[:500]
-    return KubeError(status, reason, message)
+    return KubeError(status, reason, message, details=details)
 
 
 # --- which API call does what: built once, without I/O, for both clients ------------------------------------------

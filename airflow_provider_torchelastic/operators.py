@@ -1074,14 +1074,20 @@ def _result_url(task_context: TaskContext) -> str | None:
 def _submit_error(ref: JobRef, error: KubeError) -> Exception:
     """What a failed submission means for the task: only an API that stayed unavailable is worth a retry.
 
-    401/403 (no permission), 404 (no such resource: the CRD is not installed), 400/422 (the API server or an
-    admission webhook rejected the object) fail the same way on every retry.
+    401/403 (no permission, told apart from an admission webhook's 403 denial by the Status's details), 404 (no
+    such resource: the CRD is not installed), 400/422 (the API server or an admission webhook rejected the object)
+    fail the same way on every retry.
     """
     where = f"Cannot create {ref.kind} {ref.namespace}/{ref.name}"
     if error.recoverable:
         return TrainingRecoverableError(f"{where}: the Kubernetes API stayed unavailable ({error})")
     hint = ""
-    if error.status in (401, 403):
+    if error.denied_by_admission:
+        hint = (
+            "; an admission webhook refused the object (for a PyTorchJob, the training operator's validation: see "
+            "its message above); fix the task's configuration"
+        )
+    elif error.status in (401, 403):
         hint = "; the connection's identity lacks permission (see the Role in the README)"
     elif error.status == 404:
         descriptor = jobkinds.get(ref.kind)

@@ -394,6 +394,20 @@ def _check_pod_template(owner: str, value: object) -> JsonDict:
                         "no command or args on the 'pytorch' container: the provider runs the training function "
                         "there (add other containers for sidecars, or use a different image entrypoint)",
                     )
+            ports = container.get("ports") or []
+            for index, port in enumerate(ports if isinstance(ports, list) else []):
+                if isinstance(port, dict) and not port.get("name"):
+                    # The training operator makes every port of this container a port of each replica's headless
+                    # Service, unnamed ones too (kubeflow/trainer v1.9 core/service.go), and beside the port it
+                    # adds itself, an unnamed one makes the API server refuse the Service: the job never starts.
+                    raise fail(
+                        owner,
+                        f"pod_template.spec.containers['pytorch'].ports[{index}]",
+                        port,
+                        "a named port ({'name': 'metrics', 'containerPort': 9090}): the training operator turns "
+                        "every port of the 'pytorch' container into a Service port, and Kubernetes refuses a "
+                        "Service with an unnamed port among several",
+                    )
     for key in ("containers", "initContainers"):
         items = spec.get(key) or []
         for item in items if isinstance(items, list) else []:

@@ -109,6 +109,9 @@ class Snapshot:
     pods: Sequence[Mapping[str, Any]] = ()
     #: Unix time of the observation (a parameter, so that decisions are testable with a fake clock).
     now: float = 0.0
+    #: Once the job is gone (``job`` is None): what the wait saw last while it existed, so that a job the training
+    #: operator deleted right after it failed (``ttlSecondsAfterFinished: 0``) is judged by what it showed then.
+    last_seen: Snapshot | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -123,6 +126,15 @@ class WaitDecision:
     created: float | None = None
     #: What the log's metrics tap kept (``MetricsTap.to_json()``), set by whoever drove the wait with one.
     metrics: Mapping[str, Any] | None = None
+    #: The job has not ended by itself but must not go on (the provider enforced ``active_deadline_seconds``): the
+    #: wait deletes it whatever ``on_finish_action`` says, or it would keep its pods. Not part of the event.
+    stop: bool = False
+    #: Unix time by which the wait must look again whatever happens (a deadline is due then). Not part of the event.
+    wake_at: float | None = None
+
+    @property
+    def verdict_detail(self) -> str:
+        return self.verdict.detail if self.verdict is not None else self.progress
 
     def to_event(self) -> dict[str, Any]:
         """JSON-safe form for a trigger event (the trigger and ``execute_complete`` share this one format)."""
@@ -186,6 +198,8 @@ def pod_report(pod: Mapping[str, Any]) -> NodeReport | None:
             outcome=decode_outcome(terminated.get("message")),
             # An evicted pod's container ends with a plain "Error" (SIGTERM, 143): the pod's own reason says why.
             reason=reason or (status.get("reason", "") if status.get("phase") == "Failed" else ""),
+            # Whole seconds: it only orders pods that ended without a report; reports carry their own times.
+            finished_at=parse_time(terminated.get("finishedAt")),
         )
     if status.get("phase") == "Failed":
         # Evicted or lost before the container ran to an exit code.
@@ -421,7 +435,7 @@ def decide_pytorchjob(ref: JobRef, snapshot: Snapshot, policy: WaitPolicy) -> Wa
 def _decide_pytorchjob(ref: JobRef, snapshot: Snapshot, policy: WaitPolicy) -> WaitDecision:
     job = snapshot.job
     if job is None:
-        return job_gone(ref)
+        return _vanished(ref, snapshot)
     seen = _Observed(ref=ref, job=job, pods=list(snapshot.pods), total=_total_replicas(job), now=snapshot.now)
     stuck = _stuck_decision(seen, policy)
     if stuck is not None:
@@ -429,6 +443,23 @@ def _decide_pytorchjob(ref: JobRef, snapshot: Snapshot, policy: WaitPolicy) -> W
     reports = seen.reports()
 
     failed = _condition(job, "Failed")
+    deadline = active_deadline(job)
+    if failed is None and _condition(job, "Succeeded") is None and deadline is not None:
+        # The training operator checks activeDeadlineSeconds only when an event makes it reconcile the job
+        # (kubeflow/trainer v1.9 common/job.go: its timed re-check goes to a no-op queue), so a quiet job runs past
+        # it. The wait enforces it itself, from the same start time, and stops the job.
+        seconds, expires = deadline
+        if seen.now >= expires:
+            return WaitDecision(
+                phase=Phase.FAILED,
+                progress=seen.progress("failed (past run_policy.active_deadline_seconds)"),
+                verdict=Verdict(
+                    succeeded=False,
+                    detail=f"{_DEADLINE_PREFIX}={seconds} (counted from its start time) and was stopped by the "
+                    "provider; a retry starts it again with the same limit",
+                ),
+                stop=True,
+            )
     if failed is not None:
         # The job fails as soon as one replica does; its peers end a moment later, and the earliest failure (the
         # root cause) may be on a pod that has not ended yet. Give the pods that still run a moment to report.
@@ -445,6 +476,11 @@ def _decide_pytorchjob(ref: JobRef, snapshot: Snapshot, policy: WaitPolicy) -> W
         elif _says_more(failed):
             # The root cause, and what the training operator did about it (restarts up to the backoff limit).
             verdict = replace(verdict, detail=f"{verdict.detail}; {by_condition.detail}")
+        if _condition(job, "Succeeded") is not None:
+            # Both at once: the operator checks success and failure in one pass (elastic success does not return
+            # before the failure check, and replica types come in random order). The verdict is the pods', never
+            # the order the operator happened to write: any rank that failed fails the task.
+            verdict = replace(verdict, detail=f"{verdict.detail}; {_BOTH_CONDITIONS}")
         return WaitDecision(phase=Phase.FAILED, progress=seen.progress("Failed"), verdict=verdict)
 
     if _condition(job, "Succeeded") is not None:
@@ -468,18 +504,95 @@ def _decide_pytorchjob(ref: JobRef, snapshot: Snapshot, policy: WaitPolicy) -> W
         return _out_of_patience(seen, policy, since or seen.created, what, None)
 
     waits = seen.waiting_for_capacity
+    wake_at = deadline[1] if deadline is not None else None
+    host = rendezvous_host_pod(job)
+    host_wait = next((wait for wait in waits if wait.pod == host), None)
+    if host_wait is not None:
+        # Elastic rendezvous: the c10d store lives on the pod PET_RDZV_ENDPOINT names (worker-0), and only that pod
+        # can host it; without it no other worker can join, however many run.
+        what = f"{_describe(host_wait)} (it hosts the rendezvous; no worker can start without it)"
+        return replace(_out_of_patience(seen, policy, host_wait.since, what, host_wait.pod), wake_at=wake_at)
     if waits and seen.running < _min_nodes(job, seen.total):
         # The job cannot start (or go on) without these pods: waiting for capacity, bounded by scheduling_timeout.
         first = min(waits, key=lambda wait: wait.since)
-        return _out_of_patience(seen, policy, first.since, _describe(first), first.pod)
+        return replace(_out_of_patience(seen, policy, first.since, _describe(first), first.pod), wake_at=wake_at)
     # Enough pods run (elastic partial capacity: the rest may join later, or never): the job makes progress.
     for state in ("Restarting", "Running"):
         if _condition(job, state) is not None:
-            return WaitDecision(phase=Phase.RUNNING if seen.running else Phase.PENDING, progress=seen.progress(state))
+            phase = Phase.RUNNING if seen.running else Phase.PENDING
+            return WaitDecision(phase=phase, progress=seen.progress(state), wake_at=wake_at)
     created = "Created" if _condition(job, "Created") else "Pending"
     if queue:
         created += f" (Kueue LocalQueue {queue})"
-    return WaitDecision(phase=Phase.PENDING, progress=seen.progress(created))
+    return WaitDecision(phase=Phase.PENDING, progress=seen.progress(created), wake_at=wake_at)
+
+
+def active_deadline(job: Mapping[str, Any]) -> tuple[int, float] | None:
+    """``(activeDeadlineSeconds, the Unix time it expires)`` of a started PyTorchJob, or None.
+
+    Counted from ``status.startTime``, as the training operator counts it (a resumed job's start time is reset).
+    A job that has not started, or is suspended, has no deadline running.
+    """
+    seconds = (job.get("spec", {}).get("runPolicy") or {}).get("activeDeadlineSeconds")
+    started = parse_time(job.get("status", {}).get("startTime"))
+    if not isinstance(seconds, int) or isinstance(seconds, bool) or started is None or is_suspended(job):
+        return None
+    return seconds, started + seconds
+
+
+def rendezvous_host_pod(job: Mapping[str, Any]) -> str | None:
+    """The pod that hosts an elastic PyTorchJob's c10d store: ``<job>-worker-0``, unless ``rdzvHost`` moves it.
+
+    The training operator points every worker's ``PET_RDZV_ENDPOINT`` at ``<job>-worker-0`` (kubeflow/trainer v1.9
+    ``pytorch/elastic.go``), and torch elastic hosts the store only on the machine that address resolves to.
+    """
+    spec = job.get("spec", {})
+    elastic = spec.get("elasticPolicy")
+    replicas = spec.get("pytorchReplicaSpecs") or {}
+    if elastic is None or "Master" in replicas or "Worker" not in replicas or elastic.get("rdzvHost"):
+        return None
+    return f"{job.get('metadata', {}).get('name', '')}-worker-0"
+
+
+def _vanished(ref: JobRef, snapshot: Snapshot) -> WaitDecision:
+    """The job is gone. With ``ttlSecondsAfterFinished`` set, the training operator itself may have deleted it, and
+    with a TTL of 0 a job failed by its backoff limit or deadline is deleted *before* its Failed condition is written
+    (kubeflow/trainer v1.9 common/job.go: CleanupJob before UpdateJobConditions). What the wait saw last then says
+    why it failed; without that evidence (or without a TTL: someone deleted it) a retry may help."""
+    last = snapshot.last_seen
+    job = last.job if last is not None else None
+    if (
+        last is None
+        or job is None
+        or (job.get("spec", {}).get("runPolicy") or {}).get("ttlSecondsAfterFinished") is None
+    ):
+        return job_gone(ref)
+    seen = _Observed(ref=ref, job=job, pods=list(last.pods), total=_total_replicas(job), now=snapshot.now)
+    gone = (
+        f"then {ref.kind} {ref.namespace}/{ref.name} vanished: its ttlSecondsAfterFinished deleted it as it failed, "
+        "before its Failed condition was written"
+    )
+    progress = seen.progress("Failed (deleted by its TTL)")
+    verdict = decide_run(seen.reports())
+    if not verdict.succeeded and verdict.node:
+        return WaitDecision(
+            phase=Phase.FAILED, progress=progress, verdict=replace(verdict, detail=f"{verdict.detail}; {gone}")
+        )
+    deadline = active_deadline(job)
+    if deadline is not None and snapshot.now >= deadline[1]:
+        detail = f"{_DEADLINE_PREFIX}={deadline[0]} and was stopped; {gone}"
+        return WaitDecision(phase=Phase.FAILED, progress=progress, verdict=Verdict(succeeded=False, detail=detail))
+    limit = (job.get("spec", {}).get("runPolicy") or {}).get("backoffLimit")
+    restarts = sum(_restarts(pod) for pod in last.pods)
+    if isinstance(limit, int) and restarts and restarts >= limit:
+        detail = f"its pods restarted {restarts} times, reaching backoffLimit={limit}; {gone}"
+        return WaitDecision(phase=Phase.FAILED, progress=progress, verdict=Verdict(succeeded=False, detail=detail))
+    return job_gone(ref)
+
+
+def _restarts(pod: Mapping[str, Any]) -> int:
+    statuses = pod.get("status", {}).get("containerStatuses") or []
+    return sum(int(status.get("restartCount") or 0) for status in statuses)
 
 
 def _phase_of(verdict: Verdict) -> Phase:
@@ -487,6 +600,10 @@ def _phase_of(verdict: Verdict) -> Phase:
 
 
 _DEADLINE_PREFIX: Final = "the job ran longer than run_policy.active_deadline_seconds"
+_BOTH_CONDITIONS: Final = (
+    "the PyTorchJob is both Succeeded and Failed (the training operator wrote both in one pass); the pods decide: "
+    "a rank that failed fails the task"
+)
 
 
 #: How long a failed job's still-running pods may take to report before the verdict is taken without them.

@@ -54,6 +54,30 @@ class WatchArgs:
     scheduling_timeout: float | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        # One source of cluster settings. The cncf.kubernetes hook reads a connection (kubernetes_conn_id) *and* an
+        # explicit config_dict, then refuses the pair only when the wait starts ("mutually exclusive"): say so when
+        # the trigger is built (at submit), naming what to drop.
+        kube_config = [
+            key for key in ("kube_config", "kube_config_path", "in_cluster") if (self.connection_extras or {}).get(key)
+        ]
+        if self.config_dict and self.kubernetes_conn_id:
+            raise ValueError(
+                f"TorchElasticJobTrigger: kubernetes_conn_id={self.kubernetes_conn_id!r} and config_dict are both "
+                "set; expected one source of cluster settings: pass kubernetes_conn_id=None to use config_dict, or "
+                "drop config_dict to use the connection"
+            )
+        if self.config_dict and self.in_cluster:
+            raise ValueError(
+                "TorchElasticJobTrigger: in_cluster=True and config_dict are both set; expected one of them"
+            )
+        if self.in_cluster and any(key != "in_cluster" for key in kube_config):
+            raise ValueError(
+                f"TorchElasticJobTrigger: in_cluster=True, but connection {self.kubernetes_conn_id!r} sets "
+                f"{', '.join(key for key in kube_config if key != 'in_cluster')}; expected one source of cluster "
+                "settings"
+            )
+
     @property
     def ref(self) -> JobRef:
         return JobRef(kind=self.kind, name=self.name, namespace=self.namespace)
@@ -80,6 +104,9 @@ def _hook(args: WatchArgs) -> Any:
 
     return AsyncKubernetesHook(
         conn_id=args.kubernetes_conn_id,
+        # Also this one: the hook falls back to ``kubernetes_default`` when it is left out, so that without it a
+        # trigger built with config_dict alone would read the default connection beside it.
+        kubernetes_conn_id=args.kubernetes_conn_id,
         connection_extras=dict(args.connection_extras) if args.connection_extras is not None else None,
         config_dict=dict(args.config_dict) if args.config_dict else None,
         cluster_context=args.cluster_context,

@@ -21,7 +21,7 @@ import asyncio
 import functools
 import time
 from collections.abc import Awaitable, Callable, Generator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Final, Protocol, TypeAlias
 
 from airflow_provider_torchelastic import jobkinds
@@ -152,6 +152,8 @@ class _WatchState:
     log_interval: float = 0.0
     #: Failed pods whose tails were printed (at most ``log_pods`` of them).
     tails: set[str] = field(default_factory=set)
+    #: The last snapshot in which the job existed: what a job that vanished is judged by.
+    last_seen: Snapshot | None = None
 
 
 def wait_for_job(ref: JobRef, policy: WaitPolicy) -> Generator[Request, Any, WaitDecision]:
@@ -169,6 +171,10 @@ def wait_for_job(ref: JobRef, policy: WaitPolicy) -> Generator[Request, Any, Wai
                 "that it does not hold the cluster, and a retry starts a new one",
             )
         snapshot: Snapshot = answer
+        if snapshot.job is not None:
+            state.last_seen = snapshot
+        elif state.last_seen is not None:
+            snapshot = replace(snapshot, last_seen=state.last_seen)
         if policy.deadline is not None and snapshot.now >= policy.deadline:
             yield EmitLog(f"execution_timeout reached: deleting {ref.kind} {ref.namespace}/{ref.name}")
             yield from _delete(ref, "execution_timeout reached")
@@ -185,16 +191,22 @@ def wait_for_job(ref: JobRef, policy: WaitPolicy) -> Generator[Request, Any, Wai
             state.last_state, state.last_logged = current, snapshot.now
         yield from _stream_logs(ref, kind, snapshot, policy, state, final=decision.phase.is_terminal)
         if decision.phase.is_terminal:
-            if policy.keeps(decision):
+            if decision.stop:
+                # Ended by the wait, not by the job: kept, it would hold its pods (and GPUs) until something else
+                # stops it, so it goes whatever on_finish_action says.
+                yield EmitLog(f"Stopping {ref.kind} {ref.namespace}/{ref.name}: {decision.verdict_detail}")
+                yield from _delete(ref, "the wait stopped it")
+            elif policy.keeps(decision):
                 kept = f"{ref.kind} {ref.namespace}/{ref.name}"
                 yield EmitLog(f"Keeping {kept} (on_finish_action={policy.finish_action})")
             else:
                 yield from _delete(ref, f"it ended (on_finish_action={policy.finish_action})")
             return decision
         pause = policy.poll_interval
-        if policy.deadline is not None:
-            # Wake up for the deadline rather than up to one poll interval after it.
-            pause = max(0.0, min(pause, policy.deadline - snapshot.now))
+        for due in (policy.deadline, decision.wake_at):
+            if due is not None:
+                # Wake up for a deadline rather than up to one poll interval after it.
+                pause = max(0.0, min(pause, due - snapshot.now))
         yield Sleep(pause)
 
 

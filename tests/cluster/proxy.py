@@ -351,7 +351,7 @@ class FaultProxy:
                 return
             if rule is not None and rule.kind == "status":
                 await _discard_body(reader, headers)
-                writer.write(_status_response(rule.status, rule.retry_after))
+                writer.write(_status_response(rule.status, rule.retry_after, url.path))
                 await writer.drain()
                 return
             if rule is not None and rule.kind == "expire_watch":
@@ -455,9 +455,24 @@ def _expired_watch_response(resource_version: str) -> bytes:
     return head.encode("latin-1") + b"%x\r\n%s\r\n0\r\n\r\n" % (len(event), event)
 
 
-def _status_response(code: int, retry_after: int | None) -> bytes:
+def _rbac_details(path: str) -> dict[str, str]:
+    """What the API server's authorizer puts in a 403's ``details``: the resource's group and plural (and name)."""
+    parts = [p for p in path.split("/") if p]
+    group = parts[1] if parts[:1] == ["apis"] and len(parts) > 1 else ""
+    tail = parts[parts.index("namespaces") + 2 :] if "namespaces" in parts else parts[-2:]
+    details = {"group": group, "kind": tail[0] if tail else ""}
+    if len(tail) > 1:
+        details["name"] = tail[1]
+    return details
+
+
+def _status_response(code: int, retry_after: int | None, path: str = "") -> bytes:
     status = _status(code, f"injected by the fault proxy: {code}")
     reason = str(status["reason"])
+    if code == 403:
+        # An injected 403 stands for RBAC refusing the identity, so it carries RBAC's details (an admission
+        # webhook's denial, also 403, has none: the provider tells them apart by that).
+        status["details"] = _rbac_details(path)
     if retry_after is not None:
         status["details"] = {"retryAfterSeconds": retry_after}
     body = json.dumps(status).encode()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import datetime
 import json
+import re
 
 import pytest
 from airflow.sdk import DAG
@@ -147,3 +148,36 @@ def test_wait_decision_event_round_trip_is_json() -> None:
     decision = WaitDecision(phase=Phase.RUNNING, progress="Pod x: Running")
     event = json.loads(json.dumps(decision.to_event()))
     assert WaitDecision.from_event(event) == decision
+
+
+def test_a_trigger_with_config_dict_alone_ignores_a_default_connection_in_the_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The hook falls back to kubernetes_default when no connection id is given; with one in the environment, it used
+    # to read it beside config_dict and refuse the pair ("mutually exclusive") once the wait had started.
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_KUBERNETES_DEFAULT",
+        json.dumps({"conn_type": "kubernetes", "extra": {"kube_config": '{"apiVersion": "v1"}'}}),
+    )
+    test_trigger_for_an_unreachable_cluster_ends_in_a_recoverable_failure_not_a_crash()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "words"),
+    [
+        (
+            {"kubernetes_conn_id": "k8s", "config_dict": {"apiVersion": "v1"}},
+            "kubernetes_conn_id='k8s' and config_dict",
+        ),
+        ({"config_dict": {"apiVersion": "v1"}, "in_cluster": True}, "in_cluster=True and config_dict"),
+        (
+            {"kubernetes_conn_id": "k8s", "connection_extras": {"kube_config_path": "/k"}, "in_cluster": True},
+            "sets kube_config_path",
+        ),
+    ],
+)
+def test_a_trigger_with_two_sources_of_cluster_settings_is_refused_when_built(
+    kwargs: dict[str, object], words: str
+) -> None:
+    with pytest.raises(ValueError, match=re.escape(words)):
+        TorchElasticJobTrigger(kind="Pod", name="x", namespace="ml", **kwargs)

@@ -121,6 +121,11 @@ def test_gpu_quantities_are_normalized_to_strings() -> None:
         ({"pod_template": {"spec": {"containers": [{"name": "pytorch", "command": ["x"]}]}}}, ValueError, "command"),
         ({"pod_template": {"spec": {"restartPolicy": "Never"}}}, ValueError, "restartPolicy"),
         ({"pod_template": {"spec": {"containers": [{"image": "x"}]}}}, ValueError, "containers"),
+        (
+            {"pod_template": {"spec": {"containers": [{"name": "pytorch", "ports": [{"containerPort": 9090}]}]}}},
+            ValueError,
+            r"containers\['pytorch'\]\.ports\[0\].*named port",
+        ),
         ({"pod_template": {"metadata": {"labels": {"training.kubeflow.org/replica-type": "x"}}}}, ValueError, "labels"),
         ({"volumes": [{"name": "a", "emptyDir": object()}]}, TypeError, "volumes"),
         # "$" would let a trailing newline through: every pattern must match the whole value
