@@ -833,6 +833,7 @@ class TorchElasticOperator(BaseOperator):
         from airflow_provider_torchelastic.wait import drive_sync, wait_for_job
 
         hook = self._hook()
+        _check_one_cluster_source(self.kubernetes_conn_id, hook)
         namespace = self.namespace or hook.get_namespace() or "default"
         try:
             identity = self._identity(context)
@@ -1069,6 +1070,28 @@ def _result_url(task_context: TaskContext) -> str | None:
     """Where this try's rank 0 writes a result too large for its result file, when result storage is configured."""
     storage = configured_result_storage()
     return result_location(storage.url, task_context) if storage is not None else None
+
+
+#: The connection's ways to reach a cluster; the cncf.kubernetes hook accepts exactly one of them.
+_CLUSTER_SOURCES: Final = ("in_cluster", "kube_config_path", "kube_config")
+
+
+def _check_one_cluster_source(conn_id: str, hook: Any) -> None:
+    """Refuse a connection that names two ways to reach a cluster, before anything is created.
+
+    The hook refuses the pair itself, but only when it first connects and with an AirflowException, which Airflow
+    retries although every try fails the same way.
+    """
+    try:
+        extras = hook.get_connection(conn_id).extra_dejson
+    except Exception:  # no such connection: the hook's in-cluster / default kubeconfig fallback applies
+        return
+    chosen = [key for key in _CLUSTER_SOURCES if extras.get(key) or extras.get(f"extra__kubernetes__{key}")]
+    if len(chosen) > 1:
+        raise TrainingFailedError(
+            f"connection {conn_id!r} sets {' and '.join(chosen)}; expected one of {', '.join(_CLUSTER_SOURCES)} "
+            "(the Kubernetes hook cannot use more than one); fix the connection (a retry will not help)"
+        )
 
 
 def _submit_error(ref: JobRef, error: KubeError) -> Exception:

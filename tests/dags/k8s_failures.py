@@ -154,16 +154,18 @@ with _dag("k8s_fail_missing_secret", retries=2):
         **{**FAST, "pending_grace_seconds": 3},
     )
 
-# --- (e) the job runs past run_policy.active_deadline_seconds -----------------------------------------------------
-with _dag("k8s_fail_deadline", retries=1):
-    TorchElasticOperator(
-        task_id="train",
-        python_callable=sleep_and_report,
-        op_kwargs={"seconds": 120},
-        task_config=small(nnodes="2:2", run_policy=RunPolicy(active_deadline_seconds=5)),
-        deferrable=True,
-        **FAST,
-    )
+# --- (e) the job runs past run_policy.active_deadline_seconds, quietly: the training operator would notice only on
+# an event (kubeflow/trainer v1.9 checks the deadline on reconcile only), so the wait enforces it, on both paths ----
+for _deferrable, _suffix in ((True, ""), (False, "_sync")):
+    with _dag(f"k8s_fail_deadline{_suffix}", retries=1):
+        TorchElasticOperator(
+            task_id="train",
+            python_callable=sleep_and_report,
+            op_kwargs={"seconds": 120},
+            task_config=small(nnodes="2:2", run_policy=RunPolicy(active_deadline_seconds=5)),
+            deferrable=_deferrable,
+            **FAST,
+        )
 
 # --- (f) OnFailure restarts in place until run_policy.backoff_limit fails the job ------------------------------------
 with _dag("k8s_fail_backoff_limit", retries=1):

@@ -130,3 +130,21 @@ with _dag("k8s_job_unschedulable"):
         pod_options=PodOptions(annotations={"sim.torchelastic.dev/fail": "Unschedulable"}),
         **FAST,
     )
+
+# An elastic job whose worker-0 never schedules: only worker-0 can host the c10d store (every PET_RDZV_ENDPOINT names
+# it), so worker-1 running alone cannot start; the task waits for capacity and fails as recoverable after
+# scheduling_timeout, although min (1) pods run.
+with _dag("k8s_rdzv_host_unschedulable"):
+    TorchElasticOperator(
+        task_id="train",
+        python_callable=started_at,
+        op_kwargs={"seconds": 0},
+        task_config=elastic(nnodes="1:2", rdzv_configs={"last_call_timeout": 1}),
+        deferrable=True,
+        pending_grace_seconds=1,
+        scheduling_timeout=6,
+        pod_options=PodOptions(
+            annotations={"sim.torchelastic.dev/fail": "Unschedulable", "sim.torchelastic.dev/fail-indexes": "0"}
+        ),
+        **FAST,
+    )

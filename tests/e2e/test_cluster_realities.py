@@ -92,6 +92,18 @@ def test_a_pytorchjob_that_cannot_be_scheduled_fails_as_recoverable_after_schedu
     assert "longer than scheduling_timeout=4" in error, error
 
 
+def test_an_elastic_job_whose_rendezvous_host_cannot_be_scheduled_waits_then_times_out(
+    cluster: Cluster, failure_dir: Path
+) -> None:
+    result = run_dag("k8s_rdzv_host_unschedulable")
+    assert result.state == "failed", result
+    error = (failure_dir / "k8s_rdzv_host_unschedulable.train.try1.txt").read_text()
+    assert error.startswith("airflow_provider_torchelastic.operators.TrainingRecoverableError: "), error
+    name = result.xcom(key="job_name")
+    assert f"pod {name}-worker-0 is Unschedulable" in error and "hosts the rendezvous" in error, error
+    assert "longer than scheduling_timeout=6" in error, error
+
+
 def test_a_queued_job_waits_until_admitted_then_runs(cluster: Cluster, capfd: pytest.CaptureFixture[str]) -> None:
     def admit_later() -> None:
         jobs = wait_for(lambda: cluster.workloads("k8s_queued")[0], 60, "the PyTorchJob")

@@ -133,20 +133,24 @@ def test_missing_secret_fails_after_the_grace_without_retries(failure_dir: Path)
     assert f"{name}-master-0" not in error, error
 
 
-def test_active_deadline_fails_naming_the_deadline(cluster: Cluster, failure_dir: Path) -> None:
-    result, elapsed = timed_run("k8s_fail_deadline")
+@pytest.mark.parametrize("dag_id", ["k8s_fail_deadline", "k8s_fail_deadline_sync"])
+def test_active_deadline_of_a_quiet_job_is_enforced_by_the_wait(
+    dag_id: str, cluster: Cluster, failure_dir: Path
+) -> None:
+    # The pods sleep 120 s and change nothing, so the simulated operator, like the real one, never reconciles the
+    # job after its deadline (its timed re-check goes to a no-op queue): only the provider's wait can stop it.
+    result, elapsed = timed_run(dag_id)
     assert result.state == "failed", result
     assert result.tasks == {("train", -1): ("failed", 1)}, "the deadline would stop a retry as well"
     assert elapsed < 60, f"took {elapsed:.0f} s; the function sleeps 120 s"
-    tries = errors(failure_dir, "k8s_fail_deadline")
+    tries = errors(failure_dir, dag_id)
     assert list(tries) == [1], tries
     error, name = tries[1], job_of(result)
     assert error.startswith(FAILED), error
-    assert "active_deadline_seconds=5" in error and name in error, error
-    job = cluster.get_job(name)  # kept: it failed
-    assert job is not None
-    failed = next(c for c in job["status"]["conditions"] if c["type"] == "Failed")
-    assert "deadline" in failed["message"], failed
+    assert "active_deadline_seconds=5" in error and name in error and "stopped by the provider" in error, error
+    # Not kept although it failed (on_finish_action="delete_succeeded"): a kept job would go on holding its pods.
+    wait_for(lambda: cluster.get_job(name) is None, timeout=30, what=f"{name} deleted")
+    wait_for(lambda: not cluster.pods(f"training.kubeflow.org/job-name={name}"), timeout=60, what=f"{name}'s pods gone")
 
 
 def test_backoff_limit_fails_the_job_after_restarts(cluster: Cluster, failure_dir: Path) -> None:

@@ -1,0 +1,58 @@
+"""A refused submission, from the real API server: an admission webhook's 403 is told apart from RBAC's 403.
+
+The local cluster registers the simulated training operator's validating webhook (a real
+ValidatingWebhookConfiguration, served over TLS), so the API server itself turns the webhook's denial into the
+Status the client sees, as on a real cluster. The provider tells the two apart by that Status, never by its text.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.cluster
+
+
+def _job(name: str, namespace: str, *, masters: int) -> dict[str, Any]:
+    container = {"name": "pytorch", "image": "local/torchelastic-runner:test", "command": ["python", "-c", "pass"]}
+    template = {"spec": {"containers": [container]}}
+    return {
+        "apiVersion": "kubeflow.org/v1",
+        "kind": "PyTorchJob",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "pytorchReplicaSpecs": {
+                # The webhook wants Master.replicas to be exactly 1 (pytorchjob_webhook.go); the schema allows 2.
+                "Master": {"replicas": masters, "restartPolicy": "Never", "template": template},
+                "Worker": {"replicas": 1, "restartPolicy": "Never", "template": copy.deepcopy(template)},
+            }
+        },
+    }
+
+
+def test_a_webhook_denial_is_an_admission_refusal_and_rbac_is_a_permission_refusal(kube_cluster: Any) -> None:
+    from kubernetes import config
+
+    from airflow_provider_torchelastic.errors import KubeError
+    from airflow_provider_torchelastic.kube import SyncKube
+    from airflow_provider_torchelastic.operators import _submit_error
+    from airflow_provider_torchelastic.status import JobRef
+
+    namespace = kube_cluster.namespace
+    with config.new_client_from_config(config_file=str(kube_cluster.kubeconfig)) as admin:
+        with pytest.raises(KubeError) as denied:
+            SyncKube(admin).create(_job("refused-by-webhook", namespace, masters=2))
+        assert SyncKube(admin).get("PyTorchJob", "refused-by-webhook", namespace) is None, "refused: never created"
+    nobody = config.new_client_from_config(config_file=str(kube_cluster.sa_kubeconfig))
+    with nobody, pytest.raises(KubeError) as forbidden:
+        SyncKube(nobody).create(_job("refused-by-rbac", namespace, masters=1))
+
+    assert (denied.value.status, denied.value.reason) == (403, "Forbidden"), denied.value
+    assert (forbidden.value.status, forbidden.value.reason) == (403, "Forbidden"), forbidden.value
+    assert denied.value.denied_by_admission and not forbidden.value.denied_by_admission
+    ref = JobRef(kind="PyTorchJob", name="x", namespace=namespace)
+    webhook_error, rbac_error = str(_submit_error(ref, denied.value)), str(_submit_error(ref, forbidden.value))
+    assert "admission webhook refused the object" in webhook_error and "permission" not in webhook_error
+    assert "lacks permission" in rbac_error and "admission" not in rbac_error
