@@ -105,9 +105,14 @@ class LocalRun:
     #: What each node reported, once the run ended (for the job summary).
     reports: list[NodeReport] = field(default_factory=list)
     _stopped: threading.Event = field(default_factory=threading.Event)
+    #: Unix time at which each node (by index) was seen ended before the run stopped any node itself.
+    _ended_at: dict[int, float] = field(default_factory=dict)
+    #: Set once the run signals its nodes itself: a node that a signal ended before that was killed from outside.
+    _terminating: threading.Event = field(default_factory=threading.Event)
 
     def stop(self) -> None:
         self._stopped.set()
+        self._terminating.set()
         _terminate(self.processes)
 
     @property
@@ -186,15 +191,12 @@ def run_locally(
                 pumps.append(pump)
             _wait(run, log_line)
         finally:
+            run._terminating.set()
             _terminate(run.processes)
             for pump in pumps:
                 pump.join(timeout=5)
         reports = [
-            NodeReport(
-                name=f"node {index}" if len(commands) > 1 else "runner",
-                exit_code=proc.returncode,
-                outcome=_read_outcome(workdir / f"node-{index}.json"),
-            )
+            _node_report(run, index, proc, workdir, name=f"node {index}" if len(commands) > 1 else "runner")
             for index, proc in enumerate(run.processes)
         ]
     run.reports = reports
@@ -207,15 +209,42 @@ def _wait(run: LocalRun, log_line: Callable[[str], None]) -> None:
     failed_at: float | None = None
     while True:
         codes = [p.poll() for p in run.processes]
+        now = time.time()
+        for index, code in enumerate(codes):
+            if code is not None and not run._terminating.is_set():
+                run._ended_at.setdefault(index, now)
         if all(code is not None for code in codes) or run.stopped:
             return
         if failed_at is None and any(code not in (None, 0) for code in codes):
             failed_at = time.monotonic()
         if failed_at is not None and time.monotonic() - failed_at > PEER_GRACE_SECONDS:
             log_line("a node failed; stopping the other nodes, which cannot finish without it")
+            run._terminating.set()
             _terminate(run.processes)
             return
         time.sleep(_POLL_SECONDS)
+
+
+def _node_report(run: LocalRun, index: int, proc: subprocess.Popen[str], workdir: Path, *, name: str) -> NodeReport:
+    """A node's report, its exit code as a container's would be (128 + N for signal N).
+
+    A node that a signal ended before this run stopped any (the OOM killer's SIGKILL, someone's kill) was killed from
+    outside: the signal is its reason, as ``OOMKilled`` is a pod's, so that it is not taken for a peer that failed
+    because of it.
+    """
+    code, reason = proc.returncode, ""
+    if code is not None and code < 0:
+        signum = -code
+        if index in run._ended_at:
+            reason = signal.Signals(signum).name if signum in signal.valid_signals() else f"signal {signum}"
+        code = 128 + signum
+    return NodeReport(
+        name=name,
+        exit_code=code,
+        outcome=_read_outcome(workdir / f"node-{index}.json"),
+        reason=reason,
+        finished_at=run._ended_at.get(index),
+    )
 
 
 def _read_outcome(path: Path) -> NodeOutcome | None:

@@ -8,6 +8,8 @@ unpickled on the Airflow side. Standard library only (the runner and the Airflow
 from __future__ import annotations
 
 import json
+import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Final
 
@@ -18,6 +20,9 @@ __all__ = [
     "ResultTooLargeError",
     "WorkerFailure",
     "decode_outcome",
+    "consequence_sign",
+    "is_consequence",
+    "root_cause",
     "decode_result",
     "encode_failure",
     "encode_success",
@@ -45,7 +50,8 @@ class WorkerFailure:
     traceback: str = ""
     recoverable: bool = False
     exitcode: int = 1
-    #: Unix time of the failure, to find the earliest failure across nodes.
+    #: Unix time of the failure (sub-second: the worker's own clock, not torch's whole seconds), to order failures
+    #: of ranks and nodes that failed in the same second.
     timestamp: float = 0.0
     hostname: str = ""
 
@@ -53,6 +59,66 @@ class WorkerFailure:
         where = f"rank {self.rank}" if self.rank >= 0 else "the runner"
         host = f" on {self.hostname}" if self.hostname else ""
         return f"{where}{host} failed with {self.exception}: {self.message}"
+
+    @property
+    def is_consequence(self) -> bool:
+        """Whether this looks like the consequence of a peer's failure rather than a cause (:func:`is_consequence`)."""
+        return is_consequence(self.exception, self.message, recoverable=self.recoverable)
+
+    @property
+    def consequence_sign(self) -> str | None:
+        return consequence_sign(self.exception, self.message, recoverable=self.recoverable)
+
+
+# --- causes and consequences ---------------------------------------------------------------------------------------
+
+#: Once one rank or node fails, its peers fail too, within milliseconds: their collectives lose a connection, their
+#: agents lose the rendezvous store that a dead node hosted, their agents stop them. Those failures are victims, not
+#: the cause, and are not blamed when a cause is known. What they look like, and why, as (what is matched, pattern,
+#: why): ``type`` is the exception's type name (its last dotted part), ``message`` a lower-case text found anywhere
+#: in the message, whatever the type (gloo raises a plain RuntimeError).
+CONSEQUENCE_SIGNS: Final[tuple[tuple[str, str, str], ...]] = (
+    ("type", "DistNetworkError", "a socket to torch's c10d store broke; the store lives in one node's agent"),
+    ("type", "DistStoreError", "a c10d store call failed, or timed out on a key that a lost peer never set"),
+    ("type", "RendezvousConnectionError", "the agent lost the rendezvous store, which another node hosted"),
+    ("type", "RendezvousClosedError", "another node's agent closed the rendezvous, as it does when it fails"),
+    # The runner names a worker that a signal ended without an exception Signal<NAME>.
+    ("type", "SignalSIGTERM", "the agent stops the remaining workers with SIGTERM once one of them failed"),
+    ("type", "SignalSIGABRT", "NCCL's watchdog aborts a rank whose collective failed because a peer went away"),
+    ("message", "connection closed", "gloo's 'Connection closed by peer' (NCCL: 'by remote peer'): the peer exited"),
+    ("message", "failed to recv, got 0 bytes", "the c10d store's client: the store's host exited"),
+    ("message", "connection reset by peer", "ECONNRESET: the other end died with its socket open (killed, OOM)"),
+    ("message", "broken pipe", "EPIPE: writing to a peer, or to the store, after it exited"),
+    ("message", "remote process exited", "NCCL's ncclRemoteError: 'remote process exited or there was a network ...'"),
+)
+
+
+def consequence_sign(exception: str, message: str, *, recoverable: bool = False) -> str | None:
+    """Why a failure (its exception type name and message) looks like a victim of a peer's failure, or None.
+
+    Pure (names and text only, no torch), so that the runner and the Airflow side judge alike. A failure the code
+    declared recoverable (``RecoverableError``) is its own cause, whatever its message says.
+    """
+    if recoverable:
+        return None
+    name, text = exception.rpartition(".")[2], message.lower()
+    for kind, pattern, why in CONSEQUENCE_SIGNS:
+        if (kind == "type" and name == pattern) or (kind == "message" and pattern in text):
+            return why
+    return None
+
+
+def is_consequence(exception: str, message: str, *, recoverable: bool = False) -> bool:
+    """Whether a failure looks like a victim of a peer's failure, not a cause (:func:`consequence_sign`)."""
+    return consequence_sign(exception, message, recoverable=recoverable) is not None
+
+
+def root_cause(failures: Sequence[WorkerFailure]) -> WorkerFailure:
+    """The cause among failures seen together (one node's ranks): a known cause before a consequence, then the
+    earliest; on a tie, the first given."""
+    if not failures:
+        raise ValueError("root_cause: no failures")
+    return min(failures, key=lambda failure: (failure.is_consequence, failure.timestamp))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -176,6 +242,8 @@ class NodeReport:
     outcome: NodeOutcome | None
     #: Why the node ended, where something outside the runner says so (``OOMKilled``, ``Evicted``).
     reason: str = ""
+    #: Unix time it ended, where known (a container's ``finishedAt``: whole seconds); orders nodes without a report.
+    finished_at: float | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -199,35 +267,73 @@ _SIGNAL_EXIT = 128
 INFRASTRUCTURE_REASONS: Final = frozenset({"Evicted", "OOMKilled", "Preempted", "NodeLost", "Shutdown", "Terminated"})
 
 
+#: How much a failed node says about the cause, best first (see :func:`decide_run`).
+_CAUSE, _KILLED, _CONSEQUENCE, _UNEXPLAINED = range(4)
+
+
+def _standing(report: NodeReport) -> tuple[int, float] | None:
+    """(rank of what the node says about the cause, when it failed) for a node that failed; None otherwise."""
+    outcome = report.outcome
+    if outcome is not None and outcome.failure is not None:
+        failure = outcome.failure
+        return (_CONSEQUENCE if failure.is_consequence else _CAUSE), failure.timestamp
+    if report.exit_code in (0, None) and not (report.exit_code is None and report.reason):
+        return None
+    when = report.finished_at if report.finished_at is not None else math.inf
+    return (_KILLED if _killed_for_a_known_reason(report) else _UNEXPLAINED), when
+
+
+def _killed_for_a_known_reason(report: NodeReport) -> bool:
+    return bool(report.reason) and (
+        report.reason in INFRASTRUCTURE_REASONS or report.exit_code is None or report.exit_code >= _SIGNAL_EXIT
+    )
+
+
+def _ended(report: NodeReport) -> str:
+    reason = f" ({report.reason})" if report.reason else ""
+    code = f"exited with code {report.exit_code}" if report.exit_code is not None else "ended"
+    return f"{report.name} {code}{reason} without a failure report"
+
+
 def decide_run(reports: list[NodeReport]) -> Verdict:
     """The outcome of a run from its ended nodes: rank 0's result, or the root cause of the failure.
 
-    The root cause is the earliest failure any node reported: once one worker fails, its peers fail too (closed
-    connections) or are stopped, and those later failures are consequences, not causes.
+    Once one worker fails, its peers fail too (closed connections, a lost rendezvous store) or are stopped, often in
+    the same second. The root cause is therefore the node that says most about a cause, and the earliest of those
+    (the reports' sub-second times; whole seconds of ``finished_at`` for nodes without one):
+
+    1. a failure report that is not a consequence of a peer's failure (the function's exception, a runner error);
+    2. a node killed from outside for a known reason, without a report (``OOMKilled``, ``Evicted``, or an exit
+       code >= 128 with a reason);
+    3. a failure report that looks like a consequence (:data:`CONSEQUENCE_SIGNS`): kept, and said to be one;
+    4. a node that exited non-zero without a report or a reason (a broken pipe before the runner could write).
+
+    Whether a retry may help follows the chosen cause.
     """
-    failures = [(r, r.outcome.failure) for r in reports if r.outcome is not None and r.outcome.failure is not None]
-    if failures:
-        node, failure = min(failures, key=lambda item: item[1].timestamp)
-        kind = "recoverable" if failure.recoverable else "non-recoverable"
-        return Verdict(
-            succeeded=False,
-            recoverable=failure.recoverable,
-            node=node.name,
-            failure=failure,
-            detail=f"{node.name}: {failure.summary()} ({kind})",
-        )
-    # A node that ended badly without a report: its exit code, or (evicted before exiting) only a reason.
-    unexplained = [r for r in reports if r.exit_code not in (0, None) or (r.exit_code is None and r.reason)]
-    if unexplained:
-        node = unexplained[0]
+    standings = [(standing, index, r) for index, r in enumerate(reports) if (standing := _standing(r)) is not None]
+    if standings:
+        (tier, _), _, node = min(standings, key=lambda item: (item[0], item[1]))
+        failure = node.outcome.failure if node.outcome is not None else None
+        if failure is not None:
+            kind = "recoverable" if failure.recoverable else "non-recoverable"
+            detail = f"{node.name}: {failure.summary()} ({kind})"
+            if tier == _CONSEQUENCE:
+                silent = [_ended(r) for (t, _), _, r in standings if t == _UNEXPLAINED]
+                detail += (
+                    f"; this looks like a consequence of a peer's failure ({failure.consequence_sign}), not its "
+                    "cause, but no node reported a cause"
+                    + (f" ({'; '.join(silent)}: see their logs)" if silent else "")
+                )
+            return Verdict(
+                succeeded=False, recoverable=failure.recoverable, node=node.name, failure=failure, detail=detail
+            )
+        # A node that ended badly without a report: its exit code, or (evicted before exiting) only a reason.
         killed = (node.exit_code or 0) >= _SIGNAL_EXIT or node.reason in INFRASTRUCTURE_REASONS
-        reason = f" ({node.reason})" if node.reason else ""
-        code = f"exited with code {node.exit_code}" if node.exit_code is not None else "ended"
         return Verdict(
             succeeded=False,
             recoverable=killed,
             node=node.name,
-            detail=f"{node.name} {code}{reason} without a failure report; "
+            detail=f"{_ended(node)}; "
             + (
                 "it was killed from outside (out of memory, eviction, preemption), so a retry may help"
                 if killed

@@ -7,15 +7,21 @@ Settings come from the command line; where an option is not given, from the ``PE
 training operator injects (the same defaults torchrun takes); failing both, a standalone rendezvous on
 ``localhost:0`` for one node.
 
-Exit codes (see :mod:`airflow_provider_torchelastic.errors`): 0 success; 1 a worker failed permanently; 2 the
-runner could not start (arguments, payload, Python version); 200 a worker raised ``RecoverableError`` (>= 128, so
-the PyTorchJob ``ExitCode`` policy restarts it); 128 + N when the runner itself got signal N, in which case it
-writes no failure report, because it is not the root cause.
+Exit codes (see :mod:`airflow_provider_torchelastic.errors`): 0 success; 1 a worker (or the agent itself) failed
+permanently; 2 the runner could not start (arguments, payload, Python version); 200 a worker raised
+``RecoverableError`` (>= 128, so the PyTorchJob ``ExitCode`` policy restarts it); 128 + N when the runner itself got
+signal N, in which case it writes no failure report, because it is not the root cause.
+
+When several workers fail together (one raises, its peers then lose their connections to it), the failure reported
+is the cause, not a victim: see :func:`failure_from_child_failed` and
+:func:`airflow_provider_torchelastic.outcome.consequence_sign`.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
 import logging
 import os
 import shutil
@@ -23,6 +29,7 @@ import socket
 import sys
 import tempfile
 import time
+import traceback as tb
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -48,6 +55,7 @@ from airflow_provider_torchelastic.outcome import (
     encode_failure,
     encode_success,
     encode_success_ref,
+    root_cause,
 )
 from airflow_provider_torchelastic.payload import PayloadError, check_compatible, load_payload, read_header
 
@@ -58,6 +66,11 @@ log = logging.getLogger("airflow_provider_torchelastic.runner")
 RECOVERABLE_MARKER: Final = "recoverable_error"
 #: Beside the error file: the precise time of the failure.
 FAILED_AT_MARKER: Final = "failed_at"
+#: Beside the error file: the exception's type name and message, as JSON.
+EXCEPTION_MARKER: Final = "exception"
+_MARKER_MESSAGE_CHARS: Final = 4096
+#: torch's ``ProcessFailure.error_file`` of a worker that wrote no error file.
+_NO_ERROR_FILE: Final = "<N/A>"
 #: Prefix of every worker output line; ``${rank}`` is the global rank (local ranks repeat across nodes).
 LOG_LINE_PREFIX: Final = "[rank${rank}]:"
 STANDALONE_ENDPOINT: Final = "localhost:0"
@@ -221,7 +234,8 @@ def resolve_nproc_per_node(value: str) -> int:
 
 
 def _leave_failure_markers(exc: BaseException) -> None:
-    """Leave, beside the worker's error file, when it failed and whether the failure is recoverable."""
+    """Leave, beside the worker's error file, when it failed, what it raised and whether that is recoverable."""
+    failed_at = time.time()
     error_file = os.environ.get("TORCHELASTIC_ERROR_FILE")
     if not error_file:
         # Without the error file's directory the agent cannot see the marker; the failure then counts as permanent.
@@ -231,9 +245,12 @@ def _leave_failure_markers(exc: BaseException) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     # torch records whole seconds; sibling workers that fail a moment later (a peer closed the connection) must
     # not tie with the root cause, across nodes too.
-    folder.joinpath(FAILED_AT_MARKER).write_text(repr(time.time()))
+    folder.joinpath(FAILED_AT_MARKER).write_text(repr(failed_at))
     if isinstance(exc, RecoverableError):
         folder.joinpath(RECOVERABLE_MARKER).touch()
+    # What torch's error file will say, for the agent to read if this worker is stopped before torch writes it.
+    raised = {"exception": type(exc).__name__, "message": str(exc)[:_MARKER_MESSAGE_CHARS]}
+    folder.joinpath(EXCEPTION_MARKER).write_text(json.dumps(raised))
 
 
 def encode_result(value: Any) -> str:
@@ -278,20 +295,109 @@ def _split_message(message: str) -> tuple[str, str]:
     return "WorkerError", message
 
 
-def failure_from_child_failed(error: Any) -> WorkerFailure:
-    """The root cause of a ``ChildFailedError``: its earliest failure, with the recoverable marker checked."""
-    rank, failure = error.get_first_failure()
-    data = failure.error_file_data or {}
-    message_block = data.get("message", {}) if isinstance(data, dict) else {}
+def failure_from_child_failed(error: Any, log_dir: str | os.PathLike[str] | None = None) -> WorkerFailure:
+    """The root cause of a ``ChildFailedError``, among all the workers of its attempt that failed.
+
+    torch reports the failed workers it found at one poll (with function workers, only the first one, which is
+    usually the lowest local rank) and stamps them with whole seconds, so a rank that failed a moment after its peer
+    (the peer's exit closed their connection) ties with the peer, or is the only one reported. So every failure is
+    read: the ones torch reported and, from the attempt's folder under ``log_dir``, every other worker that left an
+    error file or our markers, each with its own sub-second time; then a known cause wins over a consequence
+    (:func:`~airflow_provider_torchelastic.outcome.root_cause`).
+    """
+    reported = sorted((int(rank), failure) for rank, failure in error.failures.items())
+    attempt = _attempt_folder(log_dir, [failure for _, failure in reported])
+    candidates = [_reported_failure(rank, failure, _worker_folder(attempt, failure)) for rank, failure in reported]
+    if attempt is not None and reported:
+        # Global ranks of one node are consecutive: base + local rank.
+        base = reported[0][0] - int(reported[0][1].local_rank)
+        known = {int(failure.local_rank) for _, failure in reported}
+        folders = [f for f in attempt.iterdir() if f.is_dir() and f.name.isdigit() and int(f.name) not in known]
+        for folder in sorted(folders, key=lambda f: int(f.name)):
+            found = _unreported_failure(base + int(folder.name), folder)
+            if found is not None:
+                candidates.append(found)
+    return root_cause(candidates)
+
+
+def _attempt_folder(log_dir: str | os.PathLike[str] | None, reported: Sequence[Any]) -> Path | None:
+    """``<log_dir>/<run id>_<random>/attempt_<restart>/``: where each worker's ``<local rank>/`` folder is."""
+    for failure in reported:
+        if failure.error_file and failure.error_file != _NO_ERROR_FILE and Path(failure.error_file).is_file():
+            return Path(failure.error_file).parent.parent
+    if log_dir is None:
+        return None
+    attempts = [p for p in Path(log_dir).glob("*/attempt_*") if p.is_dir() and p.name[len("attempt_") :].isdigit()]
+    # With restarts, the failure is the last attempt's.
+    return max(attempts, key=lambda p: int(p.name[len("attempt_") :]), default=None)
+
+
+def _worker_folder(attempt: Path | None, failure: Any) -> Path | None:
+    if attempt is not None:
+        return attempt / str(failure.local_rank)
+    if failure.error_file and failure.error_file != _NO_ERROR_FILE:
+        return Path(failure.error_file).parent
+    return None
+
+
+@dataclass(frozen=True)
+class _Markers:
+    """What a worker left beside its error file when its function raised (see ``_leave_failure_markers``)."""
+
+    failed_at: float | None = None
+    recoverable: bool = False
+    exception: str | None = None
+    message: str = ""
+
+
+def _read_markers(folder: Path | None) -> _Markers:
+    if folder is None or not folder.is_dir():
+        return _Markers()
+    failed_at = None
+    with contextlib.suppress(OSError, ValueError):  # absent, or cut short by the agent stopping the worker
+        failed_at = float(folder.joinpath(FAILED_AT_MARKER).read_text())
+    exception, message = None, ""
+    try:
+        raised = json.loads(folder.joinpath(EXCEPTION_MARKER).read_text())
+        exception, message = str(raised["exception"]), str(raised.get("message", ""))
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    return _Markers(
+        failed_at=failed_at,
+        recoverable=folder.joinpath(RECOVERABLE_MARKER).exists(),
+        exception=exception,
+        message=message,
+    )
+
+
+def _error_data(data: Any) -> tuple[str, str, float | None] | None:
+    """torch's error file: ("<Type>: <message>", traceback, whole-second time), or None when it has none."""
+    block = data.get("message") if isinstance(data, dict) else None
+    if isinstance(block, dict):
+        extra = block.get("extraInfo")
+        extra = extra if isinstance(extra, dict) else {}
+        when: float | None = None
+        with contextlib.suppress(KeyError, TypeError, ValueError):
+            when = float(extra["timestamp"])
+        return str(block.get("message", "")), str(extra.get("py_callstack", "") or ""), when
+    if isinstance(block, str) and block != "<NONE>":  # torch's placeholder when there is no error file
+        return block, "", None
+    return None
+
+
+def _reported_failure(rank: int, failure: Any, folder: Path | None) -> WorkerFailure:
+    """A worker failure torch reported (a ``ProcessFailure``), with the markers its worker left, if any."""
+    markers = _read_markers(folder)
+    recoverable = markers.recoverable
     traceback = ""
-    if isinstance(message_block, dict):
-        traceback = message_block.get("extraInfo", {}).get("py_callstack", "") or ""
-    folder = Path(failure.error_file).parent if failure.error_file else None
-    recoverable = folder is not None and folder.joinpath(RECOVERABLE_MARKER).exists()
-    timestamp = float(failure.timestamp)
-    if folder is not None and folder.joinpath(FAILED_AT_MARKER).exists():
-        timestamp = float(folder.joinpath(FAILED_AT_MARKER).read_text())
-    if failure.exitcode < 0 and not failure.error_file_data:
+    recorded = _error_data(failure.error_file_data) if failure.error_file != _NO_ERROR_FILE else None
+    if recorded is not None:
+        text, traceback, _ = recorded
+        exception, message = _split_message(text)
+    elif markers.exception is not None:
+        # It raised, and was stopped before torch wrote its error file.
+        exception, message = markers.exception, markers.message
+    elif failure.exitcode < 0:
         # A worker killed by a signal left no exception. SIGKILL is almost always the OOM killer or a node going
         # away, SIGTERM a preemption: infrastructure, worth a retry. A segfault or abort is not.
         import signal
@@ -306,13 +412,39 @@ def failure_from_child_failed(error: Any) -> WorkerFailure:
         text = raw.get("message", "") if isinstance(raw, dict) else str(raw)
         exception, message = _split_message(text)
     return WorkerFailure(
-        rank=int(rank),
+        rank=rank,
         exception=exception,
         message=message,
         traceback=traceback,
         recoverable=recoverable,
         exitcode=int(failure.exitcode),
-        timestamp=timestamp,
+        timestamp=markers.failed_at if markers.failed_at is not None else float(failure.timestamp),
+        hostname=socket.gethostname(),
+    )
+
+
+def _unreported_failure(rank: int, folder: Path) -> WorkerFailure | None:
+    """A worker torch did not report (it polls for one), from what it left in its folder; None if nothing."""
+    markers = _read_markers(folder)
+    recorded = None
+    with contextlib.suppress(OSError, ValueError):  # no error file, or one cut short
+        recorded = _error_data(json.loads(folder.joinpath("error.json").read_text()))
+    if recorded is not None:
+        text, traceback, when = recorded
+        exception, message = _split_message(text)
+    elif markers.exception is not None:
+        exception, message, traceback, when = markers.exception, markers.message, "", None
+    else:
+        return None
+    timestamp = markers.failed_at if markers.failed_at is not None else when
+    return WorkerFailure(
+        rank=rank,
+        exception=exception,
+        message=message,
+        traceback=traceback,
+        recoverable=markers.recoverable,
+        exitcode=1,  # it raised; its real exit code is the agent's to know
+        timestamp=timestamp if timestamp is not None else time.time(),
         hostname=socket.gethostname(),
     )
 
@@ -396,12 +528,18 @@ def run(settings: RunnerSettings) -> int:
     try:
         returns = elastic_launch(config, entrypoint)(*entry_args)
     except ChildFailedError as e:
-        return _report_failure(settings, failure_from_child_failed(e))
+        return _report_failure(settings, failure_from_child_failed(e, log_dir))
     except SignalException as e:
         # Someone stopped this node (pod deleted, preempted, a sibling failed): say so, but publish no failure, so
         # that the node whose worker really failed stays the root cause.
         print(f"torchelastic runner: stopped by {e.sigval.name}", file=sys.stderr)
         return 128 + int(e.sigval)
+    except Exception as e:
+        # The agent itself failed: most often it lost the rendezvous store that a failed node hosted (a broken pipe,
+        # DistNetworkError), which outcome.py reads as a consequence of that node's failure. Report it rather than
+        # die with a bare exit 1, so that the verdict can tell it from a cause.
+        failure = replace(_runner_failure(e, rank=-1), traceback=tb.format_exc())
+        return _report_failure(settings, failure)
     finally:
         shutil.rmtree(log_dir, ignore_errors=True)
 
