@@ -1,25 +1,61 @@
 """A simulated Kubeflow training operator (v1.9) for PyTorchJobs, plus the garbage collector the cluster lacks.
 
 Run it as ``python -m tests.cluster.sim_operator --kubeconfig PATH``. It is an ordinary API client (list + watch,
-create, delete, merge-patch of ``/status``), so it runs unchanged against any API server.
+create, delete, merge-patch of ``/status``), so it runs unchanged against any API server. The admission webhook that
+rejects invalid jobs is a separate process, ``tests.cluster.sim_webhook``.
 
-It follows the real controller (kubeflow/trainer ``release-1.9``; see ``../shared/notes/pytorchjob-controller.md``):
+It follows the real controller (kubeflow/trainer v1.9.4, branch ``release-1.9``; see
+``../shared/notes/pytorchjob-controller.md``); ``file:line`` references below are in that tree:
 
 * In-memory defaults on every reconcile (never written back): restartPolicy OnFailure, replicas 1, nprocPerNode
   ``auto``, elastic min/max, cleanPodPolicy None, the ``pytorchjob-port`` 23456 port on the ``pytorch`` container.
 * Pods ``<job>-<master|worker>-<i>`` and headless Services of the same name, with the real labels, controller
   ownerReferences, restartPolicy from the replica (ExitCode -> Never), the injected env (Master, elastic and
   worker-only modes) and the ``init-pytorch`` init container on Workers when a Master exists.
+* Every port of the ``pytorch`` container becomes a Service port, unnamed ones too (``pkg/core/service.go:83-99``,
+  a name -> port map, so two unnamed ports collapse into one). With the default port added that is always two or
+  more ports, and the API server rejects a Service with an unnamed one among several (422): the create fails with
+  a ``FailedCreateService`` Warning, the pass ends there without a status write, and the job never progresses.
+* Which pods and Services a job has (``pytorchjob_controller.go:281-314``): the pods with the job-name and
+  operator-name labels **and** a controller ownerReference to the job (``JobControlledPodList``,
+  ``pkg/common/util/util.go:43-55``); the Services with those labels, whoever owns them. The PyTorch reconciler
+  overrides ``JobController.GetPodsForJob``/``GetServicesForJob`` (``common/pod.go:219-254``, which adopt orphans
+  through ClaimPods), so **nothing is ever adopted**: an orphan pod is ignored (and blocks the create of a pod of
+  the same name: 409, a ``FailedCreatePod`` Warning, retried with backoff), a labelled orphan Service counts as the
+  job's. Dependents' events wake only the job named by their controller ownerReference
+  (``EnqueueRequestForOwner(OnlyControllerOwner)``, ``pytorchjob_controller.go:198-207``).
+* Replica types are visited in random order, as Go iterates a map: once for pods/Services (``common/job.go:338``)
+  and once more for the status decision (``pytorchjob_controller.go:369``). So with a Master, the Master's success
+  and a Worker's failure (restartPolicy Never) in the same pass give Succeeded or Failed depending on the order.
+  The running operator draws the order from ``random.Random(seed)``; the seed is ``TORCHELASTIC_SIM_SEED`` if set,
+  else random, and is logged at start (``replica order seed: N``).
 * ``.status`` through the ``/status`` subresource: conditions Created, Running, Restarting, Succeeded, Failed,
   Suspended (reasons ``PyTorchJob<Type>``, the real messages), replicaStatuses recounted from the pods, startTime,
   completionTime; restarts by deleting and recreating failed pods; ExitCode (1-127 permanent, >=128 retryable);
-  backoffLimit; activeDeadlineSeconds (re-checked on a resync every few seconds, unlike the real one's no-op queue);
-  cleanPodPolicy; ttlSecondsAfterFinished; suspend/resume.
-* Events on the job: pod/service creation and deletion, ExitedWithCode, Restarting, Succeeded/Failed, and Warnings
-  named after container waiting/terminated reasons of active pods (ImagePullBackOff, CreateContainerConfigError, ...).
-* Webhook rules (which the real cluster enforces at admission, before the operator sees a job) are checked too: an
-  invalid job gets a Warning event and ``Failed`` with reason ``PyTorchJobFailedValidation``, so that tests notice.
-  A real cluster would have rejected the create call instead.
+  backoffLimit; cleanPodPolicy; ttlSecondsAfterFinished; suspend/resume.
+* Worker-only elastic success does not end the pass: the failure check still runs for the Worker
+  (``pytorchjob_controller.go:409-443``), so under restartPolicy Never one Worker succeeded and another failed in
+  the same pass leaves both Succeeded and Failed True. With a Master, the Master's success returns at once
+  (``:400``), so only replica types visited before it can add Failed.
+* activeDeadlineSeconds is checked only when something else causes a reconcile (``common/job.go:211``); the
+  re-check the real one queues at the deadline goes to a no-op ``FakeWorkQueue`` (``pytorchjob_controller.go:82,
+  365``), so a quiet Running job overruns its deadline until a pod or job event arrives. There is no periodic
+  recheck: the only resync is the informers' (controller-runtime's default ``SyncPeriod``, 10 h).
+* A backoffLimit/activeDeadlineSeconds failure with ``ttlSecondsAfterFinished: 0`` deletes the job before its
+  Failed condition is written (``CleanupJob`` at ``common/job.go:233`` runs before the status update at ``:247``),
+  so watchers see the job vanish without ever seeing Failed. The TTL of a job that finished otherwise is applied
+  on the next pass, after the Succeeded/Failed status was written.
+* Events on the job: pod/service creation and deletion (and their failures), ExitedWithCode, Restarting,
+  Succeeded/Failed, and Warnings named after container waiting/terminated reasons of active pods
+  (ImagePullBackOff, CreateContainerConfigError, ...).
+* Failed reconciles are retried with controller-runtime's per-item exponential backoff (5 ms doubling, at most
+  1000 s), reset by a successful pass.
+
+It differs from the real one in what it leaves out or simplifies: no validation (the webhook does that at
+admission; a job that got past it is reconciled as it is), no HPA, gang scheduling, PodGroups, metrics or
+``managedBy`` handling; no expectations (its own writes go into its caches at once instead); events are recorded
+once per distinct occurrence rather than aggregated with counts by client-go's correlator; Service ports are sorted
+by name (Go's map order is random); its caches are plain list + watch loops.
 
 Garbage collection: no kube-controller-manager runs in the test cluster. When a PyTorchJob is deleted, this process
 deletes every Pod, Service, ConfigMap and Secret in its namespace whose ownerReferences name the job's UID; it honours
@@ -40,12 +76,14 @@ import datetime as dt
 import heapq
 import json
 import logging
+import os
+import random
 import re
 import signal
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -67,7 +105,7 @@ LABEL_REPLICA_INDEX = "training.kubeflow.org/replica-index"
 LABEL_JOB_ROLE = "training.kubeflow.org/job-role"
 
 MASTER, WORKER = "Master", "Worker"
-REPLICA_TYPES = (MASTER, WORKER)  # Go iterates a map; a fixed order makes the simulator deterministic
+REPLICA_TYPES = (MASTER, WORKER)  # the pure functions' default order; the running operator shuffles (Go map order)
 DEFAULT_CONTAINER = "pytorch"
 DEFAULT_PORT_NAME = "pytorchjob-port"
 DEFAULT_PORT = 23456
@@ -76,8 +114,14 @@ INIT_CONTAINER_IMAGE = "alpine:3.10"
 INIT_CONTAINER_MAX_TRIES = 100
 NOT_TERMINATED = 0xBEEF  # the controller's "no exit code" marker; >= 128, so it counts as retryable
 
-RESYNC_SECONDS = 3.0
+# controller-runtime's default cache SyncPeriod (the manager sets none, cmd/training-operator.v1/main.go:141): the
+# only periodic reconcile of a quiet job, hence the only time its activeDeadlineSeconds is checked without an event.
+RESYNC_SECONDS = 10 * 3600.0
 SWEEP_SECONDS = 30.0
+SEED_ENV = "TORCHELASTIC_SIM_SEED"
+# workqueue.DefaultTypedControllerRateLimiter's per-item exponential backoff after a failed reconcile.
+BACKOFF_BASE_SECONDS = 0.005
+BACKOFF_MAX_SECONDS = 1000.0
 PATCH_MERGE = "application/merge-patch+json"
 DNS1035 = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
 
@@ -139,46 +183,95 @@ def apply_defaults(job: dict[str, Any]) -> dict[str, Any]:
     return job
 
 
-def validate_job(job: dict[str, Any]) -> list[str]:
-    """The admission webhook's rules (``pytorchjob_webhook.go``) that the CRD schema does not check."""
+def go_quote(value: str) -> str:
+    """Go's ``%q`` for the strings these messages quote (ASCII; JSON's escaping agrees with Go's there)."""
+    return json.dumps(value, ensure_ascii=False)
+
+
+MANAGED_BY_VALUES = ("kubeflow.org/training-operator", "kueue.x-k8s.io/multikueue")
+
+
+def validate_job(job: dict[str, Any], old_job: dict[str, Any] | None = None) -> list[str]:
+    """The admission webhook's rules that the CRD schema does not check, with its messages.
+
+    ``validatePyTorchJob`` (``pkg/webhooks/pytorch/pytorchjob_webhook.go:75-160``): each string is one
+    ``field.Error`` as Go prints it. Replica types are visited in sorted order (Go: random map order).
+    ``old_job`` is accepted for UPDATE but, as upstream (``:63``, which validates the new object against itself),
+    changes nothing: ``managedBy`` immutability is never enforced.
+    """
     errors: list[str] = []
-    name = job.get("metadata", {}).get("name", "")
-    if len(name) > 63 or not DNS1035.fullmatch(name):
-        errors.append(f"metadata.name: Invalid value: {name!r}: must be a DNS-1035 label")
+    name = (job.get("metadata") or {}).get("name", "")
+    name_errors = []
+    if len(name) > 63:
+        name_errors.append("must be no more than 63 characters")
+    if not DNS1035.fullmatch(name):
+        name_errors.append(
+            "a DNS-1035 label must consist of lower case alphanumeric characters or '-', start with an alphabetic "
+            "character, and end with an alphanumeric character (e.g. 'my-name',  or 'abc-123', regex used for "
+            "validation is '[a-z]([-a-z0-9]*[a-z0-9])?')"
+        )
+    if name_errors:
+        errors.append(f"metadata.name: Invalid value: {go_quote(name)}: should match: {','.join(name_errors)}")
     spec = job.get("spec") or {}
-    replicas = spec.get("pytorchReplicaSpecs") or {}
-    if not replicas:
-        errors.append("spec.pytorchReplicaSpecs: Required value")
-    for rtype, rspec in replicas.items():
-        path = f"spec.pytorchReplicaSpecs[{rtype}]"
-        if rtype not in REPLICA_TYPES:
-            errors.append(f'{path}: Unsupported value: {rtype!r}: supported values: "Master", "Worker"')
-            continue
-        if rspec is None:
-            errors.append(f"{path}: Required value")
-            continue
-        containers = ((rspec.get("template") or {}).get("spec") or {}).get("containers") or []
-        if not containers:
-            errors.append(f"{path}.template.spec.containers: Required value")
-        for i, c in enumerate(containers):
-            if not c.get("image"):
-                errors.append(f"{path}.template.spec.containers[{i}].image: Required value")
-        if containers and not any(c.get("name") == DEFAULT_CONTAINER for c in containers):
-            errors.append(f"{path}.template.spec.containers: Required value: must have a container named pytorch")
-        if rtype == MASTER and rspec.get("replicas") != 1:
-            errors.append(f"{path}.replicas: Forbidden: must be 1")
-        if rtype == WORKER and rspec.get("replicas") is not None and rspec["replicas"] < 1:
-            errors.append(f"{path}.replicas: Invalid value: must be at least 1")
+    managed_by = (spec.get("runPolicy") or {}).get("managedBy")
+    if managed_by is not None and managed_by not in MANAGED_BY_VALUES:
+        supported = ", ".join(go_quote(v) for v in sorted(MANAGED_BY_VALUES))
+        errors.append(
+            f"spec.runPolicy.managedBy: Unsupported value: {go_quote(str(managed_by))}: supported values: {supported}"
+        )
+    replicas: dict[str, Any] | None = spec.get("pytorchReplicaSpecs")
     elastic = spec.get("elasticPolicy")
     if elastic is not None:
-        if WORKER not in replicas:
-            errors.append("spec.elasticPolicy: Forbidden: must be configured with the Worker replica")
+        if WORKER not in (replicas or {}):
+            errors.append(
+                "spec.pytorchReplicaSpecs[Worker]: Required value: must be configured if elastic policy is used"
+            )
         if elastic.get("nProcPerNode") is not None and spec.get("nprocPerNode") is not None:
             errors.append("spec.elasticPolicy.nProcPerNode: Forbidden: must not be used with spec.nprocPerNode")
-    managed_by = (spec.get("runPolicy") or {}).get("managedBy")
-    if managed_by not in (None, "kubeflow.org/training-operator", "kueue.x-k8s.io/multikueue"):
-        errors.append(f"spec.runPolicy.managedBy: Unsupported value: {managed_by!r}")
-    return errors
+    if replicas is None:
+        errors.append("spec.pytorchReplicaSpecs: Required value: must be required")
+    for rtype, rspec in sorted((replicas or {}).items()):
+        path = f"spec.pytorchReplicaSpecs[{rtype}]"
+        containers_path = f"{path}.template.spec.containers"
+        if rtype not in REPLICA_TYPES:
+            errors.append(f'{path}: Unsupported value: {go_quote(rtype)}: supported values: "Master", "Worker"')
+        if rspec is None:
+            # Upstream dereferences the nil spec right after (a panic the webhook server recovers into a 500).
+            raise WebhookPanic("runtime error: invalid memory address or nil pointer dereference")
+        containers = ((rspec.get("template") or {}).get("spec") or {}).get("containers") or []
+        if not containers:
+            errors.append(f"{containers_path}: Required value: must be specified")
+        for i, c in enumerate(containers):
+            if not c.get("image"):
+                errors.append(f"{containers_path}[{i}].image: Required value: must be required")
+        if not any(c.get("name") == DEFAULT_CONTAINER for c in containers):
+            errors.append(
+                f"{containers_path}: Required value: must have at least one container with name {DEFAULT_CONTAINER}"
+            )
+        count = rspec.get("replicas")
+        if rtype == MASTER:
+            if count != 1:
+                errors.append(f"{path}.replicas: Forbidden: must be 1")
+        elif count is not None and count < 1:
+            errors.append(f"{path}.replicas: Forbidden: must be at least 1")
+    return list(dict.fromkeys(errors))  # ErrorList.ToAggregate drops duplicate messages
+
+
+def validation_warnings(job: dict[str, Any]) -> list[str]:
+    """The webhook's admission warnings (``pytorchjob_webhook.go:101-104``)."""
+    elastic = (job.get("spec") or {}).get("elasticPolicy") or {}
+    if elastic.get("nProcPerNode") is not None:
+        return ["spec.elasticPolicy.nProcPerNode is deprecated, use spec.nprocPerNode instead"]
+    return []
+
+
+def aggregate_message(errors: list[str]) -> str:
+    """``utilerrors.Aggregate.Error()``: one message as is, several as ``[a, b]``."""
+    return errors[0] if len(errors) == 1 else "[" + ", ".join(errors) + "]"
+
+
+class WebhookPanic(Exception):
+    """What would panic in the Go webhook; controller-runtime recovers it into an errored (500) response."""
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -325,8 +418,10 @@ def render_pod(job: dict[str, Any], rtype: str, index: int) -> dict[str, Any]:
 
 
 def render_service(job: dict[str, Any], rtype: str, index: int) -> dict[str, Any]:
-    """The headless Service per pod: selector = job, type and index labels; ports = the ``pytorch`` container's
-    named ports."""
+    """The headless Service per pod (``CreateNewService``, ``common/service.go:211-252``): selector = job, type and
+    index labels; ports = every port of the ``pytorch`` container, named or not (``GetPortsFromJob``,
+    ``pkg/core/service.go:83-99``: a name -> port map, so an unnamed port keeps its empty name and two unnamed ports
+    collapse into the last one). Sorted by name here; Go's map order is random."""
     name = job["metadata"]["name"]
     labels = replica_labels(name, rtype, index)
     ports: dict[str, int] = {}
@@ -334,8 +429,8 @@ def render_service(job: dict[str, Any], rtype: str, index: int) -> dict[str, Any
     for c in pod_spec.get("containers") or []:
         if c.get("name") == DEFAULT_CONTAINER:
             for port in c.get("ports") or []:
-                if port.get("name"):
-                    ports[port["name"]] = int(port["containerPort"])
+                ports[port.get("name") or ""] = int(port["containerPort"])
+            break
     return {
         "apiVersion": "v1",
         "kind": "Service",
@@ -348,7 +443,8 @@ def render_service(job: dict[str, Any], rtype: str, index: int) -> dict[str, Any
         "spec": {
             "clusterIP": "None",
             "selector": dict(labels),
-            "ports": [{"name": n, "port": p} for n, p in sorted(ports.items())],
+            # ServicePort.Name is omitempty: an unnamed port has no name key at all.
+            "ports": [{"name": n, "port": p} if n else {"port": p} for n, p in sorted(ports.items())],
         },
     }
 
@@ -416,20 +512,106 @@ class JobEvent:
 
 @dataclass
 class Plan:
-    """What one reconcile pass decided: the new status and the API writes that get there."""
+    """What one reconcile pass decided: the new status and, in the order the real controller makes them, the events
+    and API writes that get there.
+
+    The I/O side performs ``steps`` in order and stops at the first write that fails; then, as upstream (an error
+    returned before ``UpdateJobStatusInApiServer``), the status is not written and the job is retried with backoff.
+    Step kinds: ``event`` (a :class:`JobEvent`), ``create_pod``/``create_service`` (the object),
+    ``delete_pod``/``delete_service`` (the name), ``delete_job`` and ``error`` (a message: the pass fails there).
+    """
 
     status: dict[str, Any]
-    create_pods: list[dict[str, Any]] = field(default_factory=list)
-    delete_pods: list[str] = field(default_factory=list)
-    create_services: list[dict[str, Any]] = field(default_factory=list)
-    delete_services: list[str] = field(default_factory=list)
-    events: list[JobEvent] = field(default_factory=list)
-    delete_job: bool = False
+    steps: list[tuple[str, Any]] = field(default_factory=list)
     requeue_after: float | None = None
+    order: tuple[str, ...] = ()
+    """The replica order of the pods/Services loop (``common/job.go:338``)."""
+    status_order: tuple[str, ...] = ()
+    """The replica order of the status decision (``pytorchjob_controller.go:369``)."""
+
+    def add(self, kind: str, item: Any = None) -> None:
+        self.steps.append((kind, item))
+
+    def event(self, event: JobEvent) -> None:
+        self.add("event", event)
+
+    def _items(self, kind: str) -> list[Any]:
+        return [item for k, item in self.steps if k == kind]
+
+    @property
+    def events(self) -> list[JobEvent]:
+        return self._items("event")
+
+    @property
+    def create_pods(self) -> list[dict[str, Any]]:
+        return self._items("create_pod")
+
+    @property
+    def delete_pods(self) -> list[str]:
+        return self._items("delete_pod")
+
+    @property
+    def create_services(self) -> list[dict[str, Any]]:
+        return self._items("create_service")
+
+    @property
+    def delete_services(self) -> list[str]:
+        return self._items("delete_service")
+
+    @property
+    def delete_job(self) -> bool:
+        return bool(self._items("delete_job"))
+
+    @property
+    def errors(self) -> list[str]:
+        return self._items("error")
 
 
 def controlled_by(obj: dict[str, Any], uid: str) -> bool:
+    """``metav1.IsControlledBy``: the controller ownerReference names ``uid``."""
     return any(ref.get("uid") == uid and ref.get("controller") for ref in obj["metadata"].get("ownerReferences") or [])
+
+
+def has_job_labels(obj: dict[str, Any], job_name: str) -> bool:
+    labels = obj["metadata"].get("labels") or {}
+    return all(labels.get(k) == v for k, v in job_labels(job_name).items())
+
+
+def job_pods(job: dict[str, Any], pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``GetPodsForJob`` of the PyTorch reconciler (``pytorchjob_controller.go:281-296``): the pods in the job's
+    namespace with its job-name and operator-name labels that it controls (``JobControlledPodList``,
+    ``pkg/common/util/util.go:43-55``). No adoption: orphans and other owners' pods are left out."""
+    meta = job["metadata"]
+    return [
+        p
+        for p in pods
+        if p["metadata"].get("namespace") == meta["namespace"]
+        and has_job_labels(p, meta["name"])
+        and controlled_by(p, meta["uid"])
+    ]
+
+
+def job_services(job: dict[str, Any], services: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``GetServicesForJob`` of the PyTorch reconciler (``pytorchjob_controller.go:298-314``): every Service in the
+    job's namespace with its job-name and operator-name labels, whoever owns it (no ownership check, no adoption)."""
+    meta = job["metadata"]
+    return [
+        s for s in services if s["metadata"].get("namespace") == meta["namespace"] and has_job_labels(s, meta["name"])
+    ]
+
+
+def replica_order(
+    replicas: dict[str, Any], order: Sequence[str] | None = None, rng: random.Random | None = None
+) -> tuple[str, ...]:
+    """The replica types of a job in the order one Go map iteration visits them: ``order`` if given, else shuffled
+    by ``rng`` if given, else Master before Worker."""
+    present = [t for t in REPLICA_TYPES if t in replicas]
+    if order is not None:
+        ranked = {t: i for i, t in enumerate(order)}
+        return tuple(sorted(present, key=lambda t: ranked.get(t, len(ranked))))
+    if rng is not None:
+        rng.shuffle(present)
+    return tuple(present)
 
 
 def pytorch_exit_code(pod: dict[str, Any]) -> int | None:
@@ -526,15 +708,23 @@ def past_backoff_limit(replicas: dict[str, Any], pods: list[dict[str, Any]], lim
 
 
 def reconcile_job(
-    raw_job: dict[str, Any], pods: list[dict[str, Any]], services: list[dict[str, Any]], now: float
+    raw_job: dict[str, Any],
+    pods: list[dict[str, Any]],
+    services: list[dict[str, Any]],
+    now: float,
+    *,
+    order: Sequence[str] | None = None,
+    rng: random.Random | None = None,
 ) -> Plan:
     """One pass of ``ReconcileJobs`` + ``UpdateJobStatus`` for a live (not deleted) job, without I/O.
 
-    ``pods``/``services`` are those the job controls. The returned plan's ``status`` is the complete new status.
+    ``pods``/``services`` are the job's as :func:`job_pods`/:func:`job_services` select them. ``order`` fixes the
+    replica order of both Go map iterations; ``rng`` shuffles each independently; with neither, Master comes first.
+    The returned plan's ``status`` is the complete new status.
     """
     job = apply_defaults(raw_job)
     meta = job["metadata"]
-    name, namespace = meta["name"], meta["namespace"]
+    name = meta["name"]
     stamp = to_rfc3339(now)
     status = copy.deepcopy(raw_job.get("status") or {})
     status.setdefault("conditions", [])
@@ -543,40 +733,24 @@ def reconcile_job(
         # onOwnerCreateFunc sets Created in memory; it is persisted with the first status write.
         set_condition(status, "Created", "True", reason("Created"), f"{KIND} {name} is created.", stamp)
 
-    errors = validate_job(raw_job)
-    if errors:
-        message = f"{KIND} {name} is invalid (a real cluster's admission webhook rejects it): " + "; ".join(errors)
-        plan.events.append(JobEvent("Warning", reason("FailedValidation"), message, "validation"))
-        set_condition(status, "Failed", "True", reason("FailedValidation"), message, stamp)
-        return plan
-
     spec = job["spec"]
     replicas: dict[str, Any] = spec["pytorchReplicaSpecs"]
     run_policy = spec["runPolicy"]
     clean_policy = run_policy.get("cleanPodPolicy") or "None"
 
     def delete_with_services(names: list[str]) -> None:
-        existing = {s["metadata"]["name"] for s in services if not s["metadata"].get("deletionTimestamp")}
-        plan.delete_pods.extend(names)
-        plan.delete_services.extend(n for n in names if n in existing)
+        # DeletePodsAndServices (common/job.go:43-69): each pod, then the Service of the same name.
+        for pod_name in names:
+            plan.add("delete_pod", pod_name)
+            plan.add("delete_service", pod_name)
 
     if is_finished(status):
         delete_with_services(cleanup_targets(clean_policy, pods, job_finished=True))
+        cleanup_job(plan, run_policy, status, now, just_completed=False)
         if condition_true(status, "Succeeded"):
             for counts in (status.get("replicaStatuses") or {}).values():
                 counts["succeeded"] = counts.get("succeeded", 0) + counts.get("active", 0)
                 counts["active"] = 0
-        ttl = run_policy.get("ttlSecondsAfterFinished")
-        if ttl is not None:
-            if not status.get("completionTime"):
-                # The ExitCode permanent-failure path leaves completionTime nil; the real CleanupJob errors here.
-                log.warning("job %s/%s: completion time is nil, cannot clean up (TTL)", namespace, name)
-            else:
-                expire = from_rfc3339(status["completionTime"]) + float(ttl)
-                if now >= expire:
-                    plan.delete_job = True
-                else:
-                    plan.requeue_after = expire - now
         return plan
 
     if run_policy.get("suspend"):
@@ -588,17 +762,19 @@ def reconcile_job(
             set_condition(status, "Running", "False", reason("Suspended"), message, stamp)
         if not condition_true(status, "Suspended"):
             set_condition(status, "Suspended", "True", reason("Suspended"), message, stamp)
-            plan.events.append(JobEvent("Normal", reason("Suspended"), message))
+            plan.event(JobEvent("Normal", reason("Suspended"), message))
         return plan
     if condition_true(status, "Suspended"):
         message = f"{KIND} {name} is resumed."
         set_condition(status, "Suspended", "False", reason("Resumed"), message, stamp)
         status["startTime"] = stamp
-        plan.events.append(JobEvent("Normal", reason("Resumed"), message))
+        plan.event(JobEvent("Normal", reason("Resumed"), message))
 
-    plan.events.extend(abnormal_pod_events(pods))
+    for event in abnormal_pod_events(pods):
+        plan.event(event)
 
-    # Backoff limit and active deadline.
+    # Backoff limit and active deadline (common/job.go:192-214). The deadline is checked here, on whatever pass an
+    # event causes, and nowhere else: its requeue (pytorchjob_controller.go:365) goes to a no-op FakeWorkQueue.
     failure: str | None = None
     backoff_limit = run_policy.get("backoffLimit")
     if backoff_limit is not None:
@@ -616,32 +792,70 @@ def reconcile_job(
         if exceeds or past_backoff_limit(replicas, pods, int(backoff_limit)):
             failure = f"Job {name} has failed because it has reached the specified backoff limit"
     deadline = run_policy.get("activeDeadlineSeconds")
-    if failure is None and deadline is not None and status.get("startTime"):
-        expire = from_rfc3339(status["startTime"]) + float(deadline)
-        if now >= expire:
-            failure = f"Job {name} has failed because it was active longer than specified deadline"
-        else:
-            plan.requeue_after = expire - now
+    if (
+        failure is None
+        and deadline is not None
+        and status.get("startTime")
+        and now - from_rfc3339(status["startTime"]) >= float(deadline)
+    ):
+        failure = f"Job {name} has failed because it was active longer than specified deadline"
     if failure is not None:
+        just_completed = not status.get("completionTime")
         status.setdefault("completionTime", stamp)
-        plan.events.append(JobEvent("Normal", reason("Failed"), failure))
+        plan.event(JobEvent("Normal", reason("Failed"), failure))
         set_condition(status, "Failed", "True", reason("Failed"), failure, stamp)
         # Since 1.9.4 (#3419) the cleanup after a backoff/deadline failure follows cleanPodPolicy.
         delete_with_services(cleanup_targets(clean_policy, pods, job_finished=True))
+        # CleanupJob (job.go:233) before the status write (job.go:247): with a TTL of 0 the job is deleted before
+        # its Failed condition is ever written.
+        cleanup_job(plan, run_policy, status, now, just_completed=just_completed)
         return plan
 
-    for rtype in REPLICA_TYPES:
-        if rtype in replicas:
-            reconcile_replica_pods(job, rtype, pods, status, plan, stamp)
-            reconcile_replica_services(job, rtype, services, plan)
-    update_job_status(job, status, plan, stamp)
+    plan.order = replica_order(replicas, order, rng)
+    for rtype in plan.order:
+        reconcile_replica_pods(job, rtype, pods, status, plan, stamp)
+        reconcile_replica_services(job, rtype, services, plan)
+    plan.status_order = replica_order(replicas, order, rng)
+    update_job_status(job, status, plan, stamp, plan.status_order)
     return plan
+
+
+def cleanup_job(
+    plan: Plan, run_policy: dict[str, Any], status: dict[str, Any], now: float, *, just_completed: bool
+) -> None:
+    """``CleanupJob`` (``common/job.go:420-453``) and the TTL requeue of ``Reconcile`` (``pytorchjob_controller.go:
+    169-176``).
+
+    ``just_completed``: completionTime was set in this very pass, so it is ``now`` to the nanosecond and the
+    controller's ``time.Now()`` a moment later is after it: a TTL of 0 has expired. Otherwise completionTime comes
+    from the API in whole seconds.
+    """
+    ttl = run_policy.get("ttlSecondsAfterFinished")
+    if ttl is None or run_policy.get("suspend"):
+        return
+    if not status.get("completionTime"):
+        # The ExitCode permanent-failure path leaves completionTime nil: CleanupJob errors, the pass fails (no status
+        # write) and is retried with backoff, forever.
+        plan.add("error", "job completion time is nil, cannot cleanup")
+        return
+    if just_completed:
+        if int(ttl) <= 0:
+            plan.add("delete_job")
+        # Otherwise CleanupJob's AddAfter goes to the FakeWorkQueue, and Reconcile's requeue looks at the status the
+        # pass started with (not finished): nothing is queued; the status write's event brings the next pass.
+        return
+    expire = from_rfc3339(status["completionTime"]) + float(ttl)
+    if now > expire:
+        plan.add("delete_job")
+    else:
+        plan.requeue_after = expire - now
 
 
 def reconcile_replica_pods(
     job: dict[str, Any], rtype: str, pods: list[dict[str, Any]], status: dict[str, Any], plan: Plan, stamp: str
 ) -> None:
-    """``ReconcilePods`` for one replica type: create missing pods, delete surplus ones, restart failed ones."""
+    """``ReconcilePods`` for one replica type (``common/pod.go:269-380``): create missing pods, delete surplus ones,
+    restart failed ones."""
     name = job["metadata"]["name"]
     rspec = job["spec"]["pytorchReplicaSpecs"][rtype]
     policy = rspec["restartPolicy"]
@@ -664,16 +878,25 @@ def reconcile_replica_pods(
             continue
         if not slot:
             if index < wanted:
-                plan.create_pods.append(render_pod(job, rtype, index))
+                if ((rspec.get("template") or {}).get("spec") or {}).get("restartPolicy"):
+                    plan.event(
+                        JobEvent(
+                            "Warning",
+                            "SetPodTemplateRestartPolicy",
+                            "Restart policy in pod template will be overwritten by restart policy in replica spec",
+                            "template-restart-policy",
+                        )
+                    )
+                plan.add("create_pod", render_pod(job, rtype, index))
             continue
         pod = slot[0]
         pod_name = pod["metadata"]["name"]
         deleting = bool(pod["metadata"].get("deletionTimestamp"))
         if index >= wanted and not deleting:
-            plan.delete_pods.append(pod_name)
+            plan.add("delete_pod", pod_name)
         code = pytorch_exit_code(pod)
         if code is not None:
-            plan.events.append(
+            plan.event(
                 JobEvent(
                     "Normal",
                     "ExitedWithCode",
@@ -686,42 +909,51 @@ def reconcile_replica_pods(
         retryable = exit_code >= 128
         if failed and (policy in ("OnFailure", "Always") or (policy == "ExitCode" and retryable)):
             if not deleting:
-                plan.delete_pods.append(pod_name)
+                plan.add("delete_pod", pod_name)
             message = f"job {name} is restarting because {rtype} replica(s) failed."
-            plan.events.append(JobEvent("Warning", reason("Restarting"), message, f"restart/{pod['metadata']['uid']}"))
+            plan.event(JobEvent("Warning", reason("Restarting"), message, f"restart/{pod['metadata']['uid']}"))
             set_condition(status, "Restarting", "True", reason("Restarting"), message, stamp)
         elif failed and policy == "ExitCode":
             message = f'job "{name}" is failing because "{rtype}" replica(s) failed.'
-            plan.events.append(JobEvent("Warning", reason("Failed"), message, "failed"))
+            plan.event(JobEvent("Warning", reason("Failed"), message, "failed"))
             set_condition(status, "Failed", "True", reason("Failed"), message, stamp)
         count_replica(counts, pod)
 
 
 def reconcile_replica_services(job: dict[str, Any], rtype: str, services: list[dict[str, Any]], plan: Plan) -> None:
-    """``ReconcileServices``: one headless Service per wanted index; surplus ones go."""
+    """``ReconcileServices`` (``common/service.go:157-203``): one headless Service per wanted index; surplus ones
+    go."""
     wanted = int(job["spec"]["pytorchReplicaSpecs"][rtype]["replicas"])
     existing: dict[int, dict[str, Any]] = {}
     for svc in services:
         labels = svc["metadata"].get("labels") or {}
         if labels.get(LABEL_REPLICA_TYPE) == rtype.lower() and labels.get(LABEL_REPLICA_INDEX, "").isdigit():
             existing[int(labels[LABEL_REPLICA_INDEX])] = svc
-    for index in range(wanted):
-        if index not in existing:
-            plan.create_services.append(render_service(job, rtype, index))
-    for index, svc in existing.items():
-        if index >= wanted and not svc["metadata"].get("deletionTimestamp"):
-            plan.delete_services.append(svc["metadata"]["name"])
+    for index in range(max([wanted, *(i + 1 for i in existing)])):
+        current = existing.get(index)
+        if current is None:
+            if index < wanted:
+                plan.add("create_service", render_service(job, rtype, index))
+        elif index >= wanted and not current["metadata"].get("deletionTimestamp"):
+            plan.add("delete_service", current["metadata"]["name"])
 
 
-def update_job_status(job: dict[str, Any], status: dict[str, Any], plan: Plan, stamp: str) -> None:
-    """``UpdateJobStatus``: the Master decides when present; otherwise all Workers, or any one if elastic."""
+def update_job_status(
+    job: dict[str, Any], status: dict[str, Any], plan: Plan, stamp: str, order: Sequence[str] = REPLICA_TYPES
+) -> None:
+    """``UpdateJobStatus`` (``pytorchjob_controller.go:343-447``), visiting replica types in ``order``.
+
+    With a Master, only the Master decides success, and its success returns at once (``:400``): replica types not
+    visited yet are not checked for failure. Without one, all Workers succeeded or (elastic) any one did, and the
+    pass goes on to the failure check (``:409-443``), so a job can end with both Succeeded and Failed True.
+    """
     meta = job["metadata"]
     name, namespace = meta["name"], meta["namespace"]
     replicas = job["spec"]["pytorchReplicaSpecs"]
     elastic = job["spec"].get("elasticPolicy") is not None
     if not status.get("startTime"):
         status["startTime"] = stamp
-    for rtype in REPLICA_TYPES:
+    for rtype in order:
         if rtype not in replicas:
             continue
         counts = status["replicaStatuses"][rtype]
@@ -739,26 +971,25 @@ def update_job_status(job: dict[str, Any], status: dict[str, Any], plan: Plan, s
         elif rtype == WORKER:
             if expected == 0 or (elastic and succeeded > 0):
                 finish_succeeded(status, plan, f"{KIND} {namespace}/{name} successfully completed.", stamp)
-                return
-            if running > 0:
+            elif running > 0:
                 set_condition(
                     status, "Running", "True", reason("Running"), f"{KIND} {namespace}/{name} is running.", stamp
                 )
         if failed > 0 and wanted > succeeded + running:
             if replicas[rtype]["restartPolicy"] != "Never":
                 message = f"{KIND} {name} is restarting because {failed} {rtype} replica(s) failed."
-                plan.events.append(JobEvent("Warning", reason("Restarting"), message, f"restarting/{message}"))
+                plan.event(JobEvent("Warning", reason("Restarting"), message, f"restarting/{message}"))
                 set_condition(status, "Restarting", "True", reason("Restarting"), message, stamp)
             else:
                 message = f"{KIND} {name} is failed because {failed} {rtype} replica(s) failed."
-                plan.events.append(JobEvent("Normal", reason("Failed"), message, "failed"))
+                plan.event(JobEvent("Normal", reason("Failed"), message, "failed"))
                 if not status.get("completionTime"):
                     status["completionTime"] = stamp
                 set_condition(status, "Failed", "True", reason("Failed"), message, stamp)
 
 
 def finish_succeeded(status: dict[str, Any], plan: Plan, message: str, stamp: str) -> None:
-    plan.events.append(JobEvent("Normal", reason("Succeeded"), message, "succeeded"))
+    plan.event(JobEvent("Normal", reason("Succeeded"), message, "succeeded"))
     if not status.get("completionTime"):
         status["completionTime"] = stamp
     set_condition(status, "Succeeded", "True", reason("Succeeded"), message, stamp)
@@ -837,12 +1068,13 @@ class Informer:
 
 
 class WorkQueue:
-    """Deduplicating queue of job keys with delayed adds; one worker drains it."""
+    """Deduplicating queue of job keys with delayed adds and per-key failure backoff; one worker drains it."""
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
         self._ready: dict[tuple[str, str], None] = {}
         self._delayed: list[tuple[float, tuple[str, str]]] = []
+        self._failures: dict[tuple[str, str], int] = {}
 
     def add(self, key: tuple[str, str], after: float = 0.0) -> None:
         with self._cond:
@@ -851,6 +1083,19 @@ class WorkQueue:
             else:
                 self._ready[key] = None
             self._cond.notify()
+
+    def add_rate_limited(self, key: tuple[str, str]) -> float:
+        """``AddRateLimited`` with ``ItemExponentialFailureRateLimiter(5ms, 1000s)``; returns the delay."""
+        with self._cond:
+            failures = self._failures.get(key, 0)
+            self._failures[key] = failures + 1
+        delay = min(BACKOFF_BASE_SECONDS * 2.0 ** min(failures, 40), BACKOFF_MAX_SECONDS)
+        self.add(key, after=delay)
+        return delay
+
+    def forget(self, key: tuple[str, str]) -> None:
+        with self._cond:
+            self._failures.pop(key, None)
 
     def get(self, stop: threading.Event) -> tuple[str, str] | None:
         with self._cond:
@@ -872,12 +1117,47 @@ class WorkQueue:
 # ----------------------------------------------------------------------------------------------------------------
 
 
+class ReconcileError(RuntimeError):
+    """A pass that failed the way the real one returns an error: logged, retried with backoff."""
+
+
+def replica_seed() -> int:
+    """``TORCHELASTIC_SIM_SEED`` if set, else a fresh random seed."""
+    configured = os.environ.get(SEED_ENV, "").strip()
+    return int(configured) if configured else random.SystemRandom().randrange(2**32)
+
+
+def api_error_message(err: ApiException) -> str:
+    """What Go's ``%v`` of a client-go StatusError prints: the Status message (else the HTTP reason)."""
+    try:
+        body = json.loads(err.body or "")
+        if isinstance(body, dict) and body.get("message"):
+            return str(body["message"])
+    except (TypeError, ValueError):
+        pass
+    return str(err.reason)
+
+
+def controller_job_key(obj: dict[str, Any]) -> tuple[str, str] | None:
+    """The job an event on a dependent wakes: the PyTorchJob its controller ownerReference names
+    (``EnqueueRequestForOwner(..., OnlyControllerOwner())``, ``pytorchjob_controller.go:198-207``); none for orphans."""
+    meta = obj["metadata"]
+    if not (meta.get("labels") or {}).get(LABEL_REPLICA_TYPE):
+        return None  # OnDependent*Func: no replica-type label, no event (reconciler.go:78-81, 141-144)
+    for ref in meta.get("ownerReferences") or []:
+        if ref.get("controller") and ref.get("kind") == KIND and str(ref.get("apiVersion", "")).startswith(GROUP + "/"):
+            return (meta.get("namespace", ""), ref["name"])
+    return None
+
+
 class Operator:
-    def __init__(self, api: client.ApiClient) -> None:
+    def __init__(self, api: client.ApiClient, *, seed: int | None = None) -> None:
         self.core = client.CoreV1Api(api)
         self.custom = client.CustomObjectsApi(api)
         self.stop = threading.Event()
         self.queue = WorkQueue()
+        self.seed = replica_seed() if seed is None else seed
+        self.rng = random.Random(self.seed)
         selector = f"{LABEL_OPERATOR}={CONTROLLER_NAME}"
         self.jobs = Informer("pytorchjobs", self._list_jobs, self._on_job)
         self.pods = Informer("pods", self.core.list_pod_for_all_namespaces, self._on_dependent, label_selector=selector)
@@ -901,14 +1181,13 @@ class Operator:
         self.queue.add((meta["namespace"], meta["name"]))
 
     def _on_dependent(self, kind: str, obj: dict[str, Any]) -> None:
-        job_name = (obj["metadata"].get("labels") or {}).get(LABEL_JOB_NAME)
-        if job_name:
-            self.queue.add((obj["metadata"]["namespace"], job_name))
+        key = controller_job_key(obj)
+        if key is not None:
+            self.queue.add(key)
 
     # -- reconcile (worker thread) --------------------------------------------------------------------------------
 
     def reconcile(self, key: tuple[str, str]) -> None:
-        namespace, _name = key
         with self.jobs.lock:
             job = self.jobs.cache.get(key)
         if job is None:
@@ -917,42 +1196,37 @@ class Operator:
         if meta.get("deletionTimestamp"):
             self.finalize_deleted_job(job)
             return
-        uid = meta["uid"]
-        pods = [p for p in self.pods.items() if p["metadata"]["namespace"] == namespace and controlled_by(p, uid)]
-        services = [
-            s for s in self.services.items() if s["metadata"]["namespace"] == namespace and controlled_by(s, uid)
-        ]
-        plan = reconcile_job(job, pods, services, time.time())
+        pods = job_pods(job, self.pods.items())
+        services = job_services(job, self.services.items())
+        plan = reconcile_job(job, pods, services, time.time(), rng=self.rng)  # one worker thread uses the rng
+        log.debug("job %s/%s: replica order %s, status order %s", key[0], key[1], plan.order, plan.status_order)
         self.execute(job, plan)
 
     def execute(self, job: dict[str, Any], plan: Plan) -> None:
+        """Perform the plan's steps in order; a failed write raises (after its Warning event), so the status is not
+        written and the job is retried with backoff, as when the real reconcile returns an error."""
         meta = job["metadata"]
         namespace, name, uid = meta["namespace"], meta["name"], meta["uid"]
-        for event in plan.events:
-            self.emit_once(job, event)
-        for pod_name in plan.delete_pods:
-            self._delete("pod", namespace, pod_name, job)
-        for svc_name in plan.delete_services:
-            self._delete("service", namespace, svc_name, job)
-        for pod in plan.create_pods:
-            template_policy = (
-                ((job["spec"]["pytorchReplicaSpecs"].get(_rtype_of(pod)) or {}).get("template") or {})
-                .get("spec", {})
-                .get("restartPolicy")
-            )
-            if template_policy:
-                self.emit_once(
-                    job,
-                    JobEvent(
-                        "Warning",
-                        "SetPodTemplateRestartPolicy",
-                        "Restart policy in pod template will be overwritten by restart policy in replica spec",
-                        "template-restart-policy",
-                    ),
-                )
-            self._create("pod", namespace, pod, job)
-        for svc in plan.create_services:
-            self._create("service", namespace, svc, job)
+        wrote = False
+        for kind, item in plan.steps:
+            if kind == "event":
+                self.emit_once(job, item)
+            elif kind == "create_pod":
+                self._create("pod", namespace, item, job)
+                wrote = True
+            elif kind == "create_service":
+                self._create("service", namespace, item, job)
+                wrote = True
+            elif kind == "delete_pod":
+                self._delete("pod", namespace, item, job)
+                wrote = True
+            elif kind == "delete_service":
+                self._delete("service", namespace, item, job)
+                wrote = True
+            elif kind == "delete_job":
+                self._delete_job(job)
+            elif kind == "error":
+                raise ReconcileError(f"job {namespace}/{name}: {item}")
         if plan.status != (job.get("status") or {}) or not job.get("status"):
             try:
                 resp = self.custom.patch_namespaced_custom_object_status(
@@ -967,40 +1241,47 @@ class Operator:
                 )
                 self.jobs.put(json.loads(resp.data))
             except ApiException as err:
-                if err.status not in (404, 409, 422):
-                    raise
-        if plan.delete_job:
-            log.info("job %s/%s: TTL after finished expired; deleting it", namespace, name)
-            try:
-                self.custom.delete_namespaced_custom_object(
-                    GROUP,
-                    VERSION,
-                    namespace,
-                    PLURAL,
-                    name,
-                    body={"preconditions": {"uid": uid}},
-                    _preload_content=False,
-                )
-                self._record(job, "Normal", "SuccessfulDeletePod", f"Deleted job: {name}")
-            except ApiException as err:
-                if err.status not in (404, 409):
+                if err.status not in (404, 409, 422):  # 404: deleted meanwhile (or just now, by a TTL of 0)
                     raise
         if plan.requeue_after is not None:
             self.queue.add((namespace, name), after=plan.requeue_after + 0.05)
-        if plan.create_pods or plan.delete_pods or plan.create_services or plan.delete_services:
-            # Status follows from the pods we just changed: look again soon, without waiting for the resync.
+        if wrote:
+            # The watch events of what we just wrote would wake the job anyway; do not wait for them.
             self.queue.add((namespace, name), after=0.2)
 
+    def _delete_job(self, job: dict[str, Any]) -> None:
+        """``DeleteJob`` (``pytorchjob_controller.go:316-330``) when the TTL after finished has expired."""
+        meta = job["metadata"]
+        namespace, name = meta["namespace"], meta["name"]
+        log.info("job %s/%s: TTL after finished expired; deleting it", namespace, name)
+        try:
+            self.custom.delete_namespaced_custom_object(
+                GROUP,
+                VERSION,
+                namespace,
+                PLURAL,
+                name,
+                body={"preconditions": {"uid": meta["uid"]}},
+                _preload_content=False,
+            )
+        except ApiException as err:
+            if err.status in (404, 409):
+                return
+            self._record(job, "Warning", "FailedDeletePod", f"Error deleting: {api_error_message(err)}")
+            raise
+        self._record(job, "Normal", "SuccessfulDeletePod", f"Deleted job: {name}")
+
     def _create(self, what: str, namespace: str, obj: dict[str, Any], job: dict[str, Any]) -> None:
+        """``createPods``/``createServices`` (``control/pod_control.go:140-165``, ``service_control.go:84-109``):
+        any error, a 409 AlreadyExists or a 422 Invalid included, is a Warning event and fails the pass."""
         create = self.core.create_namespaced_pod if what == "pod" else self.core.create_namespaced_service
         informer = self.pods if what == "pod" else self.services
         try:
             resp = create(namespace, obj, _preload_content=False)
         except ApiException as err:
-            if err.status == 409:  # a predecessor of the same name is still terminating
-                return
-            self._record(job, "Warning", f"FailedCreate{what.capitalize()}", f"Error creating: {err.reason}")
-            raise
+            message = api_error_message(err)
+            self._record(job, "Warning", f"FailedCreate{what.capitalize()}", f"Error creating: {message}")
+            raise ReconcileError(f"creating {what} {obj['metadata']['name']}: {message}") from err
         informer.put(json.loads(resp.data))
         self._record(
             job, "Normal", f"SuccessfulCreate{what.capitalize()}", f"Created {what}: {obj['metadata']['name']}"
@@ -1187,20 +1468,25 @@ class Operator:
             try:
                 self.reconcile(key)
             except Exception as err:
-                log.warning("reconcile %s/%s failed: %s; retrying", key[0], key[1], err)
-                self.queue.add(key, after=1.0)
+                delay = self.queue.add_rate_limited(key)
+                log.warning("reconcile %s/%s failed: %s; retrying in %.3fs", key[0], key[1], err, delay)
+            else:
+                self.queue.forget(key)
 
-    def _resync(self) -> None:
-        last_sweep = 0.0
-        while not self.stop.wait(RESYNC_SECONDS):
-            for job in self.jobs.items():
-                self.queue.add((job["metadata"]["namespace"], job["metadata"]["name"]))
-            if time.monotonic() - last_sweep >= SWEEP_SECONDS:
-                last_sweep = time.monotonic()
-                try:
-                    self.sweep_orphans()
-                except Exception as err:
-                    log.warning("orphan sweep failed: %s", err)
+    def _housekeeping(self) -> None:
+        """The orphan sweep every SWEEP_SECONDS (the GC's part), and the informers' resync every RESYNC_SECONDS
+        (10 h, as controller-runtime's default): a quiet job is not reconciled in between, so nothing enforces its
+        activeDeadlineSeconds until an event comes."""
+        last_resync = time.monotonic()
+        while not self.stop.wait(SWEEP_SECONDS):
+            if time.monotonic() - last_resync >= RESYNC_SECONDS:
+                last_resync = time.monotonic()
+                for job in self.jobs.items():
+                    self.queue.add((job["metadata"]["namespace"], job["metadata"]["name"]))
+            try:
+                self.sweep_orphans()
+            except Exception as err:
+                log.warning("orphan sweep failed: %s", err)
 
     def run(self) -> None:
         for informer in (self.pods, self.services, self.jobs):
@@ -1210,12 +1496,8 @@ class Operator:
                 if self.stop.is_set():
                     return
         log.info("caches synced; reconciling")
-        threading.Thread(target=self._resync, name="resync", daemon=True).start()
+        threading.Thread(target=self._housekeeping, name="housekeeping", daemon=True).start()
         self._work()
-
-
-def _rtype_of(pod: dict[str, Any]) -> str:
-    return str(pod["metadata"]["labels"][LABEL_REPLICA_TYPE]).capitalize()
 
 
 def build_api_client(kubeconfig: str) -> client.ApiClient:
@@ -1234,6 +1516,8 @@ def main(argv: list[str] | None = None) -> int:
         level=args.log_level.upper(), stream=sys.stderr, format="%(asctime)s sim-operator %(levelname)s %(message)s"
     )
     operator = Operator(build_api_client(args.kubeconfig))
+    # Replica types are visited in random (Go map) order; this seed reproduces a run's orders.
+    log.info("replica order seed: %d (set %s to reproduce)", operator.seed, SEED_ENV)
 
     def on_signal(signum: int, _frame: Any) -> None:
         log.info("signal %d: stopping", signum)
