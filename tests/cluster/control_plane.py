@@ -14,6 +14,7 @@ Layout of a state dir (everything a cluster owns lives here, so ``down`` can fin
     etcd/                       etcd data dir
     logs/<name>.log             stdout+stderr of each process
     kubelet/                    the simulated kubelet's workdir; ``kubelet/pgids`` lists the process groups it created
+    webhook/                    the simulated admission webhook's CA, serving cert and endpoint.json
     runner-env/                 the pods' Python: this checkout layered on the cached runner env (runner_env.py)
     kubeconfig, kubeconfig-sim-operator, kubeconfig-sim-kubelet, kubeconfig-airflow-sa
 
@@ -60,7 +61,9 @@ OPERATOR_USER = "sim-operator"
 KUBELET_USER = "sim-kubelet"
 SA_USER = f"system:serviceaccount:{TEST_NAMESPACE}:{SA_NAME}"
 
-SIMULATORS = ("sim_operator", "sim_kubelet")
+# sim_webhook: the PyTorchJob validating admission webhook; its ValidatingWebhookConfiguration is registered once it
+# serves (_start_simulators).
+SIMULATORS = ("sim_operator", "sim_kubelet", "sim_webhook")
 # Order matters for shutdown: stop the clients (which may spawn pod processes) before the server, the server before
 # its storage.
 PROCESS_STOP_ORDER = ("sim-kubelet", "sim-operator", "kube-apiserver", "etcd")
@@ -499,6 +502,7 @@ class ControlPlane:
             raise ClusterError(str(e)) from e
         args = {
             "sim_operator": ["--kubeconfig", str(info.operator_kubeconfig)],
+            "sim_webhook": ["--cert-dir", str(info.state_dir / "webhook")],
             "sim_kubelet": [
                 "--kubeconfig",
                 str(info.kubelet_kubeconfig),
@@ -524,6 +528,19 @@ class ControlPlane:
         while started and time.monotonic() < deadline:
             self._check_alive()
             time.sleep(0.2)
+        if "sim-webhook" in started:
+            from tests.cluster import sim_webhook
+
+            self._log(f"registering ValidatingWebhookConfiguration {sim_webhook.CONFIGURATION_NAME}")
+            sim_webhook.register(
+                info.api_url,
+                info.admin_token,
+                info.ca_file,
+                info.namespace,
+                info.state_dir / "webhook",
+                self._records["sim-webhook"].pid,
+                check=self._check_alive,
+            )
 
     # -- processes -------------------------------------------------------------------------------------------
 
