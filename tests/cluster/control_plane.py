@@ -1,7 +1,9 @@
 """A real local control plane for the cluster tests: etcd + kube-apiserver 1.20.2 + the PyTorchJob CRD + simulators.
 
 Nothing but an apiserver runs (no scheduler, controller-manager or kubelet); the simulated training operator and
-kubelet (``tests.cluster.sim_operator`` / ``sim_kubelet``) are ordinary API clients with their own tokens.
+kubelet (``tests.cluster.sim_operator`` / ``sim_kubelet``) are ordinary API clients with their own tokens. The
+PyTorchJob admission webhook (``sim_webhook``) is an HTTPS server the apiserver calls, registered as a
+ValidatingWebhookConfiguration once it serves.
 Background and the reasons for every flag: ``../shared/notes/kube-apiserver-from-debian.md``.
 
 Layout of a state dir (everything a cluster owns lives here, so ``down`` can find and kill it from another process)::
