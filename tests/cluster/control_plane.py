@@ -512,6 +512,9 @@ class ControlPlane:
                 str(info.state_dir / "kubelet"),
                 "--runner-python",
                 str(runner_python),
+                # Test-only: crash-loop waits of 1, 2, 4 ... 30 s instead of the real 10 ... 300 s (sim_kubelet docs).
+                "--restart-backoff-scale",
+                "0.1",
             ],
         }
         started = []

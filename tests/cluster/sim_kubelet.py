@@ -1,8 +1,9 @@
 """A simulated kubelet: runs the containers of pods as local processes.
 
-Run it as ``python -m tests.cluster.sim_kubelet --kubeconfig PATH --workdir DIR --runner-python PYTHON``. It is an
-ordinary API client (watches and patches over HTTP), so it works against any API server; the local test cluster
-starts it next to a real kube-apiserver, which has no scheduler, kubelet or controller-manager of its own.
+Run it as ``python -m tests.cluster.sim_kubelet --kubeconfig PATH --workdir DIR --runner-python PYTHON
+[--restart-backoff-scale F]``. It is an ordinary API client (watches and patches over HTTP), so it works against
+any API server; the local test cluster starts it next to a real kube-apiserver, which has no scheduler, kubelet or
+controller-manager of its own.
 
 What it does
 ------------
@@ -26,8 +27,21 @@ What it does
   That directory and ``HOME`` start empty for every container instance, as a new container's writable layer does.
 * Reports ``pods/status`` in the full shape a real kubelet writes (phase, conditions, IPs, container and init
   container statuses with imageID/containerID/restartCount/state/lastState, termination messages).
-* Restarts containers in place under ``restartPolicy`` OnFailure/Always (backoff 1 s, doubling, capped at 10 s, with
-  ``CrashLoopBackOff`` in between); under Never a terminated container stays terminated.
+* Restarts containers in place under ``restartPolicy`` OnFailure/Always (init containers: unless Never) with the
+  real kubelet's crash-loop backoff (kubernetes ``pkg/kubelet/kubelet.go`` ``backOffPeriod`` 10 s and
+  ``MaxContainerBackOff`` 300 s, client-go ``flowcontrol.Backoff``, one entry per container of a pod UID): the
+  first exit restarts at once; each later exit waits 10, 20, 40, 80, 160, then 300 s, in state waiting
+  ``CrashLoopBackOff`` with message ``back-off 1m20s restarting failed container=<c> pod=<pod>_<ns>(<uid>)`` and a
+  ``BackOff`` event; an exit more than 10 min (2 x the cap) after the container's last restart starts over (at once,
+  then 10 s). ``restartCount`` counts the restarts done, so it goes up when the new instance starts. Under Never a
+  terminated container stays terminated.
+
+  ``--restart-backoff-scale F`` (default 1, the real timing) is a **test-only speed-up**: it multiplies every wait
+  and the 10-minute reset window by F. The test cluster (``control_plane``) passes 0.1, so crash loops wait 1, 2, 4,
+  8, 16, then 30 s, and a test that makes a pod crash a few times takes seconds instead of minutes (at scale 1 the
+  fourth restart alone would wait 40 s). The messages keep the real, unscaled window in Go's duration format
+  (``10s``, ``1m20s``, ``5m0s``), so what a client reads is exactly what a real node writes; only the clock is
+  faster.
 * On pod deletion: SIGTERM to each process group, SIGKILL after the grace period (capped at 10 s), then removes the
   object (``gracePeriodSeconds=0`` with a UID precondition). There is no garbage collector in the test cluster, so
   the GC's ``foregroundDeletion``/``orphan`` finalizers on a pod (which has no dependents) are removed here.
@@ -57,8 +71,23 @@ shared by all pods (key: namespace, pod-or-service name, port). Env values are r
 inside URLs and ``host.ns.svc[.cluster.local]`` forms) where ``host`` is a pod or Service of the cluster becomes
 ``127.0.0.1:<mapped>``; a value that is exactly such a host becomes ``127.0.0.1``; ``MASTER_PORT`` and
 ``PET_MASTER_PORT`` become the mapped port of ``MASTER_ADDR``/``PET_MASTER_ADDR``. The same ``host:port`` rewrite
-applies to command and args. A c10d rendezvous on ``PET_RDZV_ENDPOINT`` then works across pods; as every endpoint
-is a loopback address, torch lets whichever agent starts first host the store (on a real cluster, worker-0).
+applies to command and args. A c10d rendezvous on ``PET_RDZV_ENDPOINT`` then works across pods.
+
+**Only the endpoint's host can host the c10d store.** On a real cluster ``PET_RDZV_ENDPOINT=<job>-worker-0:23456``
+resolves to worker-0's pod IP, and torch's c10d backend (``_create_tcp_store``: ``is_host`` unset ->
+``_matches_machine_hostname(host)``) hosts the TCPStore only on the machine whose name or address that is; every
+other agent connects as a client, and fails after ``read_timeout`` (60 s) when nobody serves the store. Here the
+endpoint is a loopback address, which matches every pod, so any agent could host it. Hence, for a container whose
+endpoint (``--rdzv-endpoint``/``--rdzv_endpoint`` in command/args, else ``PET_RDZV_ENDPOINT``) names a pod or
+Service of the cluster, the kubelet adds ``is_host=1`` to the rendezvous config of the pod that is that host (the
+pod of that name, or one a headless Service of that name selects) and ``is_host=0`` to every other pod's; nothing
+is added when the config already has an ``is_host`` (a user's choice wins, as on a real cluster). It goes where the
+config is read from: the last ``--rdzv-conf``/``--rdzv_conf`` argument if there is one (the command line wins over
+the env; the provider's runner passes ``--rdzv-conf timeout=...``), else ``PET_RDZV_CONF`` (appended with ``,``, or
+created). ``1``/``0`` work both for torchrun (``RendezvousParameters.get_as_bool`` accepts the strings) and for the
+provider's runner (``_parse_rdzv_conf`` makes ints of them, which ``get_as_bool`` accepts too). So a worker-1 whose
+worker-0 never starts waits as a client and then fails with ``The connection to the C10d store has failed``,
+instead of hosting the store itself; and no pod hosts behind a ClusterIP Service, as on a real cluster.
 
 The PyTorchJob ``init-pytorch`` init container (``nslookup <job>-master-0`` in a loop) is not run as a process: it
 succeeds once the named pod is Running, which is when a real cluster DNS would answer for its headless Service.
@@ -70,7 +99,12 @@ Failure injection (pod annotations; a PyTorchJob replica template's annotations 
                           ``ImagePullBackOff`` (``Back-off pulling image "<image>"``).
     ``ErrImagePull``      as above but stays ``ErrImagePull``.
     ``Unschedulable``     the pod is never bound; Pending with condition PodScheduled=False, reason Unschedulable,
-                          ``0/1 nodes are available: 1 Insufficient nvidia.com/gpu. ...``.
+                          message ``0/1 nodes are available: 1 Insufficient nvidia.com/gpu.`` (what the 1.20
+                          scheduler writes when no node has the GPUs a pod requests) and a Warning
+                          ``FailedScheduling`` event from ``default-scheduler``. This is the test-only stand-in for
+                          an unsatisfiable scheduling constraint; with ``fail-indexes`` (below) it hits only some
+                          replicas, e.g. ``fail-indexes: "0"`` on a Worker template keeps only ``<job>-worker-0``
+                          from ever being scheduled.
     ``CreateContainerConfigError``  Pending; containers waiting ``CreateContainerConfigError``.
     ``OOMKilled``         the container runs, then after ``fail-after-seconds`` (default 1) its process group is
                           SIGKILLed and it terminates with exitCode 137, reason ``OOMKilled``.
@@ -158,8 +192,12 @@ MAX_TERMINATION_MESSAGE = 4096
 FALLBACK_LOG_LINES = 80
 FALLBACK_LOG_BYTES = 2048
 MAX_GRACE_SECONDS = 10.0
-RESTART_BACKOFF_START = 1.0
-RESTART_BACKOFF_MAX = 10.0
+#: The real kubelet's crash-loop backoff (kubernetes pkg/kubelet/kubelet.go ``backOffPeriod`` and
+#: ``MaxContainerBackOff``), in seconds; ``--restart-backoff-scale`` shortens the waits for tests.
+RESTART_BACKOFF_START = 10.0
+RESTART_BACKOFF_MAX = 300.0
+#: What the control plane passes as ``--restart-backoff-scale``: crash-loop windows of 1, 2, 4, ... 30 s.
+TEST_RESTART_BACKOFF_SCALE = 0.1
 INIT_PYTORCH_TRIES = 100
 INIT_PYTORCH_SLEEP = 2.0
 # The GC's finalizers: a pod has no dependents, so the GC would remove them at once; none runs in this cluster.
@@ -377,6 +415,65 @@ def split_cluster_host(host: str, namespace: str) -> tuple[str, str] | None:
     return None
 
 
+RDZV_ENDPOINT_FLAGS = ("--rdzv-endpoint", "--rdzv_endpoint")
+RDZV_CONF_FLAGS = ("--rdzv-conf", "--rdzv_conf")
+
+
+def flag_value(argv: list[str], flags: tuple[str, ...]) -> tuple[int, str] | None:
+    """(argv index, value) of the last ``--flag VALUE`` or ``--flag=VALUE`` (argparse keeps the last one)."""
+    found: tuple[int, str] | None = None
+    for i, item in enumerate(argv):
+        for flag in flags:
+            if item == flag and i + 1 < len(argv):
+                found = (i + 1, argv[i + 1])
+            elif item.startswith(flag + "="):
+                found = (i, item[len(flag) + 1 :])
+    return found
+
+
+def endpoint_host(endpoint: str) -> str:
+    """``host:port`` or ``host`` -> host (torch's ``parse_rendezvous_endpoint``; an IPv6 ``[addr]:port`` too)."""
+    endpoint = endpoint.strip()
+    if endpoint.startswith("["):
+        return endpoint[1:].partition("]")[0]
+    host, sep, port = endpoint.rpartition(":")
+    return host if sep and port.isdigit() else endpoint
+
+
+def conf_with_is_host(conf: str, is_host: bool) -> str:
+    """Append ``is_host=1|0`` to a ``k=v,k=v`` rendezvous config unless it already says (the user's choice wins).
+
+    ``1``/``0``: torchrun keeps the string, which ``RendezvousParameters.get_as_bool`` accepts; the runner's
+    ``_parse_rdzv_conf`` makes an int of it, which ``get_as_bool`` accepts as well (``true`` would also do for both).
+    """
+    keys = {item.partition("=")[0].strip() for item in conf.split(",")}
+    if "is_host" in keys:
+        return conf
+    item = f"is_host={int(is_host)}"
+    return f"{conf},{item}" if conf.strip() else item
+
+
+def rdzv_endpoint(argv: list[str], env: dict[str, str]) -> str | None:
+    """The c10d endpoint a torchrun-style program uses: ``--rdzv-endpoint`` (or ``--rdzv_endpoint``) when given,
+    else ``PET_RDZV_ENDPOINT``; None when neither is set."""
+    given = flag_value(argv, RDZV_ENDPOINT_FLAGS)
+    endpoint = given[1] if given is not None else env.get("PET_RDZV_ENDPOINT", "")
+    return endpoint.strip() or None
+
+
+def with_is_host(argv: list[str], env: dict[str, str], is_host: bool) -> tuple[list[str], dict[str, str]]:
+    """Say ``is_host`` where the rendezvous config is read from: the last ``--rdzv-conf``/``--rdzv_conf`` argument
+    if there is one (a command line wins over the env), else ``PET_RDZV_CONF`` (created if missing)."""
+    conf = flag_value(argv, RDZV_CONF_FLAGS)
+    if conf is None:
+        return argv, {**env, "PET_RDZV_CONF": conf_with_is_host(env.get("PET_RDZV_CONF", ""), is_host)}
+    index, value = conf
+    argv = list(argv)
+    prefix = argv[index][: len(argv[index]) - len(value)]  # "--rdzv-conf=" or "" (the value is its own item)
+    argv[index] = prefix + conf_with_is_host(value, is_host)
+    return argv, env
+
+
 def python_argv(argv: list[str], python: str) -> list[str]:
     """Run container Pythons with the runner env's interpreter ``python``; ``torchrun`` becomes ``python -m
     torch.distributed.run`` (the runner env's own ``torchrun`` script does the same for a shell's PATH lookup)."""
@@ -587,6 +684,63 @@ def decide_pod_phase(restart_policy: str, exit_codes: list[int | None], pending_
     return "Failed" if restart_policy == "Never" else "Running"
 
 
+def next_restart_backoff(previous: float | None) -> float:
+    """The crash-loop window after ``previous`` (None: a new or expired entry), unscaled: 10, 20, 40, 80, 160, 300,
+    300, ... seconds (client-go ``flowcontrol.Backoff.Next`` with the kubelet's 10 s and 300 s)."""
+    return RESTART_BACKOFF_START if previous is None else min(2 * previous, RESTART_BACKOFF_MAX)
+
+
+def go_duration(seconds: float) -> str:
+    """Go's ``time.Duration.String()`` for whole seconds, as the kubelet prints a backoff: 10s, 1m20s, 5m0s."""
+    hours, rest = divmod(round(seconds), 3600)
+    minutes, secs = divmod(rest, 60)
+    if hours:
+        return f"{hours}h{minutes}m{secs}s"
+    return f"{minutes}m{secs}s" if minutes else f"{secs}s"
+
+
+@dataclass
+class CrashLoopBackoff:
+    """The kubelet's backoff entry for one container of one pod (key: pod name, namespace, UID, container).
+
+    ``doBackOff`` in kuberuntime_manager.go asks ``IsInBackOffSince(key, finishedAt)`` before each start: with no
+    entry, or one last updated more than 2 x MaxContainerBackOff (10 min) before this exit, the container starts at
+    once; else it waits until ``finishedAt + window``. Each start then calls ``Next``: a new window of 10 s, or the
+    old one doubled (capped at 300 s). So a container that crashes right away restarts at once, then after 10, 20,
+    40, 80, 160, 300, 300, ... s; one that ran more than 10 min since its last start begins again at once.
+
+    ``scale`` (``--restart-backoff-scale``) multiplies every wait and the 10-minute reset window; the windows kept
+    here are the real, unscaled ones.
+    """
+
+    scale: float = 1.0
+    window: float | None = None  # unscaled seconds; None: no entry
+    last_update: float = 0.0  # monotonic time of the last Next (the last start after an exit)
+
+    def delay(self, finished_at: float) -> float:
+        """Unscaled seconds the container must wait after exiting at ``finished_at`` (0: restart at once)."""
+        if self.window is None or finished_at - self.last_update > 2 * RESTART_BACKOFF_MAX * self.scale:
+            self.window = None  # expired: Next starts over
+            return 0.0
+        return self.window
+
+    def restarted(self, now: float) -> None:
+        """``Backoff.Next``, called when the container is started again after an exit."""
+        self.window = next_restart_backoff(self.window)
+        self.last_update = now
+
+
+def crash_loop_waits(exits: int, scale: float = 1.0) -> list[float]:
+    """Seconds waited before each restart of a container that crashes ``exits`` times right after each start."""
+    backoff, clock, waits = CrashLoopBackoff(scale=scale), 0.0, []
+    for _ in range(exits):
+        wait = backoff.delay(clock) * scale
+        waits.append(wait)
+        clock += wait
+        backoff.restarted(clock)
+    return waits
+
+
 def fallback_message_from_log(log_path: Path) -> str:
     """``FallbackToLogsOnError``: the last 80 lines, at most 2048 bytes, of the container log."""
     try:
@@ -679,6 +833,8 @@ class ContainerRuntime:
     started_at: str = ""
     oom_killed: bool = False
     restart_at: float | None = None  # monotonic time of the next in-place restart (or config retry)
+    restarting: bool = False  # restart_at is an in-place restart after an exit (not a config retry)
+    backoff: CrashLoopBackoff = field(default_factory=CrashLoopBackoff)
     oom_at: float | None = None  # monotonic time of an injected OOM kill
     init_check_at: float | None = None  # next "nslookup" of the simulated init-pytorch container
     init_tries: int = 0
@@ -739,8 +895,11 @@ class PodRunner:
         self.dir: Path = kubelet.workdir / self.ns / self.name
         spec = pod["spec"]
         self.restart_policy: str = spec.get("restartPolicy") or "Always"
-        self.init = [ContainerRuntime(c, True) for c in spec.get("initContainers") or []]
-        self.main = [ContainerRuntime(c, False) for c in spec.get("containers") or []]
+        scale = kubelet.restart_backoff_scale
+        self.init = [
+            ContainerRuntime(c, True, backoff=CrashLoopBackoff(scale)) for c in spec.get("initContainers") or []
+        ]
+        self.main = [ContainerRuntime(c, False, backoff=CrashLoopBackoff(scale)) for c in spec.get("containers") or []]
         for c in self.init:
             c.state = {"waiting": {"reason": "PodInitializing"}}
         if self.init:
@@ -838,10 +997,8 @@ class PodRunner:
         if fault is not None and fault != "OOMKilled" and not self.kl.take_fault_budget(self.pod, "fail", True):
             fault = None
         if fault == "Unschedulable":
-            self.view.unschedulable_message = (
-                "0/1 nodes are available: 1 Insufficient nvidia.com/gpu. preemption: 0/1 nodes are available: "
-                "1 No preemption victims found for incoming pod."
-            )
+            # The 1.20 scheduler's FitError message (later schedulers append a "preemption: ..." part).
+            self.view.unschedulable_message = "0/1 nodes are available: 1 Insufficient nvidia.com/gpu."
             self._report()
             self.kl.emit_event(
                 self.pod, "Warning", "FailedScheduling", self.view.unschedulable_message, "default-scheduler"
@@ -1194,15 +1351,19 @@ class PodRunner:
             wants_restart = self.restart_policy != "Never" and code != 0
         if not wants_restart or evicted or self.stop_requested:
             return
-        backoff = min(RESTART_BACKOFF_START * (2**c.restart_count), RESTART_BACKOFF_MAX)
+        now = time.monotonic()
+        window = c.backoff.delay(now)
+        c.restart_at = now + window * c.backoff.scale
+        c.restarting = True
+        if window <= 0:
+            return  # the first exit (or the first after a long run): started again at once, no CrashLoopBackOff
         c.last_state = c.state
-        c.restart_count += 1
-        c.restart_at = time.monotonic() + backoff
         c.state = {
             "waiting": {
                 "reason": "CrashLoopBackOff",
+                # The real (unscaled) window, in Go's format, as a real kubelet writes it.
                 "message": (
-                    f"back-off {int(backoff)}s restarting failed container={c.name} "
+                    f"back-off {go_duration(window)} restarting failed container={c.name} "
                     f"pod={self.name}_{self.ns}({self.uid})"
                 ),
             }
@@ -1212,6 +1373,13 @@ class PodRunner:
     def _restart(self, c: ContainerRuntime) -> None:
         """An in-place restart after backoff, or another try at building the container's config."""
         c.restart_at = None
+        if c.restarting:
+            # restartCount counts the restarts done: it goes up when the new instance starts, as on a real node.
+            c.restarting = False
+            if "terminated" in c.state:
+                c.last_state = c.state
+            c.restart_count += 1
+            c.backoff.restarted(time.monotonic())
         self._start_container(c)
         self._report()
 
@@ -1279,7 +1447,7 @@ class PodRunner:
         self.view.disruption_message = message
         self.kl.emit_event(self.pod, "Warning", "Evicted", message)
         for c in self.main:
-            c.restart_at = None
+            c.restart_at, c.restarting = None, False
             if c.proc is not None:
                 self.kl.emit_event(self.pod, "Normal", "Killing", f"Stopping container {c.name}", field_path=c)
         self._kill_all(self.grace)
@@ -1306,7 +1474,7 @@ class PodRunner:
     def _kill_all(self, grace: float) -> None:
         """SIGTERM every running container, SIGKILL after ``grace`` seconds, and collect their exits."""
         for c in self.init + self.main:
-            c.restart_at = None
+            c.restart_at, c.restarting = None, False
             if c.live and c.proc is None:  # the simulated init container
                 c.live = False
             self._signal(c, signal.SIGTERM)
@@ -1575,8 +1743,14 @@ def generate_self_signed_cert(cert_path: Path, key_path: Path) -> None:
 
 
 class Kubelet:
-    def __init__(self, api: client.ApiClient, workdir: Path, runner_python: Path) -> None:
+    def __init__(
+        self, api: client.ApiClient, workdir: Path, runner_python: Path, restart_backoff_scale: float = 1.0
+    ) -> None:
+        if not restart_backoff_scale > 0:
+            raise ValueError(f"restart_backoff_scale must be > 0, got {restart_backoff_scale!r}")
         self.api = api
+        #: Test-only: multiplies crash-loop waits (``--restart-backoff-scale``); 1 is the real kubelet's timing.
+        self.restart_backoff_scale = restart_backoff_scale
         self.core = client.CoreV1Api(api)
         self.workdir = workdir
         self.runner_python = runner_python
@@ -1964,6 +2138,35 @@ class Kubelet:
             self._name_cache[(ns, name)] = (found, time.monotonic() + (300.0 if found else 2.0))
         return target if found else None
 
+    def hosts_rdzv_store(self, pod: dict[str, Any], endpoint: str) -> bool | None:
+        """Whether this pod is the host of the c10d ``endpoint`` (None: the host is no pod or Service here).
+
+        On a real cluster the name resolves to pod IPs, and torch hosts the store on the machine whose address it
+        is: the pod of that name, or a pod a headless Service of that name selects. A ClusterIP Service's
+        virtual IP is no pod's address, so no pod hosts the store behind one.
+        """
+        meta = pod["metadata"]
+        target = self.resolve_cluster_host(endpoint_host(endpoint), meta["namespace"])
+        if target is None:
+            return None
+        if target == (meta["namespace"], meta["name"]):
+            return True
+        selector = self._headless_selector(*target)
+        labels = meta.get("labels") or {}
+        return bool(selector) and all(labels.get(k) == v for k, v in (selector or {}).items())
+
+    def _headless_selector(self, namespace: str, name: str) -> dict[str, str] | None:
+        """The selector of the headless Service ``namespace/name``; None when there is none."""
+        try:
+            resp = self.core.read_namespaced_service(name, namespace, _preload_content=False)
+        except ApiException:
+            return None
+        except Exception as err:  # connection trouble: treat as no Service (the pod then does not host)
+            log.warning("service %s/%s: read failed (%s)", namespace, name, err)
+            return None
+        spec = json.loads(resp.data).get("spec") or {}
+        return dict(spec.get("selector") or {}) if spec.get("clusterIP") == "None" else None
+
     def container_env(
         self, pod: dict[str, Any], spec: dict[str, Any], predefined: dict[str, str] | None = None
     ) -> dict[str, str]:
@@ -2053,6 +2256,10 @@ class Kubelet:
         def resolve(host: str) -> tuple[str, str] | None:
             return self.resolve_cluster_host(host, namespace)
 
+        raw_args = [*(spec.get("command") or []), *(spec.get("args") or [])]
+        # Before any rewrite, while the endpoint still names its host: may this pod host the c10d store?
+        endpoint = rdzv_endpoint([expand_vars(a, {**services, **pod_env}) for a in raw_args], pod_env)
+        store_host = self.hosts_rdzv_store(pod, endpoint) if endpoint is not None else None
         # Ports first: MASTER_PORT is relative to MASTER_ADDR's (unrewritten) host.
         for addr_var, port_var in (("MASTER_ADDR", "MASTER_PORT"), ("PET_MASTER_ADDR", "PET_MASTER_PORT")):
             target = resolve(pod_env.get(addr_var, ""))
@@ -2070,8 +2277,10 @@ class Kubelet:
                 mounts,
                 split_colons=False,
             )
-            for a in [*(spec.get("command") or []), *(spec.get("args") or [])]
+            for a in raw_args
         ]
+        if store_host is not None:
+            argv, pod_env = with_is_host(argv, pod_env, store_host)
         python = str(self.runner_python)
         argv = python_argv(argv, python) or [python, "-c", "pass"]
         home = container_dir / "home"
@@ -2173,8 +2382,15 @@ def build_api_client(kubeconfig: str) -> client.ApiClient:
     return client.ApiClient(cfg)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def positive_float(value: str) -> float:
+    number = float(value)
+    if not number > 0:  # also NaN
+        raise argparse.ArgumentTypeError(f"expected a number > 0, got {value!r}")
+    return number
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--kubeconfig", required=True)
     parser.add_argument("--workdir", required=True, type=Path)
     parser.add_argument(
@@ -2183,12 +2399,28 @@ def main(argv: list[str] | None = None) -> int:
         type=Path,
         help="the runner env's python (scripts/build-runner-env.sh --layer DIR), which runs containers' Pythons",
     )
+    parser.add_argument(
+        "--restart-backoff-scale",
+        type=positive_float,
+        default=1.0,
+        help="test-only speed-up: multiply the crash-loop backoff waits (10 s doubling to 300 s) and their 10-minute "
+        f"reset by this factor; 1 (default) is a real kubelet, the test cluster passes {TEST_RESTART_BACKOFF_SCALE}",
+    )
     parser.add_argument("--log-level", default="INFO")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     logging.basicConfig(
         level=args.log_level.upper(), stream=sys.stderr, format="%(asctime)s sim-kubelet %(levelname)s %(message)s"
     )
-    kubelet = Kubelet(build_api_client(args.kubeconfig), args.workdir.resolve(), args.runner_python.absolute())
+    kubelet = Kubelet(
+        build_api_client(args.kubeconfig),
+        args.workdir.resolve(),
+        args.runner_python.absolute(),
+        restart_backoff_scale=args.restart_backoff_scale,
+    )
 
     def stop_and_exit() -> None:
         kubelet.shutdown()

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import os
+import re
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -207,6 +209,180 @@ def test_qos_class() -> None:
     assert sk.qos_class(pod({})) == "BestEffort"
     assert sk.qos_class(pod({"limits": {"cpu": "1", "memory": "1Gi"}})) == "Guaranteed"
     assert sk.qos_class(pod({"requests": {"cpu": "1"}})) == "Burstable"
+
+
+def test_crash_loop_backoff_is_the_real_kubelets() -> None:
+    """kubelet.go: backOffPeriod 10 s, MaxContainerBackOff 300 s; the first exit restarts at once (no entry yet)."""
+    windows: list[float] = []
+    previous = None
+    for _ in range(7):
+        previous = sk.next_restart_backoff(previous)
+        windows.append(previous)
+    assert windows == [10, 20, 40, 80, 160, 300, 300]
+    assert sk.crash_loop_waits(8) == [0, 10, 20, 40, 80, 160, 300, 300]
+    # The test-only speed-up multiplies every wait.
+    assert sk.crash_loop_waits(8, 0.1) == pytest.approx([0, 1, 2, 4, 8, 16, 30, 30])
+    assert sk.crash_loop_waits(3, sk.TEST_RESTART_BACKOFF_SCALE) == pytest.approx([0, 1, 2])
+
+
+@pytest.mark.parametrize("scale", [1.0, 0.1])
+def test_crash_loop_backoff_starts_over_after_ten_minutes(scale: float) -> None:
+    backoff = sk.CrashLoopBackoff(scale)
+    clock = 1000.0
+    for _ in range(4):  # 0, 10, 20, 40 (scaled)
+        clock += backoff.delay(clock) * scale
+        backoff.restarted(clock)
+    assert backoff.window == 80
+    # An exit within 2 x MaxContainerBackOff (10 min, scaled) of the last restart waits the window in force ...
+    assert backoff.delay(clock + 600 * scale) == 80
+    # ... a later one restarts at once, and the next crash waits 10 s again.
+    assert backoff.delay(clock + 601 * scale) == 0
+    backoff.restarted(clock + 601 * scale)
+    assert backoff.delay(clock + 602 * scale) == 10
+
+
+def test_backoff_messages_use_gos_duration_format() -> None:
+    assert [sk.go_duration(w) for w in (0, 10, 40, 80, 160, 300, 3600)] == [
+        "0s",
+        "10s",
+        "40s",
+        "1m20s",
+        "2m40s",
+        "5m0s",
+        "1h0m0s",
+    ]
+
+
+def test_restart_backoff_scale_flag() -> None:
+    base = ["--kubeconfig", "k", "--workdir", "w", "--runner-python", "p"]
+    assert sk.build_parser().parse_args(base).restart_backoff_scale == 1.0  # a real kubelet by default
+    assert sk.build_parser().parse_args([*base, "--restart-backoff-scale", "0.1"]).restart_backoff_scale == 0.1
+    for bad in ("0", "-1", "nan", "x"):
+        with pytest.raises(SystemExit):
+            sk.build_parser().parse_args([*base, "--restart-backoff-scale", bad])
+    with pytest.raises(ValueError):
+        sk.Kubelet(offline_kubelet(Path("/nonexistent")).api, Path("/nonexistent"), RUNNER_PYTHON, 0)
+    kubelet = sk.Kubelet(offline_kubelet(Path("/x")).api, Path("/x"), RUNNER_PYTHON, restart_backoff_scale=0.1)
+    runner = sk.PodRunner(kubelet, bare_pod("p", container([PY])), None)
+    assert [c.backoff.scale for c in runner.main] == [0.1]
+
+
+def test_control_plane_passes_the_test_speed_up() -> None:
+    """The value the docs and the cluster tests' timings assume is what the control plane gives the kubelet."""
+    from tests.cluster import control_plane
+
+    passed = re.findall(r'"--restart-backoff-scale",\s*"([^"]*)"', Path(control_plane.__file__).read_text())
+    assert [float(v) for v in passed] == [sk.TEST_RESTART_BACKOFF_SCALE]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Who hosts the c10d rendezvous store
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def test_rdzv_endpoint_and_conf_are_found_like_argparse_does() -> None:
+    argv = ["torchrun", "--rdzv-endpoint", "a:1", "--rdzv_endpoint=b:2", "t.py"]
+    assert sk.rdzv_endpoint(argv, {"PET_RDZV_ENDPOINT": "c:3"}) == "b:2"  # the last flag wins, over the env
+    assert sk.rdzv_endpoint(["torchrun", "t.py"], {"PET_RDZV_ENDPOINT": "c:3"}) == "c:3"
+    assert sk.rdzv_endpoint(["torchrun", "t.py"], {"PET_RDZV_ENDPOINT": " "}) is None
+    assert sk.rdzv_endpoint(["torchrun", "--rdzv-endpoint"], {}) is None  # a dangling flag has no value
+    assert [sk.endpoint_host(e) for e in ("j-worker-0:23456", "j-worker-0", "[::1]:29400", "h.ns.svc:1")] == [
+        "j-worker-0",
+        "j-worker-0",
+        "::1",
+        "h.ns.svc",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "is_host", "expected_argv", "expected_conf"),
+    [
+        # The provider's runner: --rdzv-conf on the command line, which wins over PET_RDZV_CONF.
+        (
+            ["python", "-m", "r", "--rdzv-conf", "timeout=900,join_timeout=900"],
+            {"PET_RDZV_CONF": "a=1"},
+            True,
+            ["python", "-m", "r", "--rdzv-conf", "timeout=900,join_timeout=900,is_host=1"],
+            "a=1",
+        ),
+        (
+            ["torchrun", "--rdzv_conf=read_timeout=5", "t.py"],
+            {},
+            False,
+            ["torchrun", "--rdzv_conf=read_timeout=5,is_host=0", "t.py"],
+            None,
+        ),
+        # torchrun from the operator's env alone: PET_RDZV_CONF is appended to, or created.
+        (
+            ["torchrun", "t.py"],
+            {"PET_RDZV_CONF": "read_timeout=5"},
+            False,
+            ["torchrun", "t.py"],
+            "read_timeout=5,is_host=0",
+        ),
+        (["torchrun", "t.py"], {}, True, ["torchrun", "t.py"], "is_host=1"),
+        # A user's own is_host is kept, as torch would honour it on a real cluster.
+        (["torchrun", "t.py"], {"PET_RDZV_CONF": "is_host=true"}, False, ["torchrun", "t.py"], "is_host=true"),
+    ],
+)
+def test_with_is_host_says_it_where_the_config_is_read(
+    argv: list[str], env: dict[str, str], is_host: bool, expected_argv: list[str], expected_conf: str | None
+) -> None:
+    new_argv, new_env = sk.with_is_host(argv, env, is_host)
+    assert new_argv == expected_argv
+    assert new_env.get("PET_RDZV_CONF") == expected_conf
+
+
+@pytest.mark.parametrize("is_host", [True, False])
+def test_injected_is_host_parses_for_torchrun_and_the_runner(is_host: bool) -> None:
+    pytest.importorskip("torch")
+    from torch.distributed.elastic.rendezvous import RendezvousParameters
+    from torch.distributed.elastic.rendezvous.utils import _parse_rendezvous_config
+
+    from airflow_provider_torchelastic.runner import _parse_rdzv_conf
+
+    conf = sk.conf_with_is_host("timeout=900,join_timeout=900", is_host)
+    for configs in (_parse_rendezvous_config(conf), _parse_rdzv_conf(conf)):  # torchrun's, then the runner's
+        params = RendezvousParameters("c10d", "127.0.0.1:1", "run", 2, 2, **configs)
+        assert params.get_as_bool("is_host") is is_host
+        assert params.get_as_int("timeout") == 900
+
+
+def test_only_the_endpoint_pod_is_told_to_host_the_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    kubelet = offline_kubelet(tmp_path)
+    # Two pods, a headless Service "rdzv" that selects worker-1, and a ClusterIP Service "rdzv-clusterip".
+    known = {("ns", "job-worker-0"), ("ns", "job-worker-1"), ("ns", "rdzv"), ("ns", "rdzv-clusterip")}
+    headless = {"rdzv": {sk.LABEL_REPLICA_INDEX: "1"}}
+    ports = {"job-worker-0": 20000, "rdzv": 20001, "rdzv-clusterip": 20002}
+
+    def resolve(host: str, namespace: str) -> tuple[str, str] | None:
+        target = sk.split_cluster_host(host, namespace)
+        return target if target in known else None
+
+    monkeypatch.setattr(kubelet, "resolve_cluster_host", resolve)
+    monkeypatch.setattr(kubelet, "_headless_selector", lambda ns, name: headless.get(name))
+    monkeypatch.setattr(kubelet.ports, "get", lambda ns, name, port: ports[name])
+
+    def config_of(pod_name: str, endpoint: str, args: list[str]) -> sk.ProcessConfig:
+        spec = container(["torchrun", *args], env=[{"name": "PET_RDZV_ENDPOINT", "value": endpoint}])
+        pod = bare_pod(pod_name, spec)
+        pod["metadata"]["labels"] = {sk.LABEL_REPLICA_INDEX: pod_name[-1]}
+        return kubelet.container_process_config(pod, spec, tmp_path / pod_name)
+
+    w0, w1 = (config_of(f"job-worker-{i}", "job-worker-0:23456", ["t.py"]) for i in (0, 1))
+    assert (w0.env["PET_RDZV_CONF"], w1.env["PET_RDZV_CONF"]) == ("is_host=1", "is_host=0")
+    assert w0.env["PET_RDZV_ENDPOINT"] == w1.env["PET_RDZV_ENDPOINT"] == "127.0.0.1:20000"  # rewritten after
+    # The endpoint in the args, through $(VAR) expansion, and a --rdzv-conf there: that is where is_host goes.
+    args = ["--rdzv-endpoint=$(PET_RDZV_ENDPOINT)", "--rdzv-conf", "read_timeout=5", "t.py"]
+    w1 = config_of("job-worker-1", "job-worker-0.ns.svc.cluster.local:23456", args)
+    assert w1.argv[-4:] == ["--rdzv-endpoint=127.0.0.1:20000", "--rdzv-conf", "read_timeout=5,is_host=0", "t.py"]
+    assert "PET_RDZV_CONF" not in w1.env
+    # A headless Service of another name: the pod it selects hosts; a ClusterIP Service: nobody does.
+    assert config_of("job-worker-1", "rdzv:29400", ["t.py"]).env["PET_RDZV_CONF"] == "is_host=1"
+    assert config_of("job-worker-0", "rdzv:29400", ["t.py"]).env["PET_RDZV_CONF"] == "is_host=0"
+    assert config_of("job-worker-0", "rdzv-clusterip:29400", ["t.py"]).env["PET_RDZV_CONF"] == "is_host=0"
+    # An endpoint outside the cluster: torch decides, as it would.
+    assert "PET_RDZV_CONF" not in config_of("job-worker-0", "etcd.example.com:2379", ["t.py"]).env
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -601,6 +777,72 @@ def test_restart_on_failure_restarts_in_place(pods: Pods) -> None:
 
 
 @pytest.mark.cluster
+def test_crash_loop_backoff_timing_and_status(pods: Pods) -> None:
+    """Three crashes, then success: restarted at once, then after 1 s and 2 s (the real 10 s and 20 s at the test
+    cluster's --restart-backoff-scale 0.1), with the real numbers in the CrashLoopBackOff message."""
+    script = (
+        "import os, sys, time\n"
+        "path = os.path.join(os.environ['SCRATCH'], 'starts')\n"
+        "open(path, 'a').write(f'{time.time()}\\n')\n"
+        "starts = open(path).read().split()\n"
+        "print(' '.join(starts), flush=True)\n"
+        "sys.exit(0 if len(starts) >= 4 else 1)\n"
+    )
+    name = unique("crashloop")
+    pods.create(
+        pod_manifest(
+            name,
+            [
+                container(
+                    [PY, "-c", script],
+                    env=[{"name": "SCRATCH", "value": "/scratch"}],
+                    volumeMounts=[{"name": "scratch", "mountPath": "/scratch"}],
+                )
+            ],
+            restart_policy="OnFailure",
+            volumes=[{"name": "scratch", "emptyDir": {}}],
+        )
+    )
+    uid = pods.get(name)["metadata"]["uid"]
+    seen: set[tuple[int, str]] = set()  # (restartCount, waiting message) while in CrashLoopBackOff
+
+    def done() -> bool:
+        status = pods.status(name)
+        for cs in status.get("containerStatuses") or []:
+            waiting = (cs.get("state") or {}).get("waiting") or {}
+            if waiting.get("reason") == "CrashLoopBackOff":
+                seen.add((cs["restartCount"], waiting["message"]))
+        return status.get("phase") in ("Succeeded", "Failed")
+
+    wait_for(done, 60, "the pod to end", interval=0.05)
+    assert pods.phase(name) == "Succeeded"
+    starts = [float(t) for t in pods.log(name).split()]
+    gaps = [later - earlier for earlier, later in itertools.pairwise(starts)]
+    assert len(gaps) == 3, starts
+    # Each gap is one run of the script (the same each time) plus the wait: 0, then 1 s, then 2 s.
+    assert gaps[1] - gaps[0] >= 0.9 and gaps[2] - gaps[0] >= 1.9, gaps
+    assert gaps[2] < gaps[0] + 6, gaps
+    message = "back-off {}s restarting failed container=main pod=" + f"{name}_{pods.namespace}({uid})"
+    # restartCount counts restarts done: 1 while waiting before the second restart, 2 before the third.
+    assert seen <= {(1, message.format(10)), (2, message.format(20))}, seen
+    assert (2, message.format(20)) in seen, seen  # the 2 s window is long enough to be seen
+    cs = pods.container_status(name)
+    assert cs["restartCount"] == 3
+    assert cs["lastState"]["terminated"]["exitCode"] == 1 and cs["state"]["terminated"]["exitCode"] == 0
+    backoffs = [
+        e
+        for e in json.loads(
+            pods.core.list_namespaced_event(
+                pods.namespace, field_selector=f"involvedObject.name={name}", _preload_content=False
+            ).data
+        )["items"]
+        if e["reason"] == "BackOff"
+    ]
+    assert len(backoffs) == 2, backoffs  # none for the first restart, which did not wait
+    validate_pod(pods.get(name))
+
+
+@pytest.mark.cluster
 def test_fallback_to_logs_on_error_uses_the_log_tail(pods: Pods) -> None:
     name = unique("fallback")
     script = "import sys\nfor i in range(100): print('line', i)\nsys.exit(3)\n"
@@ -904,3 +1146,20 @@ def test_workdir_paths_are_documented() -> None:
     ):
         assert key in doc, key
     assert Path(sk.__file__).name == "sim_kubelet.py"
+
+
+def test_backoff_and_store_host_rules_are_documented() -> None:
+    doc = " ".join((sk.__doc__ or "").split())
+    for phrase in (
+        "--restart-backoff-scale F",
+        "test-only speed-up",
+        "passes 0.1",
+        "10, 20, 40, 80, 160, then 300 s",
+        "back-off 1m20s restarting failed container=",
+        "is_host=1",
+        "is_host=0",
+        "PET_RDZV_CONF",
+        "--rdzv-conf",
+        'fail-indexes: "0"',
+    ):
+        assert phrase in doc, phrase
