@@ -455,8 +455,8 @@ def _decide_pytorchjob(ref: JobRef, snapshot: Snapshot, policy: WaitPolicy) -> W
                 progress=seen.progress("failed (past run_policy.active_deadline_seconds)"),
                 verdict=Verdict(
                     succeeded=False,
-                    detail=f"{_DEADLINE_PREFIX}={seconds} (counted from its start time) and was stopped by the "
-                    "provider; a retry starts it again with the same limit",
+                    detail=f"{ref.kind} {ref.namespace}/{ref.name}: {_DEADLINE_PREFIX}={seconds} (counted from "
+                    "its start time) and was stopped by the provider; a retry would run into the same limit",
                 ),
                 stop=True,
             )
