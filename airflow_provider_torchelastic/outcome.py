@@ -41,7 +41,7 @@ class ResultTooLargeError(ValueError):
 
 @dataclass(frozen=True, kw_only=True)
 class WorkerFailure:
-    """The root cause of a failed node: the earliest worker failure it saw."""
+    """The root cause of a failed node: of the workers that failed, a cause before a victim, then the earliest."""
 
     #: Global rank of the failing worker (-1 when the node failed before any worker started).
     rank: int
@@ -82,7 +82,7 @@ CONSEQUENCE_SIGNS: Final[tuple[tuple[str, str, str], ...]] = (
     ("type", "DistStoreError", "a c10d store call failed, or timed out on a key that a lost peer never set"),
     ("type", "RendezvousConnectionError", "the agent lost the rendezvous store, which another node hosted"),
     ("type", "RendezvousClosedError", "another node's agent closed the rendezvous, as it does when it fails"),
-    # The runner names a worker that a signal ended without an exception Signal<NAME>.
+    # A worker that a signal ended, without an exception: the runner names it Signal<NAME>.
     ("type", "SignalSIGTERM", "the agent stops the remaining workers with SIGTERM once one of them failed"),
     ("type", "SignalSIGABRT", "NCCL's watchdog aborts a rank whose collective failed because a peer went away"),
     ("message", "connection closed", "gloo's 'Connection closed by peer' (NCCL: 'by remote peer'): the peer exited"),
@@ -96,14 +96,15 @@ CONSEQUENCE_SIGNS: Final[tuple[tuple[str, str, str], ...]] = (
 def consequence_sign(exception: str, message: str, *, recoverable: bool = False) -> str | None:
     """Why a failure (its exception type name and message) looks like a victim of a peer's failure, or None.
 
-    Pure (names and text only, no torch), so that the runner and the Airflow side judge alike. A failure the code
-    declared recoverable (``RecoverableError``) is its own cause, whatever its message says.
+    Pure (names and text only, no torch), so that the runner and the Airflow side judge alike. A failure declared
+    recoverable (a ``RecoverableError`` of the code's own) is its own cause, whatever its message says; the type
+    names are never the code's own (the runner marks a worker's SIGTERM recoverable too).
     """
-    if recoverable:
-        return None
     name, text = exception.rpartition(".")[2], message.lower()
     for kind, pattern, why in CONSEQUENCE_SIGNS:
-        if (kind == "type" and name == pattern) or (kind == "message" and pattern in text):
+        if kind == "type" and name == pattern:
+            return why
+        if kind == "message" and pattern in text and not recoverable:
             return why
     return None
 

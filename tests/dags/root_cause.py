@@ -1,0 +1,123 @@
+"""DAGs for the root-cause tests (tests/e2e/test_root_cause.py): failures that come close together.
+
+When one rank or pod fails, its peers fail within milliseconds (a collective's closed connection, a lost rendezvous
+store); the task must blame the cause and retry when the cause is worth a retry.
+
+* ``rc_local_recoverable_after_collective``: local, one node with 2 ranks that pass an all_reduce and then both
+  raise ``RecoverableError`` on try 1. The agent polls every 2 s, so it finds both failed at once.
+* ``rc_k8s_oom_worker_0`` / ``rc_k8s_oom_worker_1``: an elastic 2-node PyTorchJob whose pod of that replica index is
+  OOMKilled (the simulated kubelet's fault) on try 1 while both ranks are in a loop of barriers; the other pod then
+  fails in the same second (a closed connection, or a lost c10d store when the killed pod hosted it).
+
+Training functions live in this file and travel by value. Everything is kept cheap: one process per node where a
+Kubernetes pod runs it, tiny collectives.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+
+import pendulum
+from airflow.sdk import DAG
+
+from airflow_provider_torchelastic import Elastic, RecoverableError, TorchElasticOperator
+from airflow_provider_torchelastic.naming import LABEL_RUN_ID
+from airflow_provider_torchelastic.pod import PodOptions
+from tests.dag_support import record_failure
+
+START = pendulum.datetime(2026, 1, 1, tz="UTC")
+IMAGE = "local/torchelastic-runner:test"
+#: Seconds after its container starts that the faulted pod is OOMKilled: after the rendezvous and the process group
+#: are up, even on a slow machine, while the ranks run their barriers.
+OOM_AFTER_SECONDS = 20
+#: How long try 1's ranks run their barriers if nothing kills them (the test then fails on its assertions).
+TRAIN_SECONDS = 120
+
+
+class ShardUnavailableError(RecoverableError):
+    """A recoverable error of the DAG author's own."""
+
+
+def recoverable_on_every_rank_after_a_collective(try_number: str) -> dict:
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    value = torch.tensor([float(rank + 1)])
+    dist.all_reduce(value)
+    if int(try_number) == 1:
+        raise ShardUnavailableError(f"rank {rank}: shard server unavailable on try {try_number}")
+    dist.destroy_process_group()
+    return {"try_number": int(try_number), "rank": rank, "sum": value.item()}
+
+
+def barriers_until_killed(try_number: str) -> dict:
+    """Try 1: barriers, every 0.1 s, until a pod is killed (the peers then fail in theirs). Later tries: one."""
+    import time
+
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    print(f"rank {rank} joined the process group", flush=True)
+    deadline = time.monotonic() + (TRAIN_SECONDS if int(try_number) == 1 else 0)
+    dist.barrier()
+    while time.monotonic() < deadline:
+        time.sleep(0.1)
+        dist.barrier()
+    dist.destroy_process_group()
+    return {"try_number": int(try_number), "rank": rank, "pod": os.environ.get("HOSTNAME", "")}
+
+
+def _dag(dag_id: str, **default_args: object) -> DAG:
+    args = {
+        "retries": 1,
+        "retry_delay": timedelta(0),
+        "on_failure_callback": record_failure,
+        "on_retry_callback": record_failure,
+        # A hang fails the task (and deletes its job) instead of stalling the suite.
+        "execution_timeout": timedelta(minutes=4),
+        **default_args,
+    }
+    return DAG(dag_id, schedule=None, start_date=START, catchup=False, default_args=args)
+
+
+with _dag("rc_local_recoverable_after_collective"):
+    TorchElasticOperator(
+        task_id="train",
+        python_callable=recoverable_on_every_rank_after_a_collective,
+        op_kwargs={"try_number": "{{ ti.try_number }}"},
+        # spawn, as the other local DAGs; the 2 s poll lets both ranks fail before the agent looks.
+        task_config=Elastic(nproc_per_node=2, start_method="spawn", monitor_interval=2),
+        execution="local",
+    )
+
+
+def _oom_on(index: int) -> dict[str, str]:
+    """The OOM kill aimed at one replica index, on try 1 of a DAG run only (the retry is a new PyTorchJob with the
+    same run-id label). No start delay: whichever pod starts first may host the c10d store."""
+    return {
+        "sim.torchelastic.dev/fail": "OOMKilled",
+        "sim.torchelastic.dev/fail-after-seconds": str(OOM_AFTER_SECONDS),
+        "sim.torchelastic.dev/fail-indexes": str(index),
+        "sim.torchelastic.dev/fail-times": "1",
+        "sim.torchelastic.dev/fail-times-scope": LABEL_RUN_ID,
+    }
+
+
+for _index in (0, 1):
+    with _dag(f"rc_k8s_oom_worker_{_index}"):
+        TorchElasticOperator(
+            task_id="train",
+            python_callable=barriers_until_killed,
+            op_kwargs={"try_number": "{{ ti.try_number }}"},
+            task_config=Elastic(nnodes="2:2", nproc_per_node=1, monitor_interval=0.5),
+            pod_options=PodOptions(annotations=_oom_on(_index)),
+            image=IMAGE,
+            execution="kubernetes",
+            poll_interval=1,
+            pending_grace_seconds=5,
+            deferrable=False,
+        )
