@@ -280,11 +280,13 @@ def save(state: Any, *, step: int, uri: str | None = None) -> Checkpoint | None:
     return _commit(store, folder, step=step, kind=KIND_STATE)
 
 
-def load_latest(uri: str | None = None, *, map_location: Any = "cpu", weights_only: bool = False) -> Loaded | None:
+def load_latest(uri: str | None = None, *, map_location: Any = "cpu", weights_only: bool = True) -> Loaded | None:
     """The latest complete ``torch.save`` checkpoint, loaded (on every rank that calls it), or None.
 
-    ``weights_only=False`` by default: a checkpoint is this task's own output, and optimizer states and plain Python
-    values in it would otherwise need allow-listing. Pass True for checkpoints from elsewhere.
+    ``weights_only=True`` by default: tensors, state dicts (models' and optimizers') and plain containers and
+    numbers load; nothing else is unpickled, because whoever can write under the checkpoint root could otherwise run
+    code in this task's pods. ``weights_only=False`` unpickles anything, for checkpoints you trust (or allow-list
+    classes with ``torch.serialization.add_safe_globals``).
     """
     found = _latest_of_kind(uri, KIND_STATE)
     if found is None:

@@ -178,14 +178,23 @@ def current(env: Mapping[str, str] | None = None) -> RunContext:
 # --- locations (pure) ------------------------------------------------------------------------------------------------
 
 
+#: What an escaped piece ends with: ``-`` and 16 hex digits of the original's hash (or only the digits).
+_ESCAPED_SHAPE = re.compile(r"(?:\A|-)[0-9a-f]{16}\Z")
+
+
 def safe_path_piece(value: str) -> str:
     """``value`` as one path segment that every store accepts: unchanged when it is already safe, else its unsafe
-    characters (``:``, ``+``, ``/``, spaces ...) replaced by ``_`` and a hash of the original appended, so that two
-    different values never share a segment (``a:b`` and ``a+b`` differ)."""
-    if len(value) <= 200 and _SAFE_PIECE.match(value) and value not in (".", ".."):
+    characters (``:``, ``+``, ``/``, spaces ...) replaced by ``_`` and a hash of the original appended.
+
+    Injective, because a run_id is anyone's to choose (a manual run, the API): two different values never share a
+    segment, so no run can read or write another's checkpoints. An escaped piece always ends in ``-`` and 16 hex
+    digits, so a safe value of that shape is escaped too, and can never pose as another value's escaped form; two
+    escaped pieces share a segment only if their 64-bit hashes do.
+    """
+    if len(value) <= 200 and _SAFE_PIECE.match(value) and value not in (".", "..") and not _ESCAPED_SHAPE.search(value):
         return value
     cleaned = re.sub(r"[^A-Za-z0-9._=-]", "_", value)[:180].lstrip(".")
-    digest = hashlib.sha256(value.encode()).hexdigest()[:8]
+    digest = hashlib.sha256(value.encode()).hexdigest()[:16]
     return f"{cleaned}-{digest}" if cleaned else digest
 
 

@@ -35,7 +35,7 @@ import datetime
 import json
 import math
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from enum import Enum
 from pathlib import PurePath
 from typing import Any, Final
@@ -263,3 +263,19 @@ def _too_many_elements(where: str, value: Any, shape: tuple[int, ...], count: in
         f"rank 0's return value cannot be encoded as JSON: {where} is a {_type_name(value)} of shape {shape} "
         f"({count} elements), more than the {MAX_ARRAY_ELEMENTS} elements a result may carry as a list; {_SAVE_HINT}"
     )
+
+
+def loads_untrusted(
+    text: str | bytes, *, max_bytes: int, parse_constant: Callable[[str], Any] | None = None
+) -> Any | None:
+    """JSON from text a pod or a worker controls (a termination message, a log line): the value, or None.
+
+    Never raises. Text over ``max_bytes`` is refused before parsing; so is anything ``json`` refuses, nesting deeper
+    than the parser's recursion limit included (``"[" * 999`` raises RecursionError, not ValueError).
+    """
+    if len(text) > max_bytes:
+        return None
+    try:
+        return json.loads(text, parse_constant=parse_constant)
+    except (ValueError, RecursionError, TypeError, KeyError):  # KeyError: a parse_constant that knows no such name
+        return None

@@ -45,13 +45,20 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+#: What the Airflow worker's environment keeps from the training workers. Airflow's AIRFLOW_CTX_* of the worker's
+#: own task: the run context reaches the workers in one variable, as in pods, where there is no Airflow; code that
+#: read AIRFLOW_CTX_* would work here and break on Kubernetes. Airflow's settings, connections and variables
+#: (AIRFLOW__*, AIRFLOW_CONN_*, AIRFLOW_VAR_*): they carry the metadata database's and other systems' credentials,
+#: which training code has no business reading (and pods never get). torchrun's PET_* and rendezvous variables of a
+#: surrounding job: the runner would join it.
+_WITHHELD_PREFIXES: Final = ("PET_", "AIRFLOW_CTX_", "AIRFLOW__", "AIRFLOW_CONN_", "AIRFLOW_VAR_")
+
+
 def _clean_env(task_context: TaskContext | None = None) -> dict[str, str]:
-    # Nor Airflow's AIRFLOW_CTX_* of the worker's own task: the run context reaches the workers in one variable, as
-    # in pods, where there is no Airflow; code that read AIRFLOW_CTX_* would work here and break on Kubernetes.
     env = {
         k: v
         for k, v in os.environ.items()
-        if not k.startswith(("PET_", "AIRFLOW_CTX_")) and k not in _INHERITED_RENDEZVOUS and k != CONTEXT_ENV
+        if not k.startswith(_WITHHELD_PREFIXES) and k not in _INHERITED_RENDEZVOUS and k != CONTEXT_ENV
     }
     if task_context is not None:
         env[CONTEXT_ENV] = task_context.to_env_value()
@@ -142,10 +149,25 @@ def _signal_group(proc: subprocess.Popen[str], signum: int) -> None:
         os.killpg(proc.pid, signum)
 
 
+#: Longer output without a newline is cut into lines of this many characters: a worker printing a huge blob must not
+#: make the Airflow worker hold it whole.
+MAX_LOG_LINE: Final = 64 * 1024
+
+
 def _pump(proc: subprocess.Popen[str], prefix: str, log_line: Callable[[str], None]) -> None:
+    """Copy a node's output to the task log until it closes, whatever the workers print.
+
+    If this thread died, the pipe would fill and the runner (and its workers) block on their next print until the
+    task is killed: so undecodable bytes are replaced, over-long lines are cut, and a line the log cannot take is
+    skipped, never fatal.
+    """
     assert proc.stdout is not None  # started with stdout=PIPE
-    for line in proc.stdout:
-        log_line(prefix + line.rstrip("\n"))
+    while line := proc.stdout.readline(MAX_LOG_LINE):
+        try:
+            log_line(prefix + line.rstrip("\n"))
+        except Exception:  # see the docstring: losing one line beats losing the run
+            with contextlib.suppress(Exception):
+                log_line(f"{prefix}(a line of {len(line)} characters could not be logged)")
 
 
 def run_locally(
@@ -178,9 +200,11 @@ def run_locally(
                     break
                 proc = subprocess.Popen(
                     command,
+                    stdin=subprocess.DEVNULL,
                     stdout=subprocess.PIPE,
                     stderr=subprocess.STDOUT,
                     text=True,
+                    errors="replace",
                     env=env,
                     start_new_session=True,
                 )

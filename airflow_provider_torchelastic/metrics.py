@@ -30,6 +30,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final, TypeAlias
 
+from airflow_provider_torchelastic.encoding import loads_untrusted
+
 __all__ = [
     "INTERVAL_ENV",
     "MARKER",
@@ -62,6 +64,8 @@ TAIL_LINE_CHARS: Final = 1000
 TAIL_SOURCES: Final = 16
 #: The most ``MetricsTap.to_json()`` takes: it travels in a trigger event, which Airflow keeps in its database.
 EVENT_MAX_BYTES: Final = 64 * 1024
+#: The longest log line read as a metrics line: rank 0 prints at most MAX_METRICS names of 64 points each, far less.
+MAX_LINE_CHARS: Final = 1024 * 1024
 
 Point: TypeAlias = tuple[float, float]
 
@@ -249,21 +253,21 @@ _LINE: Final = re.compile(
 
 def parse_metrics_line(line: str) -> MetricsLine | None:
     """The metrics in a log line, or None when it is not a (well-formed) metrics line. Never raises."""
-    if MARKER not in line:  # the cheap test first: almost no line is one
+    # Total: rank 0's code prints these lines, so any text gives a value or None. The cheap test first: almost no
+    # line is one; an over-long one is refused before the regex and the parser see it.
+    if MARKER not in line or len(line) > MAX_LINE_CHARS:
         return None
     match = _LINE.match(line)
     if match is None:
         return None
-    try:
-        doc = json.loads(match.group("doc"))
-    except ValueError:
-        return None
+    doc = loads_untrusted(match.group("doc"), max_bytes=MAX_LINE_CHARS)
     if not isinstance(doc, dict):
         return None
     step = _number_from_json(doc.get("step"))
+    raw_last = doc.get("last")
     last = {
         str(name): number
-        for name, value in (doc.get("last") or {}).items()
+        for name, value in (raw_last.items() if isinstance(raw_last, dict) else ())
         if (number := _number_from_json(value)) is not None
     }
     points: dict[str, tuple[Point, ...]] = {}

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Final
 
-from airflow_provider_torchelastic.encoding import NAN, NEGATIVE_INFINITY, POSITIVE_INFINITY
+from airflow_provider_torchelastic.encoding import NAN, NEGATIVE_INFINITY, POSITIVE_INFINITY, loads_untrusted
 
 __all__ = [
     "NodeOutcome",
@@ -206,29 +206,54 @@ def decode_result(text: str | bytes) -> Any:
 
 
 def decode_outcome(text: str | bytes | None) -> NodeOutcome | None:
-    """Parse a node's document; ``None`` for anything else (an empty file, a log tail, another program's output)."""
+    """Parse a node's document; ``None`` for anything else (an empty file, a log tail, another program's output).
+
+    Total: a pod controls this text (with ``FallbackToLogsOnError`` it can be any log tail), so any text gives an
+    outcome or None, never an exception, and a field of the wrong type is read as absent.
+    """
     if not text:
         return None
-    try:
-        doc = json.loads(text, parse_constant=_NON_FINITE.__getitem__)
-    except ValueError:
-        return None
+    doc = loads_untrusted(text, max_bytes=MAX_DOCUMENT_BYTES, parse_constant=_NON_FINITE.__getitem__)
     if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
         return None
-    if doc.get("succeeded"):
+    if doc.get("succeeded") is True:
         ref = doc.get("result_ref")
         return NodeOutcome(
             succeeded=True,
-            holds_rank0=bool(doc.get("holds_rank0")),
+            holds_rank0=doc.get("holds_rank0") is True,
             result=doc.get("result"),
             result_ref=ref if isinstance(ref, str) and ref else None,
         )
-    raw = doc.get("failure") or {}
-    known = {k: raw[k] for k in WorkerFailure.__dataclass_fields__ if k in raw}
-    known.setdefault("rank", -1)
-    known.setdefault("exception", "UnknownError")
-    known.setdefault("message", "")
-    return NodeOutcome(succeeded=False, failure=WorkerFailure(**known))
+    raw = doc.get("failure")
+    return NodeOutcome(succeeded=False, failure=_failure_from_json(raw if isinstance(raw, dict) else {}))
+
+
+#: A node's document is at most a termination message (4096 bytes); a local result file is written by the same
+#: runner under the same limit. Anything much longer is not ours.
+MAX_DOCUMENT_BYTES: Final = 4 * TERMINATION_MESSAGE_LIMIT
+
+
+def _failure_from_json(raw: dict[str, Any]) -> WorkerFailure:
+    def text(key: str, default: str = "") -> str:
+        value = raw.get(key)
+        return value if isinstance(value, str) else default
+
+    def integer(key: str, default: int) -> int:
+        value = raw.get(key)
+        return value if isinstance(value, int) and not isinstance(value, bool) else default
+
+    timestamp = raw.get("timestamp")
+    stamp = float(timestamp) if isinstance(timestamp, int | float) and not isinstance(timestamp, bool) else 0.0
+    return WorkerFailure(
+        rank=integer("rank", -1),
+        exception=text("exception", "UnknownError") or "UnknownError",
+        message=text("message"),
+        traceback=text("traceback"),
+        recoverable=raw.get("recoverable") is True,
+        exitcode=integer("exitcode", 1),
+        timestamp=stamp if math.isfinite(stamp) else 0.0,
+        hostname=text("hostname"),
+    )
 
 
 # --- deciding a whole run from its nodes (shared by local execution and Kubernetes) --------------------------------

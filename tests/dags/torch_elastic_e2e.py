@@ -129,3 +129,37 @@ with DAG(
     TorchElasticOperator(
         task_id="train", python_callable=six_kilobytes, task_config=small(nproc_per_node=1), execution="local"
     )
+
+
+def print_hostile_output() -> dict:
+    """What a careless (or hostile) training function may print: the task must still end, with rank 0's value."""
+    import sys
+
+    if int(os.environ["RANK"]) == 0:
+        hostile = [
+            'TORCHELASTIC_METRICS {"last": [1]}',
+            'TORCHELASTIC_METRICS {"step": "z", "last": {"loss": "NaN", "x": {}}, "points": {"loss": [[1, "a"], 2]}}',
+            'TORCHELASTIC_METRICS {"a": ' + "[" * 5000 + "]" * 5000 + "}",
+            "TORCHELASTIC_METRICS {" + "x" * (2 * 1024 * 1024) + "}",
+        ]
+        for line in hostile:
+            print(line, flush=True)
+        sys.stdout.buffer.write(b"\xff\xfe not UTF-8 \xc3\n")
+        sys.stdout.buffer.write(b"y" * (3 * 1024 * 1024) + b"\n")  # one 3 MiB line
+        sys.stdout.flush()
+    return {
+        "airflow_settings": sorted(
+            k for k in os.environ if k.startswith(("AIRFLOW__", "AIRFLOW_CONN_", "AIRFLOW_VAR_"))
+        ),
+        "stdin": sys.stdin.read(),
+    }
+
+
+with DAG("te_hostile_output", schedule=None, start_date=START, catchup=False):
+    TorchElasticOperator(
+        task_id="train",
+        python_callable=print_hostile_output,
+        task_config=small(nproc_per_node=1),
+        execution="local",
+        execution_timeout=timedelta(minutes=3),
+    )

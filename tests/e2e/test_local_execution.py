@@ -157,3 +157,15 @@ def test_quickstart_dag_trains_a_classifier(monkeypatch: pytest.MonkeyPatch) -> 
     assert metrics["world_size"] == 2 and metrics["epochs"] == 30
     assert metrics["accuracy"] > 0.8, metrics  # chance is 0.25
     assert math.isfinite(metrics["final_loss"]), metrics
+
+
+def test_whatever_rank_0_prints_the_task_ends_with_its_value(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Hostile metrics lines, bytes that are not UTF-8 and a 3 MiB line: the output pump and the metrics tap survive
+    # them (a dead pump once left the runner blocked on a full pipe until the task was killed).
+    monkeypatch.setenv("AIRFLOW_CONN_WAREHOUSE", "postgresql://user:secret@db/warehouse")
+    monkeypatch.setenv("AIRFLOW_VAR_API_TOKEN", "secret")
+    result = run_dag("te_hostile_output")
+    assert result.state == "success", result
+    value = result.xcom()
+    assert value["airflow_settings"] == [], "workers get none of Airflow's settings, connections or variables"
+    assert value["stdin"] == "", "workers read nothing from the Airflow worker's stdin"

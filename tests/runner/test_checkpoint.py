@@ -163,3 +163,29 @@ def test_without_result_storage_a_large_result_fails_and_names_the_option(tmp_pa
     failure = run.outcome.failure  # type: ignore[union-attr]
     assert failure is not None and "more than the limit of 4096 bytes" in failure.message
     assert "[torch_elastic] result_storage" in failure.message
+
+
+class _Planted:
+    """Any picklable object: what a checkpoint written by someone else could carry to run code on load."""
+
+    def __reduce__(self) -> tuple[object, tuple[str]]:
+        return (print, ("unpickled a planted object",))
+
+
+def test_load_latest_unpickles_only_weights_unless_told_otherwise(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import pickle
+
+    import torch
+
+    monkeypatch.setenv("RANK", "0")
+    location = str(tmp_path)
+    checkpoint.save({"weights": torch.ones(3), "step": 1, "lr": [0.1]}, step=1, uri=location)
+    loaded = checkpoint.load_latest(location)
+    assert loaded is not None and loaded.state["lr"] == [0.1], "state dicts and plain values load by default"
+    checkpoint.save({"planted": _Planted()}, step=2, uri=location)
+    with pytest.raises(pickle.UnpicklingError):
+        checkpoint.load_latest(location)
+    trusted = checkpoint.load_latest(location, weights_only=False)
+    assert trusted is not None and trusted.step == 2

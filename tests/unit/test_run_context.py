@@ -205,3 +205,16 @@ def test_a_checkpoint_uri_that_needs_the_run_is_named_in_the_render_warning(monk
         manifests = op.render_manifests()
     env = {e["name"]: e.get("value") for e in manifests[1]["spec"]["containers"][0]["env"]}
     assert json.loads(env[CONTEXT_ENV])["checkpoint_uri"] is None
+
+
+def test_path_pieces_are_injective_even_for_values_shaped_like_an_escaped_piece() -> None:
+    # manual__...+00:00 is escaped; a run_id crafted to equal that escaped form must not land in the same folder.
+    real = "manual__2026-01-01T00:00:00+00:00"
+    crafted = safe_path_piece(real)
+    assert safe_path_piece(crafted) != crafted, "a safe value shaped like an escaped piece is escaped too"
+    assert safe_path_piece(crafted) != safe_path_piece(real)
+    digits = safe_path_piece("::")  # nothing left after cleaning but the hash
+    assert safe_path_piece(digits) != digits
+    values = [real, crafted, digits, "a:b", "a+b", "a_b", "plain", "x-0123456789abcdef", ".", ".."]
+    assert len({safe_path_piece(v) for v in values}) == len(values)
+    assert safe_path_piece("x-0123456789abcdeg") == "x-0123456789abcdeg", "only the exact shape is escaped"
