@@ -15,7 +15,7 @@ test: setup
 	bash scripts/test.sh
 
 lint: setup
-	.venv/bin/ruff check . && .venv/bin/ruff format --check . && .venv/bin/mypy
+	.venv/bin/ruff check . && .venv/bin/ruff format --check . && .venv/bin/mypy && .venv/bin/lint-imports
 
 cluster-up: setup
 	.venv/bin/python -m tests.cluster up

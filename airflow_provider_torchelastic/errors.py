@@ -1,20 +1,34 @@
 """Errors and exit codes, shared by the runner (in pods, without Airflow) and the Airflow side.
 
-One word for "a retry may help": **recoverable**. The exceptions of the provider, and where they come from::
+One word for "a retry may help": **recoverable**. Every exception the package defines, with the module it lives in
+(``here`` is this one) and what it means::
 
     Exception
-    ├── RecoverableError            raised by training code (here): a retry of the task may help
-    ├── KubeError                   (here) a Kubernetes API call failed; .status, .reason, .recoverable
-    │                               (429, 5xx, a lost connection: repeating the call may succeed)
+    ├── RecoverableError                (here) raised by training code: a retry of the task may help
+    ├── KubeError                       (here) a Kubernetes API call failed; .status, .reason, .recoverable
+    │                                   (429, 5xx, a lost connection: repeating the call may succeed)
+    ├── StreamUnavailable               (stream) the shared watch may not list or watch (401/403); its triggers
+    │                                   poll the API on their own instead
     ├── ValueError
-    │   ├── PayloadError            (payload) the payload is corrupt, of another format, or of another Python
-    │   └── ResultTooLargeError     (outcome) rank 0's value does not fit where it has to travel
-    └── AirflowException            (Airflow) what a task ends with:
+    │   ├── PayloadError                (payload) the payload is corrupt, of another format, or of another Python
+    │   ├── ResultTooLargeError         (outcome) rank 0's value does not fit where it has to travel
+    │   └── RunnerUsageError            (runner) the runner's arguments or environment are unusable: it exits
+    │                                   EXIT_USAGE and publishes the error where the outcome would have gone
+    ├── TypeError
+    │   └── ResultNotSerializableError  (encoding; the runner re-exports it) rank 0 returned a value that cannot
+    │                                   travel as JSON; the message names its type and where it sits
+    ├── RuntimeError
+    │   ├── NoRunContextError           (context) context.current() outside the workers of a torch_elastic task,
+    │   │                               or a run context that cannot be read
+    │   ├── NoCheckpointLocationError   (checkpoint) no checkpoint location: neither uri= nor one in the run context
+    │   └── KubernetesUnavailable       (plugin.service) the UI could not read a live job from Kubernetes (HTTP 503)
+    └── AirflowException                (Airflow) what a task ends with:
         ├── TrainingRecoverableError    (operators) training or waiting failed; a retry may help (Airflow retries)
-        └── AirflowFailException
+        └── AirflowFailException        (Airflow)
             └── TrainingFailedError     (operators) a retry will not help: the task fails without its retries
 
-At run time the worker turns every failure into one of the last two, naming the pod, the rank and the exception.
+At run time the worker turns every failure into TrainingRecoverableError or TrainingFailedError, naming the pod,
+the rank and the exception.
 Standard library only: the runner imports this module in images that have neither Airflow nor kubernetes.
 """
 

@@ -11,6 +11,8 @@ echo "==> ruff"
 .venv/bin/ruff format --check .
 echo "==> mypy"
 .venv/bin/mypy
+echo "==> import contracts (lint-imports: [tool.importlinter] in pyproject.toml)"
+.venv/bin/lint-imports
 
 if [ "${TORCHELASTIC_SKIP_CLUSTER:-0}" != "1" ]; then
   echo "==> kube-apiserver (built once from Debian's kubernetes source, then cached)"

@@ -1,91 +1,145 @@
-"""The pure core's import graph, read from the source: no cycles (not even through imports hidden inside functions),
-no private names borrowed from another module, and one bottom module of shared value checks that imports only the
-standard library."""
+"""The package's import rules that import-linter does not check, and what ties its contracts to the source.
+
+The contracts ([tool.importlinter] in pyproject.toml, run by ``lint-imports`` in scripts/test.sh and ``make lint``)
+enforce the direction: the pure core imports neither Airflow, a Kubernetes client nor torch; the runner and the
+worker-side modules need neither Airflow nor a Kubernetes client; only kube, stream and plugin.sources import the
+clients; and the pure core imports downwards in layers. The layers contract also rules out any cycle in the pure core
+(through imports inside functions and through modules outside it too): it replaces this file's former cycle test.
+
+What stays here, read from the source (``if TYPE_CHECKING:`` blocks skipped, as in the contracts):
+
+- the pure core of the forbidden contract and the modules of the layers contract are one list;
+- every import a contract ignores exists and is made inside a function, never at module level, and names no
+  wildcard: an ignore cannot hide a module-level import;
+- no pure module imports a private name from another module;
+- validation, the bottom, imports only the standard library.
+"""
 
 from __future__ import annotations
 
 import ast
+import re
 import sys
+import tomllib
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 import airflow_provider_torchelastic
+from tests.conftest import REPO_ROOT
 
 PACKAGE = "airflow_provider_torchelastic"
 PACKAGE_DIR = Path(airflow_provider_torchelastic.__file__).parent
-#: The pure core whose import graph must stay a tree-like DAG: typed config, pod options, shared checks, naming,
-#: the launch command line and the renderer.
-CORE = ("config", "pod", "validation", "naming", "launch", "render")
+IMPORT_LINTER: dict[str, Any] = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]
+CONTRACTS: dict[str, dict[str, Any]] = {contract["id"]: contract for contract in IMPORT_LINTER["contracts"]}
+
+
+def _tail(module: str) -> str:
+    return module.removeprefix(PACKAGE + ".")
+
+
+#: The pure core (typed config, pod options, shared checks, naming, launch, renderer, payload, outcomes, encoding,
+#: summaries, status, job kinds, errors, metrics), as the ``pure-core`` contract lists it.
+PURE = tuple(sorted(_tail(module) for module in CONTRACTS["pure-core"]["source_modules"]))
+
+
+@dataclass(frozen=True)
+class _Import:
+    module: str
+    names: tuple[str, ...]
+    line: int
+    in_function: bool
+
+    def reaches(self, target: str) -> bool:
+        """Whether this statement imports ``target`` or a submodule of it (``from pkg import mod`` included)."""
+        candidates = [self.module, *(f"{self.module}.{name}" for name in self.names)]
+        return any(found == target or found.startswith(target + ".") for found in candidates)
 
 
 def _is_type_checking_block(node: ast.AST) -> bool:
     return isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
 
 
-def _imports(module: str) -> list[tuple[str, list[str]]]:
-    """``(imported module, imported names)`` for every import at run time, at any depth (functions included)."""
-    tree = ast.parse((PACKAGE_DIR / f"{module}.py").read_text())
-    found: list[tuple[str, list[str]]] = []
+def _source(module: str) -> Path:
+    path = PACKAGE_DIR.joinpath(*_tail(module).split(".")) if module != PACKAGE else PACKAGE_DIR
+    return path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
 
-    def visit(node: ast.AST) -> None:
+
+def _imports(module: str) -> list[_Import]:
+    """Every import that runs in ``module`` (a full or package-relative name), at any depth (functions included)."""
+    module = module if module.startswith(PACKAGE) else f"{PACKAGE}.{module}"
+    path = _source(module)
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found: list[_Import] = []
+
+    def visit(node: ast.AST, in_function: bool) -> None:
         if _is_type_checking_block(node):
             return  # annotations only: never executed
         if isinstance(node, ast.Import):
-            found.extend((alias.name, []) for alias in node.names)
+            found.extend(_Import(alias.name, (), node.lineno, in_function) for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
-            if node.level:  # relative: resolve against the package
-                base = f"{PACKAGE}.{base}" if base else PACKAGE
-            found.append((base, [alias.name for alias in node.names]))
+            if node.level:  # relative: resolve against the importing module's package
+                anchor = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                base = f"{anchor}.{base}" if base else anchor
+            found.append(_Import(base, tuple(alias.name for alias in node.names), node.lineno, in_function))
+        nested = in_function or isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda)
         for child in ast.iter_child_nodes(node):
-            visit(child)
+            visit(child, nested)
 
-    visit(tree)
+    visit(ast.parse(path.read_text()), False)
     return found
 
 
-def _core_edges(module: str) -> set[str]:
-    edges = set()
-    for imported, names in _imports(module):
-        if imported == PACKAGE:
-            edges.update(name for name in names if name in CORE)
-        elif imported.startswith(PACKAGE + "."):
-            edges.add(imported.split(".")[1])
-    return edges & set(CORE)
+def _layer_modules(contract: dict[str, Any]) -> set[str]:
+    (container,) = contract.get("containers", [""])
+    return {
+        f"{container}.{name}" if container else name
+        for layer in contract["layers"]
+        for name in (part.strip().strip("()") for part in re.split(r"[|:]", layer))
+    }
 
 
-def test_core_import_graph_has_no_cycle() -> None:
-    graph = {module: _core_edges(module) for module in CORE}
-    done: set[str] = set()
-
-    def walk(module: str, path: tuple[str, ...]) -> None:
-        if module in path:
-            cycle = " -> ".join((*path[path.index(module) :], module))
-            pytest.fail(f"import cycle in the pure core: {cycle}")
-        if module in done:
-            return
-        for target in sorted(graph[module]):
-            walk(target, (*path, module))
-        done.add(module)
-
-    for module in CORE:
-        walk(module, ())
-    assert "config" in graph["render"] and "validation" in graph["config"] and "validation" in graph["pod"]
+def test_the_layers_contract_orders_exactly_the_pure_core() -> None:
+    layered = {_tail(module) for module in _layer_modules(CONTRACTS["pure-core-layers"])}
+    assert layered == set(PURE), f"in one contract only: {sorted(layered ^ set(PURE))}"
+    assert {"config", "render", "validation"} <= set(PURE)  # read the list, not an empty one
 
 
-@pytest.mark.parametrize("module", CORE)
+IGNORED = sorted(
+    {
+        (contract["id"], expression)
+        for contract in CONTRACTS.values()
+        for expression in contract.get("ignore_imports", [])
+    }
+)
+
+
+@pytest.mark.parametrize(("contract", "expression"), IGNORED, ids=[f"{c}:{e}" for c, e in IGNORED])
+def test_an_ignored_import_is_lazy_inside_a_function(contract: str, expression: str) -> None:
+    importer, _, imported = (part.strip() for part in expression.partition("->"))
+    assert "*" not in expression, f"{contract}: ignore one import, not a pattern: {expression}"
+    assert importer.startswith(PACKAGE + ".") and imported, expression
+    statements = [statement for statement in _imports(importer) if statement.reaches(imported)]
+    assert statements, f"{contract}: {importer} no longer imports {imported}: drop the ignore"
+    module_level = [statement.line for statement in statements if not statement.in_function]
+    assert not module_level, f"{contract}: {importer} imports {imported} at module level (line {module_level})"
+
+
+@pytest.mark.parametrize("module", PURE)
 def test_no_private_name_is_imported_from_another_module(module: str) -> None:
     borrowed = [
-        f"{imported}.{name}"
-        for imported, names in _imports(module)
-        if imported.startswith(PACKAGE)
-        for name in names
+        f"{statement.module}.{name}"
+        for statement in _imports(module)
+        if statement.module.startswith(PACKAGE)
+        for name in statement.names
         if name.startswith("_") and not name.startswith("__")
     ]
     assert not borrowed, f"{module}.py imports private names: {borrowed}"
 
 
 def test_validation_is_the_bottom_and_imports_only_the_standard_library() -> None:
-    imported = {name.split(".")[0] for name, _ in _imports("validation")}
+    imported = {statement.module.split(".")[0] for statement in _imports("validation")}
     assert imported <= set(sys.stdlib_module_names) | {"__future__"}, imported
