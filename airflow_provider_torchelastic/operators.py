@@ -988,7 +988,8 @@ class TorchElasticOperator(BaseOperator):
                 seconds=max(0.0, args.deadline - time.time()) + max(60.0, 2 * self.poll_interval)
             )
         self.log.info("Deferring: the triggerer waits for %s %s/%s", ref.kind, ref.namespace, ref.name)
-        self.defer(trigger=TorchElasticJobTrigger(**asdict(args)), method_name="execute_complete", timeout=backstop)
+        trigger = TorchElasticJobTrigger.for_job(args)
+        self.defer(trigger=trigger, method_name="execute_complete", timeout=backstop)
 
     def _deadline(self, context: Context) -> float | None:
         """``execution_timeout`` as a Unix time, anchored on the try's start (stable across re-deferrals)."""
@@ -1001,10 +1002,12 @@ class TorchElasticOperator(BaseOperator):
     def execute_complete(self, context: Context, event: dict[str, Any]) -> Any:
         """Resume after the trigger fired: a fresh operator instance, so everything comes from the event and XCom.
 
-        The trigger has already applied ``on_finish_action`` (or deleted the job at the deadline, or when it could
-        not observe it); only the verdict is left to turn into a result or an exception.
+        ``event`` is the payload of the trigger's :class:`~triggers.JobEnded` or :class:`~triggers.WaitFailed` (a
+        plain dict; one written before those classes existed reads the same). The trigger has already applied
+        ``on_finish_action`` (or deleted the job at the deadline, or when it could not observe it); only the verdict
+        is left to turn into a result or an exception.
         """
-        from airflow_provider_torchelastic.triggers import EVENT_ERROR
+        from airflow_provider_torchelastic.triggers import WaitFailed, event_from_payload
 
         ti = context["ti"]
         ref = JobRef(
@@ -1015,15 +1018,16 @@ class TorchElasticOperator(BaseOperator):
         manifests = ti.xcom_pull(task_ids=ti.task_id, key=XCOM_MANIFESTS, map_indexes=ti.map_index)
         if manifests:
             self.rendered_job = summarize_for_ui(manifests)
-        if event.get("status") == EVENT_ERROR:
+        outcome = event_from_payload(event)
+        if isinstance(outcome, WaitFailed):
             # The trigger could not even start waiting: do not leave the job holding the cluster.
             self._stop(ref)
             raise TrainingRecoverableError(
-                f"Waiting for {ref.kind} {ref.namespace}/{ref.name} failed: {event.get('message')}"
+                f"Waiting for {ref.kind} {ref.namespace}/{ref.name} failed: {outcome.message}"
             )
         from airflow_provider_torchelastic.metrics import MetricsTap
 
-        decision = WaitDecision.from_event(event)
+        decision = outcome.decision
         # The trigger's tap (when it drove the wait with one) sent what it kept along with the decision.
         tap = MetricsTap.from_json(decision.metrics, self.log.info)
         return self._result_of(ref, decision, context, tap)

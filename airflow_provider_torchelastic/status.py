@@ -119,6 +119,10 @@ class WaitDecision:
     phase: Phase
     #: One line for the task log: job phase, pods ready/total, elapsed time.
     progress: str
+    #: Where the job stands: the progress line without its elapsed time (the job's state, its pods running, waiting
+    #: for capacity). The wait logs a progress line at once when this changes. None: the line has no clock (a job
+    #: that is gone, a wait that gave up), so all of it says where the job stands.
+    state: str | None = None
     verdict: Verdict | None = None
     #: Once the job ended: its pods as the last snapshot showed them, and when the job was created (Unix time), for
     #: the job summary the task saves (:mod:`airflow_provider_torchelastic.summary`).
@@ -136,11 +140,17 @@ class WaitDecision:
     def verdict_detail(self) -> str:
         return self.verdict.detail if self.verdict is not None else self.progress
 
+    @property
+    def wait_state(self) -> str:
+        """What the wait compares from one poll to the next: :attr:`state`, or the whole line when it has no clock."""
+        return self.progress if self.state is None else self.state
+
     def to_event(self) -> dict[str, Any]:
         """JSON-safe form for a trigger event (the trigger and ``execute_complete`` share this one format)."""
         return {
             "phase": self.phase.value,
             "progress": self.progress,
+            "state": self.state,
             "verdict": _verdict_to_dict(self.verdict),
             "pods": [pod.to_dict() for pod in self.pods],
             "created": self.created,
@@ -150,9 +160,11 @@ class WaitDecision:
     @classmethod
     def from_event(cls, event: Mapping[str, Any]) -> WaitDecision:
         created = event.get("created")
+        state = event.get("state")  # absent from events written before it existed
         return cls(
             phase=Phase(event["phase"]),
             progress=str(event.get("progress", "")),
+            state=None if state is None else str(state),
             verdict=_verdict_from_dict(event.get("verdict")),
             pods=tuple(PodSummary.from_dict(pod) for pod in event.get("pods") or ()),
             created=float(created) if isinstance(created, int | float) else None,
@@ -321,12 +333,28 @@ class _Observed:
     def waiting_for_capacity(self) -> list[CapacityWait]:
         return [wait for pod in self.pods if (wait := capacity_wait(pod, self.created)) is not None]
 
-    def progress(self, state: str) -> str:
-        elapsed = _format_elapsed(self.now - self.created)
+    def decision(
+        self,
+        phase: Phase,
+        state: str,
+        *,
+        verdict: Verdict | None = None,
+        stop: bool = False,
+        wake_at: float | None = None,
+    ) -> WaitDecision:
+        """A decision whose progress line says ``state``, the pods, and the elapsed time: the line and its parts."""
         waiting = len(self.waiting_for_capacity)
         capacity = f", {waiting} waiting for capacity" if waiting else ""
-        pods = f"pods running {self.running}/{self.total}{capacity}"
-        return f"{self.ref.kind} {self.ref.name}: {state}; {pods}{_ELAPSED}{elapsed}"
+        where = f"{self.ref.kind} {self.ref.name}: {state}; pods running {self.running}/{self.total}{capacity}"
+        elapsed = _format_elapsed(self.now - self.created)
+        return WaitDecision(
+            phase=phase,
+            progress=f"{where}{_ELAPSED}{elapsed}",
+            state=where,
+            verdict=verdict,
+            stop=stop,
+            wake_at=wake_at,
+        )
 
     def reports(self) -> list[NodeReport]:
         return [report for pod in self.pods if (report := pod_report(pod)) is not None]
@@ -342,9 +370,9 @@ def _stuck_decision(seen: _Observed, policy: WaitPolicy) -> WaitDecision | None:
         if seen.now - since >= policy.pending_grace_seconds:
             reason, message = stuck
             name = pod.get("metadata", {}).get("name", "?")
-            return WaitDecision(
-                phase=Phase.FAILED,
-                progress=seen.progress(f"failed ({reason})"),
+            return seen.decision(
+                Phase.FAILED,
+                f"failed ({reason})",
                 verdict=Verdict(
                     succeeded=False,
                     recoverable=False,
@@ -360,9 +388,9 @@ def _out_of_patience(seen: _Observed, policy: WaitPolicy, since: float, what: st
     """The decision while waiting for capacity: pending, or failed (recoverable) once scheduling_timeout passed."""
     waited = seen.now - since
     if policy.scheduling_timeout is not None and waited >= policy.scheduling_timeout:
-        return WaitDecision(
-            phase=Phase.FAILED,
-            progress=seen.progress(f"failed (waited {waited:.0f} s for capacity)"),
+        return seen.decision(
+            Phase.FAILED,
+            f"failed (waited {waited:.0f} s for capacity)",
             verdict=Verdict(
                 succeeded=False,
                 recoverable=True,
@@ -371,7 +399,7 @@ def _out_of_patience(seen: _Observed, policy: WaitPolicy, since: float, what: st
                 f"{policy.scheduling_timeout:g}: {what}; capacity may free up, so a retry may help",
             ),
         )
-    return WaitDecision(phase=Phase.PENDING, progress=seen.progress(f"waiting for capacity: {what}"))
+    return seen.decision(Phase.PENDING, f"waiting for capacity: {what}")
 
 
 def _describe(wait: CapacityWait) -> str:
@@ -409,11 +437,11 @@ def _decide_pod(ref: JobRef, snapshot: Snapshot, policy: WaitPolicy) -> WaitDeci
     if pod_finished(job):
         reports = seen.reports()
         verdict = decide_run(reports) if reports else Verdict(succeeded=False, detail=f"pod ended {phase}")
-        return WaitDecision(phase=_phase_of(verdict), progress=seen.progress(phase), verdict=verdict)
+        return seen.decision(_phase_of(verdict), phase, verdict=verdict)
     waits = seen.waiting_for_capacity
     if waits:
         return _out_of_patience(seen, policy, waits[0].since, _describe(waits[0]), waits[0].pod)
-    return WaitDecision(phase=Phase.RUNNING if phase == "Running" else Phase.PENDING, progress=seen.progress(phase))
+    return seen.decision(Phase.RUNNING if phase == "Running" else Phase.PENDING, phase)
 
 
 def pytorchjob_finished(job: Mapping[str, Any]) -> bool:
@@ -450,9 +478,9 @@ def _decide_pytorchjob(ref: JobRef, snapshot: Snapshot, policy: WaitPolicy) -> W
         # it. The wait enforces it itself, from the same start time, and stops the job.
         seconds, expires = deadline
         if seen.now >= expires:
-            return WaitDecision(
-                phase=Phase.FAILED,
-                progress=seen.progress("failed (past run_policy.active_deadline_seconds)"),
+            return seen.decision(
+                Phase.FAILED,
+                "failed (past run_policy.active_deadline_seconds)",
                 verdict=Verdict(
                     succeeded=False,
                     detail=f"{ref.kind} {ref.namespace}/{ref.name}: {_DEADLINE_PREFIX}={seconds} (counted from "
@@ -465,7 +493,7 @@ def _decide_pytorchjob(ref: JobRef, snapshot: Snapshot, policy: WaitPolicy) -> W
         # root cause) may be on a pod that has not ended yet. Give the pods that still run a moment to report.
         failed_at = parse_time(failed.get("lastTransitionTime")) or seen.now
         if seen.running and seen.now - failed_at < _FAILED_SETTLE_SECONDS:
-            return WaitDecision(phase=Phase.RUNNING, progress=seen.progress("Failed, waiting for its pods to report"))
+            return seen.decision(Phase.RUNNING, "Failed, waiting for its pods to report")
         verdict = decide_run(reports)
         by_condition = _failed_condition_verdict(job, failed)
         if verdict.failure is None:
@@ -481,7 +509,7 @@ def _decide_pytorchjob(ref: JobRef, snapshot: Snapshot, policy: WaitPolicy) -> W
             # before the failure check, and replica types come in random order). The verdict is the pods', never
             # the order the operator happened to write: any rank that failed fails the task.
             verdict = replace(verdict, detail=f"{verdict.detail}; {_BOTH_CONDITIONS}")
-        return WaitDecision(phase=Phase.FAILED, progress=seen.progress("Failed"), verdict=verdict)
+        return seen.decision(Phase.FAILED, "Failed", verdict=verdict)
 
     if _condition(job, "Succeeded") is not None:
         # An elastic PyTorchJob is Succeeded as soon as *one* worker succeeds; rank 0 may be on another pod that
@@ -491,8 +519,8 @@ def _decide_pytorchjob(ref: JobRef, snapshot: Snapshot, policy: WaitPolicy) -> W
         started = len(seen.pods) - len(seen.waiting_for_capacity)
         if holders or len(reports) >= started:
             verdict = decide_run(reports)
-            return WaitDecision(phase=_phase_of(verdict), progress=seen.progress("Succeeded"), verdict=verdict)
-        return WaitDecision(phase=Phase.RUNNING, progress=seen.progress("Succeeded, waiting for rank 0's pod"))
+            return seen.decision(_phase_of(verdict), "Succeeded", verdict=verdict)
+        return seen.decision(Phase.RUNNING, "Succeeded, waiting for rank 0's pod")
 
     queue = queue_name(job)
     if is_suspended(job):
@@ -520,11 +548,11 @@ def _decide_pytorchjob(ref: JobRef, snapshot: Snapshot, policy: WaitPolicy) -> W
     for state in ("Restarting", "Running"):
         if _condition(job, state) is not None:
             phase = Phase.RUNNING if seen.running else Phase.PENDING
-            return WaitDecision(phase=phase, progress=seen.progress(state), wake_at=wake_at)
+            return seen.decision(phase, state, wake_at=wake_at)
     created = "Created" if _condition(job, "Created") else "Pending"
     if queue:
         created += f" (Kueue LocalQueue {queue})"
-    return WaitDecision(phase=Phase.PENDING, progress=seen.progress(created), wake_at=wake_at)
+    return seen.decision(Phase.PENDING, created, wake_at=wake_at)
 
 
 def active_deadline(job: Mapping[str, Any]) -> tuple[int, float] | None:
@@ -572,21 +600,19 @@ def _vanished(ref: JobRef, snapshot: Snapshot) -> WaitDecision:
         f"then {ref.kind} {ref.namespace}/{ref.name} vanished: its ttlSecondsAfterFinished deleted it as it failed, "
         "before its Failed condition was written"
     )
-    progress = seen.progress("Failed (deleted by its TTL)")
+    state = "Failed (deleted by its TTL)"
     verdict = decide_run(seen.reports())
     if not verdict.succeeded and verdict.node:
-        return WaitDecision(
-            phase=Phase.FAILED, progress=progress, verdict=replace(verdict, detail=f"{verdict.detail}; {gone}")
-        )
+        return seen.decision(Phase.FAILED, state, verdict=replace(verdict, detail=f"{verdict.detail}; {gone}"))
     deadline = active_deadline(job)
     if deadline is not None and snapshot.now >= deadline[1]:
         detail = f"{_DEADLINE_PREFIX}={deadline[0]} and was stopped; {gone}"
-        return WaitDecision(phase=Phase.FAILED, progress=progress, verdict=Verdict(succeeded=False, detail=detail))
+        return seen.decision(Phase.FAILED, state, verdict=Verdict(succeeded=False, detail=detail))
     limit = (job.get("spec", {}).get("runPolicy") or {}).get("backoffLimit")
     restarts = sum(_restarts(pod) for pod in last.pods)
     if isinstance(limit, int) and restarts and restarts >= limit:
         detail = f"its pods restarted {restarts} times, reaching backoffLimit={limit}; {gone}"
-        return WaitDecision(phase=Phase.FAILED, progress=progress, verdict=Verdict(succeeded=False, detail=detail))
+        return seen.decision(Phase.FAILED, state, verdict=Verdict(succeeded=False, detail=detail))
     return job_gone(ref)
 
 

@@ -4,8 +4,12 @@ It drives the same wait core (:func:`~airflow_provider_torchelastic.wait.wait_fo
 ``deferrable=False``, deadline, clean-up and all; only the I/O is async, and in the triggerer it comes from one
 watch per connection and namespace shared by all triggers there (:mod:`~airflow_provider_torchelastic.stream`).
 Its arguments are one frozen dataclass, so
-``serialize()`` cannot drift from ``__init__``, and they carry the connection as resolved on the worker (the
-triggerer needs no connection).
+``serialize()`` cannot drift from ``__init__`` (an argument it does not know is refused, not dropped), and they carry
+the connection as resolved on the worker (the triggerer needs no connection).
+
+Its one event is typed too: :class:`JobEnded` or :class:`WaitFailed`, sent as a plain JSON dict
+(:meth:`~JobEnded.to_payload`) and read back by ``execute_complete`` with :func:`event_from_payload`, which also reads
+every event written before these classes existed (the format is the same).
 """
 
 from __future__ import annotations
@@ -15,17 +19,78 @@ import dataclasses
 import functools
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any, Final
+from typing import Any, Final, TypeAlias
 
 from airflow.triggers.base import BaseEventTrigger, TriggerEvent
 
-from airflow_provider_torchelastic.status import JobRef, WaitPolicy
+from airflow_provider_torchelastic.status import JobRef, WaitDecision, WaitPolicy
 
-__all__ = ["EVENT_DONE", "EVENT_ERROR", "TorchElasticJobTrigger", "WatchArgs"]
+__all__ = [
+    "EVENT_DONE",
+    "EVENT_ERROR",
+    "JobEnded",
+    "TorchElasticJobTrigger",
+    "TriggerOutcome",
+    "WaitFailed",
+    "WatchArgs",
+    "event_from_payload",
+]
 
-#: ``event["status"]``: the job ended (``event`` then holds a :class:`~status.WaitDecision`), or waiting failed.
+#: ``payload["status"]``: the job ended (:class:`JobEnded`), or waiting failed (:class:`WaitFailed`).
 EVENT_DONE: Final = "done"
 EVENT_ERROR: Final = "error"
+
+
+@dataclass(frozen=True)
+class JobEnded:
+    """The wait came to its decision: the job ended, or the wait ended it (deadline, a job it could not observe).
+
+    The payload is ``{"status": "done", **decision.to_event()}``.
+    """
+
+    decision: WaitDecision
+
+    def to_payload(self) -> dict[str, Any]:
+        return {"status": EVENT_DONE, **self.decision.to_event()}
+
+    @classmethod
+    def from_payload(cls, payload: Mapping[str, Any]) -> JobEnded:
+        if payload.get("status") == EVENT_ERROR:
+            raise ValueError(f"JobEnded: expected a {EVENT_DONE!r} event, got an {EVENT_ERROR!r} one")
+        return cls(WaitDecision.from_event(payload))
+
+
+@dataclass(frozen=True)
+class WaitFailed:
+    """Waiting could not even start (no usable connection, say): the worker stops the job and fails the task.
+
+    The payload is ``{"status": "error", "message": message}``.
+    """
+
+    message: str
+
+    def to_payload(self) -> dict[str, Any]:
+        return {"status": EVENT_ERROR, "message": self.message}
+
+    @classmethod
+    def from_payload(cls, payload: Mapping[str, Any]) -> WaitFailed:
+        if payload.get("status") != EVENT_ERROR:
+            raise ValueError(f"WaitFailed: expected an {EVENT_ERROR!r} event, got {payload.get('status')!r}")
+        return cls(message=str(payload.get("message")))
+
+
+TriggerOutcome: TypeAlias = JobEnded | WaitFailed
+
+
+def event_from_payload(payload: Mapping[str, Any]) -> TriggerOutcome:
+    """The event a :class:`TorchElasticJobTrigger` fired, from its payload (a plain dict, as Airflow hands it on).
+
+    An ``"error"`` status is a :class:`WaitFailed`; anything else is read as a :class:`JobEnded`, as
+    ``execute_complete`` has always read it.
+    """
+    if payload.get("status") == EVENT_ERROR:
+        return WaitFailed.from_payload(payload)
+    return JobEnded.from_payload(payload)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -94,9 +159,20 @@ class WatchArgs:
         )
 
 
+#: The trigger's arguments: the fields of :class:`WatchArgs`, which is what a trigger row holds (``serialize()``).
+_KNOWN_ARGS: Final = frozenset(f.name for f in fields(WatchArgs))
+
+
 def _watch_args(kwargs: Mapping[str, Any]) -> WatchArgs:
-    known = {f.name for f in fields(WatchArgs)}
-    return WatchArgs(**{k: v for k, v in kwargs.items() if k in known})
+    """The trigger's arguments; a key that :class:`WatchArgs` lacks is refused (Airflow then fails the trigger),
+    not dropped, so that an argument never goes silently unheeded."""
+    unknown = sorted(set(kwargs) - _KNOWN_ARGS)
+    if unknown:
+        raise TypeError(
+            f"TorchElasticJobTrigger: unknown argument{'s' if len(unknown) > 1 else ''} "
+            f"{', '.join(map(repr, unknown))}; expected some of {', '.join(sorted(_KNOWN_ARGS))}"
+        )
+    return WatchArgs(**kwargs)
 
 
 def _hook(args: WatchArgs) -> Any:
@@ -131,6 +207,11 @@ class TorchElasticJobTrigger(BaseEventTrigger):
         self.args = _watch_args(kwargs)
         #: Set once the job's decision was reached: a kill after that has nothing to stop.
         self._finished = False
+
+    @classmethod
+    def for_job(cls, args: WatchArgs) -> TorchElasticJobTrigger:
+        """The trigger for ``args`` (what the operator defers with); ``cls(**kwargs)`` is the triggerer's way."""
+        return cls(**asdict(args))
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return f"{type(self).__module__}.{type(self).__qualname__}", asdict(self.args)
@@ -199,11 +280,11 @@ class TorchElasticJobTrigger(BaseEventTrigger):
                     decision = await drive_async(flow, source, tap, sleep=sleep)
         except Exception as e:  # not reached through the wait core (e.g. no usable connection): the worker says so
             self.log.exception("Waiting for %s %s failed", args.kind, args.name)
-            yield TriggerEvent({"status": EVENT_ERROR, "message": f"{type(e).__name__}: {e}"})
+            yield TriggerEvent(WaitFailed(f"{type(e).__name__}: {e}").to_payload())
             return
         self._finished = True
         decision = dataclasses.replace(decision, metrics=tap.to_json())
-        yield TriggerEvent({"status": EVENT_DONE, **decision.to_event()})
+        yield TriggerEvent(JobEnded(decision).to_payload())
 
     async def on_kill(self) -> None:
         """A user marked the deferred task failed or cleared it: the job must not keep the GPUs.

@@ -124,9 +124,6 @@ class AsyncJobSource(Protocol):
 
 # --- the generators: every decision about waiting, no I/O ---------------------------------------------------------
 
-_ELAPSED = "; elapsed "
-
-
 #: Log reads of a job are paced: one read per interval, which starts at the poll interval, triples while reads bring
 #: nothing to print, and is capped here. So a job costs at most ``60 / poll_interval`` log requests a minute however
 #: many pods it has, a quiet one about one, and a queued one (no pods yet) none.
@@ -140,7 +137,8 @@ RANK0_PREFIX: Final = "[rank0]:"
 
 @dataclass(kw_only=True)
 class _WatchState:
-    #: The progress line without its elapsed time: a change of phase or of running pods is logged at once.
+    #: Where the job stood when a progress line was last logged (``WaitDecision.wait_state``): a change of phase or
+    #: of running pods is logged at once.
     last_state: str = ""
     last_logged: float = 0.0
     cursors: dict[str, LogCursor] = field(default_factory=dict)
@@ -184,7 +182,7 @@ def wait_for_job(ref: JobRef, policy: WaitPolicy) -> Generator[Request, Any, Wai
                 f"execution_timeout reached while {ref.kind} {ref.namespace}/{ref.name} ran; the job was deleted",
             )
         decision = kind.decide(ref, snapshot, policy)
-        current = decision.progress.split(_ELAPSED)[0]
+        current = decision.wait_state
         if current != state.last_state or snapshot.now - state.last_logged >= policy.progress_interval:
             # On change, and as a heartbeat every progress_interval: a long quiet job still shows it is alive.
             yield EmitLog(decision.progress)

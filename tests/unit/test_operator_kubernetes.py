@@ -15,7 +15,7 @@ from airflow_provider_torchelastic import Elastic, Master, PyTorch, TorchElastic
 from airflow_provider_torchelastic.pod import PodOptions
 from airflow_provider_torchelastic.render import UI_FOOTER
 from airflow_provider_torchelastic.status import Phase, WaitDecision
-from airflow_provider_torchelastic.triggers import TorchElasticJobTrigger, WatchArgs
+from airflow_provider_torchelastic.triggers import JobEnded, TorchElasticJobTrigger, WatchArgs, event_from_payload
 
 
 def scale(x: int) -> int:
@@ -138,8 +138,10 @@ def test_trigger_for_an_unreachable_cluster_ends_in_a_recoverable_failure_not_a_
     finally:
         kube.MAX_RECOVERABLE_FAILURES = original
     # The wait core turns "cannot observe the job" into a recoverable failure (and tries to delete the job).
-    decision = WaitDecision.from_event(event)
-    assert event["status"] == "done" and decision.phase is Phase.FAILED
+    ended = event_from_payload(event)
+    assert isinstance(ended, JobEnded) and event == ended.to_payload()
+    decision = ended.decision
+    assert decision.phase is Phase.FAILED
     assert decision.verdict is not None and decision.verdict.recoverable
     assert "waiting for Pod ml/x failed" in decision.verdict.detail
 

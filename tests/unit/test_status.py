@@ -297,6 +297,17 @@ def test_decision_round_trips_through_a_trigger_event() -> None:
     assert WaitDecision.from_event(d.to_event()) == d
 
 
+def test_a_decision_says_where_the_job_stands_apart_from_the_clock() -> None:
+    pods = [make_pod("w0"), make_pod("w1")]
+    early = decide(JOB, Snapshot(job=make_job("Created", "Running"), pods=pods, now=T0 + 5), POLICY)
+    later = decide(JOB, Snapshot(job=make_job("Created", "Running"), pods=pods, now=T0 + 75), POLICY)
+    assert early.state == later.state == "PyTorchJob train-abc: Running; pods running 2/2"
+    assert (early.progress, later.progress) == (f"{early.state}; elapsed 0m05s", f"{later.state}; elapsed 1m15s")
+    assert early.wait_state == early.state
+    gone = decide(JOB, Snapshot(job=None, now=T0 + 80), POLICY)
+    assert gone.state is None and gone.wait_state == gone.progress  # no clock: the whole line is the state
+
+
 def test_log_lines_are_never_printed_twice_across_overlapping_reads() -> None:
     first = "2027-01-15T08:00:00.1Z a\n2027-01-15T08:00:01.5Z b\n2027-01-15T08:00:01.5Z b\n"
     lines, cursor = new_log_lines(LogCursor(), first)

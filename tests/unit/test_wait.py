@@ -227,6 +227,39 @@ def test_only_recoverable_api_errors_are_repeated() -> None:
 # --- a new kind of job is one descriptor ------------------------------------------------------------------------------
 
 
+def test_progress_is_logged_when_where_the_job_stands_changes_and_as_a_heartbeat() -> None:
+    # A kind's decisions say where the job stands (state) apart from the line, which may carry anything else.
+    states = iter(["a", "a", "a", "b", "b"])
+
+    def decide_fake(ref: JobRef, snapshot: Snapshot, policy: WaitPolicy) -> WaitDecision:
+        state = next(states)
+        done = snapshot.job["status"]["state"] == "Done"
+        phase = Phase.SUCCEEDED if done else Phase.RUNNING
+        return WaitDecision(phase=phase, progress=f"{state} at {snapshot.now - T0:.0f}", state=state)
+
+    fake = jobkinds.JobKind(
+        kind="FakeJob",
+        group="example.dev",
+        version="v1",
+        plural="fakejobs",
+        accepts=lambda config: False,
+        render=lambda inputs: {},
+        pod_selector=lambda name: f"example.dev/job={name}",
+        decide=decide_fake,
+        is_finished=lambda job: job["status"]["state"] == "Done",
+    )
+    jobkinds.register(fake)
+    try:
+        busy = {"status": {"state": "Busy"}}
+        source = FakeSource([busy, busy, busy, busy, {"status": {"state": "Done"}}])
+        ref = JobRef(kind="FakeJob", name="f", namespace="ml")
+        _, lines = run_sync(wait_for_job(ref, WaitPolicy(poll_interval=30, progress_interval=60)), source)
+    finally:
+        jobkinds.unregister("FakeJob")
+    # "a" at 0 s, unchanged at 30 s, the heartbeat at 60 s; "b" at once at 90 s, unchanged at 120 s.
+    assert [line for line in lines if " at " in line] == ["a at 0", "a at 60", "b at 90"]
+
+
 def test_a_registered_kind_renders_waits_and_is_addressed_through_its_descriptor() -> None:
     from kubernetes import client
 

@@ -1,0 +1,247 @@
+"""The trigger's events and arguments as data: typed events sent as plain dicts, and arguments that refuse what they
+do not know, yet read every trigger row and event that the code before them wrote (in flight across an upgrade)."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import json
+from typing import Any
+
+import pytest
+from airflow.sdk import DAG
+from airflow.sdk.module_loading import import_string
+
+from airflow_provider_torchelastic import TorchElasticOperator
+from airflow_provider_torchelastic.operators import (
+    XCOM_JOB_KIND,
+    XCOM_JOB_NAME,
+    XCOM_JOB_NAMESPACE,
+    TrainingRecoverableError,
+)
+from airflow_provider_torchelastic.status import JobRef, Phase, WaitDecision
+from airflow_provider_torchelastic.summary import XCOM_KEY
+from airflow_provider_torchelastic.triggers import (
+    EVENT_DONE,
+    EVENT_ERROR,
+    JobEnded,
+    TorchElasticJobTrigger,
+    WaitFailed,
+    WatchArgs,
+    event_from_payload,
+)
+
+# What the code before typed events wrote, frozen here as it was: a trigger row (classpath and kwargs, the
+# ``asdict(WatchArgs)`` of that code), a "done" event and an "error" event. Never regenerate these from the code.
+OLD_CLASSPATH = "airflow_provider_torchelastic.triggers.TorchElasticJobTrigger"
+OLD_KWARGS: dict[str, Any] = {
+    "kind": "PyTorchJob",
+    "name": "train-abc",
+    "namespace": "ml",
+    "kubernetes_conn_id": "kubernetes_default",
+    "connection_extras": {"namespace": "ml"},
+    "config_dict": None,
+    "cluster_context": None,
+    "in_cluster": None,
+    "poll_interval": 10.0,
+    "pending_grace_seconds": 120.0,
+    "log_pods": 8,
+    "delete_on_kill": True,
+    "deadline": 1900000000.0,
+    "finish_action": "delete_succeeded",
+    "scheduling_timeout": 600.0,
+    "extra": {},
+}
+OLD_DONE_EVENT: dict[str, Any] = {
+    "status": "done",
+    "phase": "succeeded",
+    "progress": "Pod train-abc: Succeeded; pods running 0/1; elapsed 1m30s",
+    "verdict": {
+        "succeeded": True,
+        "result": [1, 2],
+        "result_ref": None,
+        "recoverable": False,
+        "node": "train-abc",
+        "failure": None,
+        "detail": "",
+    },
+    "pods": [
+        {
+            "name": "train-abc",
+            "replica_type": "pod",
+            "replica_index": 0,
+            "ranks": [0],
+            "phase": "Succeeded",
+            "node": None,
+            "restarts": 0,
+            "reason": "Completed",
+            "message": "",
+            "exit_code": 0,
+            "log_tail": "",
+        }
+    ],
+    "created": 1800000000.0,
+    "metrics": None,
+}
+OLD_ERROR_EVENT: dict[str, Any] = {"status": "error", "message": "ValueError: no usable connection"}
+
+
+# --- events -----------------------------------------------------------------------------------------------------------
+
+
+def test_an_event_written_before_typed_events_reads_as_one() -> None:
+    ended = event_from_payload(OLD_DONE_EVENT)
+    assert isinstance(ended, JobEnded) and ended.decision.phase is Phase.SUCCEEDED
+    assert ended.decision.verdict is not None and ended.decision.verdict.result == [1, 2]
+    assert ended.decision.state is None  # not in events of that code; only the wait reads it
+    assert event_from_payload(OLD_ERROR_EVENT) == WaitFailed("ValueError: no usable connection")
+
+
+def test_typed_events_are_sent_in_the_same_format_as_before() -> None:
+    ended = event_from_payload(OLD_DONE_EVENT)
+    assert isinstance(ended, JobEnded)
+    payload = ended.to_payload()
+    assert payload == {**OLD_DONE_EVENT, "state": None}  # one key more, which older readers ignore
+    assert WaitFailed("ValueError: no usable connection").to_payload() == OLD_ERROR_EVENT
+    assert (payload["status"], OLD_ERROR_EVENT["status"]) == (EVENT_DONE, EVENT_ERROR)
+
+
+@pytest.mark.parametrize(
+    "event",
+    [
+        JobEnded(WaitDecision(phase=Phase.RUNNING, progress="Pod x: Running; elapsed 0m05s", state="Pod x: Running")),
+        JobEnded(WaitDecision(phase=Phase.FAILED, progress="Pod x is gone", metrics={"last": {"loss": 0.5}})),
+        WaitFailed("RuntimeError: boom"),
+    ],
+    ids=["ended", "ended-with-metrics", "failed"],
+)
+def test_events_round_trip_through_json(event: JobEnded | WaitFailed) -> None:
+    payload = json.loads(json.dumps(event.to_payload()))  # what the triggerer stores and the worker reads
+    assert event_from_payload(payload) == event
+    assert type(event).from_payload(payload) == event
+
+
+def test_an_event_of_the_other_kind_is_refused_by_the_typed_reader() -> None:
+    with pytest.raises(ValueError, match="expected a 'done' event"):
+        JobEnded.from_payload(OLD_ERROR_EVENT)
+    with pytest.raises(ValueError, match="expected an 'error' event"):
+        WaitFailed.from_payload(OLD_DONE_EVENT)
+
+
+def test_a_trigger_that_cannot_start_waiting_fires_wait_failed(monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_hook(self: TorchElasticJobTrigger) -> Any:
+        raise RuntimeError("no cluster settings")
+
+    monkeypatch.setattr(TorchElasticJobTrigger, "_hook", no_hook)
+    trigger = TorchElasticJobTrigger(kind="Pod", name="x", namespace="ml")
+
+    async def first_payload() -> dict[str, Any]:
+        async for event in trigger.run():
+            return dict(event.payload)
+        raise AssertionError("no event")
+
+    payload = asyncio.run(first_payload())
+    assert payload == {"status": "error", "message": "RuntimeError: no cluster settings"}
+    assert event_from_payload(payload) == WaitFailed("RuntimeError: no cluster settings")
+
+
+# --- execute_complete reads the events of both the code before and this one -----------------------------------------
+
+
+class FakeTI:
+    task_id = "train"
+    map_index = -1
+    start_date = None
+
+    def __init__(self) -> None:
+        self.xcoms = {XCOM_JOB_KIND: "Pod", XCOM_JOB_NAME: "train-abc", XCOM_JOB_NAMESPACE: "ml"}
+        self.pushed: dict[str, Any] = {}
+
+    def xcom_pull(self, *, task_ids: str, key: str, map_indexes: int) -> Any:
+        return self.xcoms.get(key)
+
+    def xcom_push(self, key: str, value: Any) -> None:
+        self.pushed[key] = value
+
+
+def make_operator() -> TorchElasticOperator:
+    with DAG("events_dag", schedule=None, start_date=datetime.datetime(2026, 1, 1)):
+        return TorchElasticOperator(task_id="train", python_callable=print, image="registry.example.com/train:1")
+
+
+@pytest.mark.parametrize("event", [OLD_DONE_EVENT, event_from_payload(OLD_DONE_EVENT).to_payload()], ids=["old", "new"])
+def test_execute_complete_returns_rank0s_result_from_a_done_event(event: dict[str, Any]) -> None:
+    ti = FakeTI()
+    assert make_operator().execute_complete({"ti": ti}, json.loads(json.dumps(event))) == [1, 2]  # type: ignore[arg-type]
+    assert ti.pushed[XCOM_KEY]["name"] == "train-abc" and ti.pushed[XCOM_KEY]["phase"] == "succeeded"
+
+
+@pytest.mark.parametrize("event", [OLD_ERROR_EVENT, WaitFailed("ValueError: no usable connection").to_payload()])
+def test_execute_complete_stops_the_job_and_fails_recoverably_on_an_error_event(
+    event: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    stopped: list[JobRef] = []
+    monkeypatch.setattr(TorchElasticOperator, "_stop", lambda self, ref, kube=None: stopped.append(ref))
+    with pytest.raises(TrainingRecoverableError, match=r"Waiting for Pod ml/train-abc failed: ValueError: no usable"):
+        make_operator().execute_complete({"ti": FakeTI()}, event)  # type: ignore[arg-type]
+    assert stopped == [JobRef(kind="Pod", name="train-abc", namespace="ml")]
+
+
+# --- arguments ------------------------------------------------------------------------------------------------------
+
+
+def test_a_trigger_row_written_before_typed_events_inflates_as_the_triggerer_inflates_it() -> None:
+    from airflow.models.trigger import Trigger
+    from airflow.serialization.decoders import smart_decode_trigger_kwargs
+
+    # The row as the metadata database holds it (Fernet-encrypted serde), read back as the TriggerRunner reads it.
+    stored = Trigger(classpath=OLD_CLASSPATH, kwargs=OLD_KWARGS)
+    kwargs = {k: smart_decode_trigger_kwargs(v) for k, v in Trigger._decrypt_kwargs(stored.encrypted_kwargs).items()}
+    trigger = import_string(stored.classpath)(**kwargs)
+    assert trigger.args == WatchArgs(
+        kind="PyTorchJob",
+        name="train-abc",
+        namespace="ml",
+        kubernetes_conn_id="kubernetes_default",
+        connection_extras={"namespace": "ml"},
+        deadline=1_900_000_000.0,
+        scheduling_timeout=600.0,
+    )
+    assert trigger.serialize() == (OLD_CLASSPATH, OLD_KWARGS)
+
+
+def test_the_operators_trigger_is_its_arguments() -> None:
+    args = WatchArgs(kind="Pod", name="x", namespace="ml", poll_interval=2.0)
+    trigger = TorchElasticJobTrigger.for_job(args)
+    assert trigger.args == args and import_string(trigger.serialize()[0])(**trigger.serialize()[1]).args == args
+
+
+def test_an_unknown_argument_is_refused_by_name() -> None:
+    with pytest.raises(TypeError, match=r"TorchElasticJobTrigger: unknown argument 'poll_intervall'; expected some"):
+        TorchElasticJobTrigger(**{**OLD_KWARGS, "poll_intervall": 3})
+    with pytest.raises(TypeError, match=r"unknown arguments 'a', 'b'"):
+        TorchElasticJobTrigger(kind="Pod", name="x", namespace="ml", b=1, a=2)
+
+
+def test_the_shared_stream_refuses_an_unknown_argument_too() -> None:
+    async def open_stream() -> None:
+        await anext(TorchElasticJobTrigger.open_shared_stream({**OLD_KWARGS, "nmespace": "ml"}))
+
+    with pytest.raises(TypeError, match="unknown argument 'nmespace'"):
+        asyncio.run(open_stream())
+
+
+def test_the_triggerer_fails_a_row_with_an_unknown_argument_naming_it() -> None:
+    from airflow.executors.workloads.trigger import RunTrigger
+    from airflow.jobs.triggerer_job_runner import TriggerRunner
+    from airflow.models.trigger import Trigger
+
+    async def inflate() -> list[tuple[int, BaseException | None]]:
+        runner = TriggerRunner()
+        encrypted = Trigger.encrypt_kwargs({**OLD_KWARGS, "bogus": 1})
+        runner.to_create.append(RunTrigger(id=1, classpath=OLD_CLASSPATH, encrypted_kwargs=encrypted))
+        await runner.create_triggers()
+        return list(runner.failed_triggers)
+
+    [(trigger_id, error)] = asyncio.run(inflate())
+    assert trigger_id == 1 and isinstance(error, TypeError) and "unknown argument 'bogus'" in str(error)
