@@ -68,10 +68,12 @@ make_layer() {
     chmod +x "$dir/bin/torchrun"
     # Only what the Dockerfile copies, so that nothing else of the checkout (tests, build outputs) gets in.
     src="$(mktemp -d "${TMPDIR:-/tmp}/torchelastic-runner-src.XXXXXX")"
-    cp "$REPO/pyproject.toml" "$REPO/README.md" "$src/"
+    cp "$REPO/pyproject.toml" "$REPO/README.md" "$REPO/build_ui.py" "$src/"
     cp -r "$REPO/airflow_provider_torchelastic" "$src/"
     find "$src" -name __pycache__ -prune -exec rm -rf {} +
-    if ! "$dir/bin/python" -m pip install -q --no-deps --no-build-isolation --no-index "$src" >&2; then
+    # The pods run training, not the UI: as in the Dockerfile, the package installs without the plugin's bundle.
+    if ! TORCHELASTIC_UI_BUNDLE=skip "$dir/bin/python" -m pip install -q --no-deps --no-build-isolation --no-index \
+        "$src" >&2; then
         rm -rf "$src"
         die "installing $REPO into the layer $dir failed"
     fi
