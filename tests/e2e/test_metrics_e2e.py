@@ -96,10 +96,15 @@ def test_kubernetes_wait_logs_progress_and_saves_the_pods(
         "succeeded",
     )
     assert summary.created <= summary.finished and summary.elapsed_seconds > 0
-    assert [(p.name, p.replica_type, p.replica_index, p.ranks, p.phase, p.exit_code) for p in summary.pods] == [
-        (f"{name}-master-0", "master", 0, (0,), "Succeeded", 0),
-        (f"{name}-worker-0", "worker", 0, (1,), "Succeeded", 0),
-    ]
+    pods = [(p.name, p.replica_type, p.replica_index, p.ranks, p.phase, p.exit_code) for p in summary.pods]
+    assert pods[0] == (f"{name}-master-0", "master", 0, (0,), "Succeeded", 0), pods
+    # With a Master, only the Master decides the job's success (kubeflow/trainer v1.9 pytorchjob_controller.go:400),
+    # and the task ends with it: its worker may have ended by then or be a moment from it (the summary is a snapshot).
+    assert pods[1][:4] == (f"{name}-worker-0", "worker", 0, (1,)) and pods[1][4:] in {
+        ("Succeeded", 0),
+        ("Running", None),
+    }
+    assert len(pods) == 2, pods
     assert summary.last_metrics == pytest.approx({"loss": 1 / 30, "accuracy": 29 / 30}, abs=1e-6)
     loss = summary.metrics["loss"]
     assert loss[0][0] == 0 and loss[-1][0] == 29
