@@ -9,16 +9,15 @@ tests run plain torchrun (the provider's runner is covered by the end-to-end tes
 from __future__ import annotations
 
 import json
-import time
 import uuid
-from collections.abc import Callable, Iterator
-from typing import Any, TypeVar
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
 from tests.cluster import sim_kubelet as sk
+from tests.cluster_tests.test_sim_operator import wait_for
 
-T = TypeVar("T")
 IMAGE = "registry.example/torchelastic-test:1"
 # What each worker process prints: its rank and the rendezvous config its agent was given.
 PROBE = (
@@ -27,17 +26,6 @@ PROBE = (
     "conf={os.environ.get('PET_RDZV_CONF')}\", flush=True)\n"
 )
 STORE_FAILED = "The connection to the C10d store has failed"
-
-
-def wait_for(check: Callable[[], T | None], timeout: float, what: str, interval: float = 0.3) -> T:
-    deadline = time.monotonic() + timeout
-    last: T | None = None
-    while time.monotonic() < deadline:
-        last = check()
-        if last:
-            return last
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}; last value: {last!r}")
 
 
 class Jobs:
