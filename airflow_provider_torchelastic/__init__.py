@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from airflow_provider_torchelastic.config import (
+from airflow_provider_torchelastic.core.config import (
     CleanPodPolicy,
     Elastic,
     Master,
@@ -20,12 +20,12 @@ from airflow_provider_torchelastic.config import (
     Worker,
 )
 from airflow_provider_torchelastic.errors import RecoverableError
-from airflow_provider_torchelastic.metrics import report
+from airflow_provider_torchelastic.worker.metrics import report
 
 if TYPE_CHECKING:
     from airflow_provider_torchelastic.operators import TorchElasticOperator
 
-__version__ = "0.1.0"
+from airflow_provider_torchelastic.core.version import __version__
 
 __all__ = [
     "CleanPodPolicy",

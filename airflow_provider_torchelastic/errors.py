@@ -7,20 +7,21 @@ One word for "a retry may help": **recoverable**. Every exception the package de
     ├── RecoverableError                (here) raised by training code: a retry of the task may help
     ├── KubeError                       (here) a Kubernetes API call failed; .status, .reason, .recoverable
     │                                   (429, 5xx, a lost connection: repeating the call may succeed)
-    ├── StreamUnavailable               (stream) the shared watch may not list or watch (401/403); its triggers
-    │                                   poll the API on their own instead
+    ├── StreamUnavailable               (kubernetes.watch) the shared watch may not list or watch (401/403); its
+    │                                   triggers poll the API on their own instead
     ├── ValueError
-    │   ├── PayloadError                (payload) the payload is corrupt, of another format, or of another Python
-    │   ├── ResultTooLargeError         (outcome) rank 0's value does not fit where it has to travel
+    │   ├── PayloadError                (core.payload) the payload is corrupt, of another format, or of another Python
+    │   ├── ResultTooLargeError         (core.outcome) rank 0's value does not fit where it has to travel
     │   └── RunnerUsageError            (runner) the runner's arguments or environment are unusable: it exits
     │                                   EXIT_USAGE and publishes the error where the outcome would have gone
     ├── TypeError
-    │   └── ResultNotSerializableError  (encoding; the runner re-exports it) rank 0 returned a value that cannot
-    │                                   travel as JSON; the message names its type and where it sits
+    │   └── ResultNotSerializableError  (core.encoding; the runner re-exports it) rank 0 returned a value that
+    │                                   cannot travel as JSON; the message names its type and where it sits
     ├── RuntimeError
-    │   ├── NoRunContextError           (context) context.current() outside the workers of a torch_elastic task,
-    │   │                               or a run context that cannot be read
-    │   ├── NoCheckpointLocationError   (checkpoint) no checkpoint location: neither uri= nor one in the run context
+    │   ├── NoRunContextError           (core.run_context) context.current() outside the workers of a torch_elastic
+    │   │                               task, or a run context that cannot be read
+    │   ├── NoCheckpointLocationError   (worker.checkpoint) no checkpoint location: neither uri= nor one in the
+    │   │                               run context
     │   └── KubernetesUnavailable       (plugin.service) the UI could not read a live job from Kubernetes (HTTP 503)
     └── AirflowException                (Airflow) what a task ends with:
         ├── TrainingRecoverableError    (operators) training or waiting failed; a retry may help (Airflow retries)
@@ -66,8 +67,8 @@ class RecoverableError(Exception):
 class KubeError(Exception):
     """A Kubernetes API call failed. ``status`` is the HTTP status (0 when the connection itself failed).
 
-    Raised at one boundary (:mod:`airflow_provider_torchelastic.kube`), chained ``from`` the client's exception;
-    callers test ``status``/``reason``, never the message text.
+    Raised at one boundary (:mod:`airflow_provider_torchelastic.kubernetes.client`), chained ``from`` the client's
+    exception; callers test ``status``/``reason``, never the message text.
     """
 
     def __init__(self, status: int, reason: str, message: str, *, details: Mapping[str, Any] | None = None) -> None:

@@ -21,23 +21,24 @@ from airflow.sdk import BaseOperator, BaseOperatorLink
 from airflow.sdk.definitions.mappedoperator import MappedOperator, OperatorPartial
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
-from airflow_provider_torchelastic import jobkinds
-from airflow_provider_torchelastic.config import Elastic, TaskConfig, check_task_config
-from airflow_provider_torchelastic.context import TaskContext, checkpoint_location, result_location
+from airflow_provider_torchelastic.core.config import Elastic, TaskConfig, check_task_config
+from airflow_provider_torchelastic.core.launch import config_to_launch_spec
+from airflow_provider_torchelastic.core.naming import RunIdentity, placeholder_identity
+from airflow_provider_torchelastic.core.outcome import Verdict
+from airflow_provider_torchelastic.core.payload import dump_payload
+from airflow_provider_torchelastic.core.pod_options import JobOptions, PodOptions
+from airflow_provider_torchelastic.core.run_context import TaskContext, checkpoint_location, result_location
+from airflow_provider_torchelastic.core.validation import check_image, check_seconds, fail, is_templated
 from airflow_provider_torchelastic.errors import KubeError
-from airflow_provider_torchelastic.launch import config_to_launch_spec
-from airflow_provider_torchelastic.naming import RunIdentity, placeholder_identity
-from airflow_provider_torchelastic.outcome import Verdict
-from airflow_provider_torchelastic.payload import dump_payload
-from airflow_provider_torchelastic.pod import JobOptions, PodOptions
-from airflow_provider_torchelastic.render import (
+from airflow_provider_torchelastic.kubernetes import kinds
+from airflow_provider_torchelastic.kubernetes.render import (
     check_renderable,
     elide_payload,
     render_manifests,
     summarize_for_ui,
     task_context_for,
 )
-from airflow_provider_torchelastic.status import (
+from airflow_provider_torchelastic.kubernetes.status import (
     FINISH_ACTIONS,
     JobRef,
     WaitDecision,
@@ -45,18 +46,17 @@ from airflow_provider_torchelastic.status import (
     is_suspended,
     queue_name,
 )
-from airflow_provider_torchelastic.validation import check_image, check_seconds, fail, is_templated
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
     from airflow.sdk.definitions._internal.expandinput import ExpandInput
     from airflow.sdk.types import TaskInstanceKey
 
-    from airflow_provider_torchelastic.kube import SyncKube
-    from airflow_provider_torchelastic.launch import LaunchSpec
-    from airflow_provider_torchelastic.local import LocalRun
-    from airflow_provider_torchelastic.metrics import MetricsTap
-    from airflow_provider_torchelastic.summary import JobSummary
+    from airflow_provider_torchelastic.core.launch import LaunchSpec
+    from airflow_provider_torchelastic.core.summary import JobSummary
+    from airflow_provider_torchelastic.core.tap import MetricsTap
+    from airflow_provider_torchelastic.kubernetes.client import SyncKube
+    from airflow_provider_torchelastic.local.run import LocalRun
 
 __all__ = ["TorchElasticOperator", "TrainingFailedError", "TrainingRecoverableError"]
 
@@ -183,7 +183,7 @@ def read_stored_result(url: str, storage: ResultStorage | None) -> Any:
     ``[torch_elastic] result_storage_keep``. Never unpickled."""
     from airflow.sdk import ObjectStoragePath
 
-    from airflow_provider_torchelastic.outcome import decode_result
+    from airflow_provider_torchelastic.core.outcome import decode_result
 
     conn_id = storage.conn_id if storage is not None else None
     path = ObjectStoragePath(url if "://" in url else f"file://{url}", conn_id=conn_id)
@@ -215,7 +215,7 @@ def configured_report_interval() -> float | None:
 
 def _metrics_env() -> dict[str, str]:
     """The workers' env for local execution: the metrics interval, as rendered into pods."""
-    from airflow_provider_torchelastic.metrics import INTERVAL_ENV
+    from airflow_provider_torchelastic.core.metrics_format import INTERVAL_ENV
 
     interval = configured_report_interval()
     return {} if interval is None else {INTERVAL_ENV: f"{interval:g}"}
@@ -226,8 +226,8 @@ def _local_summary(
 ) -> JobSummary:
     import socket
 
-    from airflow_provider_torchelastic.naming import job_name
-    from airflow_provider_torchelastic.summary import local_job_summary
+    from airflow_provider_torchelastic.core.naming import job_name
+    from airflow_provider_torchelastic.core.summary import local_job_summary
 
     nproc = str(spec.nproc_per_node)
     return local_job_summary(
@@ -634,8 +634,8 @@ class TorchElasticOperator(BaseOperator):
         return self._execute_on_kubernetes(context, payload)
 
     def _execute_locally(self, context: Context, payload: bytes) -> Any:
-        from airflow_provider_torchelastic.local import LocalRun, run_locally
-        from airflow_provider_torchelastic.metrics import MetricsTap
+        from airflow_provider_torchelastic.core.tap import MetricsTap
+        from airflow_provider_torchelastic.local.run import LocalRun, run_locally
 
         spec = config_to_launch_spec(self.task_config)
         identity = self._identity(context)
@@ -661,7 +661,7 @@ class TorchElasticOperator(BaseOperator):
 
     def _push_job_summary(self, context: Context, summary: JobSummary) -> None:
         """Save the job summary (the UI's record of a finished job) as the XCom ``torch_elastic_job``."""
-        from airflow_provider_torchelastic.summary import XCOM_KEY
+        from airflow_provider_torchelastic.core.summary import XCOM_KEY
 
         try:
             context["ti"].xcom_push(key=XCOM_KEY, value=summary.to_dict())
@@ -801,7 +801,7 @@ class TorchElasticOperator(BaseOperator):
             pod_options=self.pod_options,
             job_options=self.job_options,
             default_image=configured_image(),
-            renderer=jobkinds.for_config(self.task_config).render,
+            renderer=kinds.for_config(self.task_config).render,
             task_context=task_context,
             result_url=_result_url(task_context) if task_context is not None else None,
             report_interval=configured_report_interval(),
@@ -829,8 +829,8 @@ class TorchElasticOperator(BaseOperator):
         return conf.getboolean(CONFIG_SECTION, "deferrable", fallback=True)
 
     def _execute_on_kubernetes(self, context: Context, payload: bytes) -> Any:
-        from airflow_provider_torchelastic.kube import SyncKube
-        from airflow_provider_torchelastic.wait import drive_sync, wait_for_job
+        from airflow_provider_torchelastic.kubernetes.client import SyncKube
+        from airflow_provider_torchelastic.kubernetes.wait import drive_sync, wait_for_job
 
         hook = self._hook()
         _check_one_cluster_source(self.kubernetes_conn_id, hook)
@@ -860,7 +860,7 @@ class TorchElasticOperator(BaseOperator):
 
         if self._resolve_deferrable():
             self._defer(hook, ref, context)
-        from airflow_provider_torchelastic.metrics import MetricsTap
+        from airflow_provider_torchelastic.core.tap import MetricsTap
 
         # Rank 0's metrics lines (in its pod's log) become progress lines; the tap keeps them for the job summary.
         tap = MetricsTap(self.log.info)
@@ -893,7 +893,7 @@ class TorchElasticOperator(BaseOperator):
         self, kube: SyncKube, ref: JobRef, configmap: dict[str, Any], workload: dict[str, Any], context: Context
     ) -> JobRef:
         """Create the ConfigMap and the job, or re-attach to the job this try already created; returns the job."""
-        from airflow_provider_torchelastic.kube import retry_sync
+        from airflow_provider_torchelastic.kubernetes.client import retry_sync
 
         def call(fn: Callable[..., Any], *args: Any) -> Any:
             return retry_sync(functools.partial(fn, *args), self.log.warning)
@@ -915,7 +915,7 @@ class TorchElasticOperator(BaseOperator):
         workload: dict[str, Any],
         context: Context,
     ) -> JobRef:
-        from airflow_provider_torchelastic.render import payload_configmap_owner_reference
+        from airflow_provider_torchelastic.kubernetes.render import payload_configmap_owner_reference
 
         store = context.get("task_state_store")
         saved = store.get(STATE_KEY) if store is not None else None
@@ -1025,7 +1025,7 @@ class TorchElasticOperator(BaseOperator):
             raise TrainingRecoverableError(
                 f"Waiting for {ref.kind} {ref.namespace}/{ref.name} failed: {outcome.message}"
             )
-        from airflow_provider_torchelastic.metrics import MetricsTap
+        from airflow_provider_torchelastic.core.tap import MetricsTap
 
         decision = outcome.decision
         # The trigger's tap (when it drove the wait with one) sent what it kept along with the decision.
@@ -1033,7 +1033,7 @@ class TorchElasticOperator(BaseOperator):
         return self._result_of(ref, decision, context, tap)
 
     def _result_of(self, ref: JobRef, decision: WaitDecision, context: Context, tap: MetricsTap) -> Any:
-        from airflow_provider_torchelastic.summary import JobSummary, with_log_tails
+        from airflow_provider_torchelastic.core.summary import JobSummary, with_log_tails
 
         verdict = decision.verdict or Verdict(succeeded=False, detail=decision.progress)
         self.log.info("%s %s/%s ended: %s", ref.kind, ref.namespace, ref.name, decision.progress)
@@ -1055,8 +1055,8 @@ class TorchElasticOperator(BaseOperator):
 
     def _stop(self, ref: JobRef, kube: SyncKube | None = None) -> None:
         """Delete the job unless it has finished: the one way the worker ends a job it no longer waits for."""
-        from airflow_provider_torchelastic.kube import SyncKube
-        from airflow_provider_torchelastic.wait import drive_sync, stop_job
+        from airflow_provider_torchelastic.kubernetes.client import SyncKube
+        from airflow_provider_torchelastic.kubernetes.wait import drive_sync, stop_job
 
         drive_sync(stop_job(ref), kube or SyncKube(self._hook().api_client), self.log.info)
 
@@ -1117,7 +1117,7 @@ def _submit_error(ref: JobRef, error: KubeError) -> Exception:
     elif error.status in (401, 403):
         hint = "; the connection's identity lacks permission (see the Role in the README)"
     elif error.status == 404:
-        descriptor = jobkinds.get(ref.kind)
+        descriptor = kinds.get(ref.kind)
         if not descriptor.is_core:
             hint = (
                 f"; the API server has no {descriptor.plural}.{descriptor.group} resource: is the Kubeflow training "

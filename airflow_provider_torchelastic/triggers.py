@@ -1,8 +1,8 @@
 """The trigger that waits for a PyTorchJob (or the single Pod) while the task is deferred.
 
-It drives the same wait core (:func:`~airflow_provider_torchelastic.wait.wait_for_job`) as the worker does with
+It drives the same wait core (:func:`~.kubernetes.wait.wait_for_job`) as the worker does with
 ``deferrable=False``, deadline, clean-up and all; only the I/O is async, and in the triggerer it comes from one
-watch per connection and namespace shared by all triggers there (:mod:`~airflow_provider_torchelastic.stream`).
+watch per connection and namespace shared by all triggers there (:mod:`~.kubernetes.watch`).
 Its arguments are one frozen dataclass, so
 ``serialize()`` cannot drift from ``__init__`` (an argument it does not know is refused, not dropped), and they carry
 the connection as resolved on the worker (the triggerer needs no connection).
@@ -23,7 +23,7 @@ from typing import Any, Final, TypeAlias
 
 from airflow.triggers.base import BaseEventTrigger, TriggerEvent
 
-from airflow_provider_torchelastic.status import JobRef, WaitDecision, WaitPolicy
+from airflow_provider_torchelastic.kubernetes.status import JobRef, WaitDecision, WaitPolicy
 
 __all__ = [
     "EVENT_DONE",
@@ -194,7 +194,7 @@ class TorchElasticJobTrigger(BaseEventTrigger):
     """Fires once, when the job ended (or waiting for it failed).
 
     In the triggerer, every trigger of one connection and namespace shares one list+watch
-    (:mod:`~airflow_provider_torchelastic.stream`): :meth:`filter_shared_stream` drives the wait core from the
+    (:mod:`~.kubernetes.watch`): :meth:`filter_shared_stream` drives the wait core from the
     shared cache. :meth:`run` (``dag.test()``, which runs triggers in-process, or a triggerer without shared
     streams) polls the API on its own, with the same wait core.
     """
@@ -224,7 +224,7 @@ class TorchElasticJobTrigger(BaseEventTrigger):
         self.log.info(line)
 
     def shared_stream_key(self) -> tuple[str, str, str]:
-        from airflow_provider_torchelastic.stream import stream_key
+        from airflow_provider_torchelastic.kubernetes.watch import stream_key
 
         args = self.args
         return stream_key(
@@ -239,8 +239,8 @@ class TorchElasticJobTrigger(BaseEventTrigger):
     @classmethod
     async def open_shared_stream(cls, kwargs: dict[str, Any]) -> AsyncIterator[Any]:
         """One client and one list+watch for the namespace; only the key's fields (connection, namespace) count."""
-        from airflow_provider_torchelastic.kube import AsyncKube
-        from airflow_provider_torchelastic.stream import watch_namespace
+        from airflow_provider_torchelastic.kubernetes.client import AsyncKube
+        from airflow_provider_torchelastic.kubernetes.watch import watch_namespace
 
         args = _watch_args(kwargs)
         async with _hook(args).get_conn() as api:
@@ -256,10 +256,10 @@ class TorchElasticJobTrigger(BaseEventTrigger):
             yield event
 
     async def _wait(self, updates: AsyncIterator[Any] | None) -> AsyncIterator[TriggerEvent]:
-        from airflow_provider_torchelastic.kube import AsyncKube
-        from airflow_provider_torchelastic.metrics import MetricsTap
-        from airflow_provider_torchelastic.stream import SharedSource
-        from airflow_provider_torchelastic.wait import drive_async, wait_for_job
+        from airflow_provider_torchelastic.core.tap import MetricsTap
+        from airflow_provider_torchelastic.kubernetes.client import AsyncKube
+        from airflow_provider_torchelastic.kubernetes.wait import drive_async, wait_for_job
+        from airflow_provider_torchelastic.kubernetes.watch import SharedSource
 
         args = self.args
         # Rank 0's metrics lines become progress lines here too; what the tap kept travels in the event, so that
@@ -295,8 +295,8 @@ class TorchElasticJobTrigger(BaseEventTrigger):
         """
         if not self.args.delete_on_kill or self._finished:
             return
-        from airflow_provider_torchelastic.kube import AsyncKube
-        from airflow_provider_torchelastic.wait import drive_async, stop_job
+        from airflow_provider_torchelastic.kubernetes.client import AsyncKube
+        from airflow_provider_torchelastic.kubernetes.wait import drive_async, stop_job
 
         async with self._hook().get_conn() as api:
             await drive_async(stop_job(self.args.ref), AsyncKube(api), self._emit)

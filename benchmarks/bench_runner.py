@@ -88,7 +88,7 @@ def bench_payload(repeat: int) -> dict[str, float]:
     sys.path.insert(0, str(REPO / "example_dags"))
     import torch_elastic_quickstart as quickstart  # type: ignore[import-not-found]
 
-    from airflow_provider_torchelastic.payload import dump_payload, load_payload
+    from airflow_provider_torchelastic.core.payload import dump_payload, load_payload
 
     fn = quickstart.train.function
     dumps, loads = [], []
@@ -104,7 +104,7 @@ def bench_payload(repeat: int) -> dict[str, float]:
 
 
 def bench_launch(repeat: int) -> dict[str, tuple[float, float]]:
-    from airflow_provider_torchelastic.payload import dump_payload
+    from airflow_provider_torchelastic.core.payload import dump_payload
 
     work = Path(tempfile.mkdtemp(prefix="torchelastic-bench-"))
     script = work / "train.py"

@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Final
 
-from airflow_provider_torchelastic.metrics import MetricSeries, format_metrics, parse_metrics_line
+from airflow_provider_torchelastic.core.metrics_format import MetricSeries, format_metrics, parse_metrics_line
 from airflow_provider_torchelastic.plugin import views
 from airflow_provider_torchelastic.plugin.sources import (
     LOG_PODS,

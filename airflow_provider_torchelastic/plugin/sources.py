@@ -16,9 +16,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from airflow_provider_torchelastic import jobkinds
+from airflow_provider_torchelastic.core.naming import LABEL_MANAGED_BY, MANAGED_BY, TRAINING_CONTAINER
 from airflow_provider_torchelastic.errors import KubeError
-from airflow_provider_torchelastic.naming import LABEL_MANAGED_BY, MANAGED_BY, TRAINING_CONTAINER
+from airflow_provider_torchelastic.kubernetes import kinds
 from airflow_provider_torchelastic.plugin.views import SUMMARY_XCOM_KEY, Identity, LiveJob, group_live_jobs
 
 __all__ = ["KubeJobs", "Summaries", "SummaryQuery", "active_job_namespaces"]
@@ -96,7 +96,7 @@ class KubeJobs:
         return bytes(data)
 
     def _list(self, kind: str, namespace: str) -> list[dict[str, Any]]:
-        descriptor = jobkinds.get(kind)
+        descriptor = kinds.get(kind)
         base = f"/apis/{descriptor.group}/{descriptor.version}" if descriptor.group else f"/api/{descriptor.version}"
         doc = json.loads(self._get(f"{base}/namespaces/{namespace}/{descriptor.plural}", {"labelSelector": _MANAGED}))
         return list(doc.get("items") or [])
@@ -160,14 +160,14 @@ class KubeJobs:
 
 
 def _kinds() -> Sequence[str]:
-    return [kind.kind for kind in jobkinds.registered()]
+    return [kind.kind for kind in kinds.registered()]
 
 
 def _owned_pod_label_keys() -> set[str]:
     """Label keys by which kinds that own pods select them (a pod with one belongs to such a job)."""
     keys: set[str] = set()
     for kind in _kinds():
-        selector = jobkinds.get(kind).pod_selector("x")
+        selector = kinds.get(kind).pod_selector("x")
         if selector is not None:
             keys.update(term.partition("=")[0] for term in selector.split(","))
     return keys

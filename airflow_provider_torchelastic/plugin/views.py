@@ -3,7 +3,7 @@
 Two sources make one list of jobs:
 
 - **live** jobs: the provider's objects listed from Kubernetes (one list per kind and one pod list per namespace),
-  read with the same per-kind decisions (:mod:`jobkinds`) that the task's wait uses, so the page never says
+  read with the same per-kind decisions (:mod:`kinds`) that the task's wait uses, so the page never says
   something the task would not;
 - **finished** jobs: the summary (``torch_elastic_job`` XCom) the task saved when its job ended, which outlives a
   deleted job and covers local executions.
@@ -18,8 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 from urllib.parse import quote
 
-from airflow_provider_torchelastic import jobkinds
-from airflow_provider_torchelastic.naming import (
+from airflow_provider_torchelastic.core.naming import (
     ANNOTATION_DAG_ID,
     ANNOTATION_RUN_ID,
     ANNOTATION_TASK_ID,
@@ -28,8 +27,9 @@ from airflow_provider_torchelastic.naming import (
     REPLICA_INDEX_LABEL,
     REPLICA_TYPE_LABEL,
 )
-from airflow_provider_torchelastic.status import JobRef, Phase, Snapshot, WaitPolicy, parse_time
-from airflow_provider_torchelastic.summary import XCOM_KEY, JobSummary, pod_summaries
+from airflow_provider_torchelastic.core.summary import XCOM_KEY, JobSummary, pod_summaries
+from airflow_provider_torchelastic.kubernetes import kinds
+from airflow_provider_torchelastic.kubernetes.status import JobRef, Phase, Snapshot, WaitPolicy, parse_time
 
 __all__ = [
     "LOCAL_NAMESPACE",
@@ -115,7 +115,7 @@ def _int(value: Any, default: Any) -> Any:
 
 
 def _selector_matches(selector: str, labels: Mapping[str, str]) -> bool:
-    """Whether ``labels`` satisfy an equality selector ``k=v,k2=v2`` (what :class:`jobkinds.JobKind` gives)."""
+    """Whether ``labels`` satisfy an equality selector ``k=v,k2=v2`` (what :class:`kinds.JobKind` gives)."""
     for term in selector.split(","):
         key, _, value = term.partition("=")
         if labels.get(key.strip()) != value.strip():
@@ -132,7 +132,7 @@ def group_live_jobs(
     """
     jobs: list[LiveJob] = []
     for kind, items in objects.items():
-        descriptor = jobkinds.get(kind)
+        descriptor = kinds.get(kind)
         for obj in items:
             name = obj.get("metadata", {}).get("name", "")
             selector = descriptor.pod_selector(name)
@@ -164,7 +164,7 @@ def ti_url(identity: Identity, base_path: str = "") -> str:
 
 def _decide(job: LiveJob, now: float) -> tuple[Phase, str | None]:
     """The job's phase and, when it failed, why: the task's own decision over this snapshot."""
-    descriptor = jobkinds.get(job.kind)
+    descriptor = kinds.get(job.kind)
     ref = JobRef(kind=job.kind, name=job.name, namespace=job.namespace)
     pods = job.pods if descriptor.pod_selector(job.name) is not None else ()
     decision = descriptor.decide(ref, Snapshot(job=job.obj, pods=pods, now=now), WaitPolicy())

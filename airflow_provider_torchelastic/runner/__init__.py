@@ -14,7 +14,7 @@ signal N, in which case it writes no failure report, because it is not the root 
 
 When several workers fail together (one raises, its peers then lose their connections to it), the failure reported
 is the cause, not a victim: see :func:`failure_from_child_failed` and
-:func:`airflow_provider_torchelastic.outcome.consequence_sign`.
+:func:`airflow_provider_torchelastic.core.outcome.consequence_sign`.
 """
 
 from __future__ import annotations
@@ -36,19 +36,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Final
 
-from airflow_provider_torchelastic import metrics
-
 # Re-exported: the error a worker raises for rank 0's value is the runner's.
-from airflow_provider_torchelastic.encoding import ResultNotSerializableError as ResultNotSerializableError
-from airflow_provider_torchelastic.encoding import value_to_json
-from airflow_provider_torchelastic.errors import (
-    EXIT_FAILED,
-    EXIT_OK,
-    EXIT_RECOVERABLE,
-    EXIT_USAGE,
-    RecoverableError,
-)
-from airflow_provider_torchelastic.outcome import (
+from airflow_provider_torchelastic.core.encoding import ResultNotSerializableError as ResultNotSerializableError
+from airflow_provider_torchelastic.core.encoding import value_to_json
+from airflow_provider_torchelastic.core.outcome import (
     TERMINATION_MESSAGE_LIMIT,
     ResultTooLargeError,
     WorkerFailure,
@@ -57,7 +48,15 @@ from airflow_provider_torchelastic.outcome import (
     encode_success_ref,
     root_cause,
 )
-from airflow_provider_torchelastic.payload import PayloadError, check_compatible, load_payload, read_header
+from airflow_provider_torchelastic.core.payload import PayloadError, check_compatible, load_payload, read_header
+from airflow_provider_torchelastic.errors import (
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_RECOVERABLE,
+    EXIT_USAGE,
+    RecoverableError,
+)
+from airflow_provider_torchelastic.worker import metrics
 
 log = logging.getLogger("airflow_provider_torchelastic.runner")
 
@@ -255,7 +254,7 @@ def _leave_failure_markers(exc: BaseException) -> None:
 
 def encode_result(value: Any) -> str:
     """Rank 0's value as strict JSON: scalars, small tensors and arrays, dataclasses, enums, dates, paths and sets
-    converted, NaN and infinities spelled as strings (:mod:`airflow_provider_torchelastic.encoding`); anything else
+    converted, NaN and infinities spelled as strings (:mod:`airflow_provider_torchelastic.core.encoding`); anything else
     raises :class:`ResultNotSerializableError`, naming its type and where it sits in the value."""
     return value_to_json(value)
 
@@ -303,7 +302,7 @@ def failure_from_child_failed(error: Any, log_dir: str | os.PathLike[str] | None
     (the peer's exit closed their connection) ties with the peer, or is the only one reported. So every failure is
     read: the ones torch reported and, from the attempt's folder under ``log_dir``, every other worker that left an
     error file or our markers, each with its own sub-second time; then a known cause wins over a consequence
-    (:func:`~airflow_provider_torchelastic.outcome.root_cause`).
+    (:func:`~airflow_provider_torchelastic.core.outcome.root_cause`).
     """
     reported = sorted((int(rank), failure) for rank, failure in error.failures.items())
     attempt = _attempt_folder(log_dir, [failure for _, failure in reported])
@@ -536,7 +535,7 @@ def run(settings: RunnerSettings) -> int:
         return 128 + int(e.sigval)
     except Exception as e:
         # The agent itself failed: most often it lost the rendezvous store that a failed node hosted (a broken pipe,
-        # DistNetworkError), which outcome.py reads as a consequence of that node's failure. Report it rather than
+        # DistNetworkError), which core.outcome reads as a consequence of that node's failure. Report it rather than
         # die with a bare exit 1, so that the verdict can tell it from a cause.
         failure = replace(_runner_failure(e, rank=-1), traceback=tb.format_exc())
         return _report_failure(settings, failure)
@@ -556,7 +555,7 @@ def run(settings: RunnerSettings) -> int:
 
 def _store_result(settings: RunnerSettings, rank0_json: str, url: str) -> int:
     """Write a result too large for the result file to result storage, and report where it is."""
-    from airflow_provider_torchelastic.checkpoint import write_bytes
+    from airflow_provider_torchelastic.worker.checkpoint import write_bytes
 
     try:
         write_bytes(url, rank0_json.encode())

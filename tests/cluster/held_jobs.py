@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-from airflow_provider_torchelastic.naming import LABEL_MANAGED_BY, MANAGED_BY
+from airflow_provider_torchelastic.core.naming import LABEL_MANAGED_BY, MANAGED_BY
 from tests.cluster.sim_kubelet import ANN_EXIT_CODE, ANN_HOLD
 
 GROUP: Final = "kubeflow.org"

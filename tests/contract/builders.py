@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from airflow_provider_torchelastic.config import TaskConfig
-from airflow_provider_torchelastic.naming import RunIdentity
-from airflow_provider_torchelastic.pod import JobOptions, PodOptions
-from airflow_provider_torchelastic.render import render_manifests
+from airflow_provider_torchelastic.core.config import TaskConfig
+from airflow_provider_torchelastic.core.naming import RunIdentity
+from airflow_provider_torchelastic.core.pod_options import JobOptions, PodOptions
+from airflow_provider_torchelastic.kubernetes.render import render_manifests
 
 IMAGE = "registry.example.com/ml/train:1.0"
 PAYLOAD = b"\x80\x05payload"

@@ -21,7 +21,7 @@ import jsonschema
 import pytest
 import yaml
 
-from airflow_provider_torchelastic.config import Elastic
+from airflow_provider_torchelastic.core.config import Elastic
 from tests.contract.builders import render, workload
 from tests.contract.schemas import REPO_ROOT, crd_jsonschema, load_crd
 

@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 import yaml
 
-from airflow_provider_torchelastic.config import Elastic, Master, PyTorch, RestartPolicy, RunPolicy, Worker
-from airflow_provider_torchelastic.pod import JobOptions, PodOptions, secret_key_ref
-from airflow_provider_torchelastic.render import summarize_for_ui
+from airflow_provider_torchelastic.core.config import Elastic, Master, PyTorch, RestartPolicy, RunPolicy, Worker
+from airflow_provider_torchelastic.core.pod_options import JobOptions, PodOptions, secret_key_ref
+from airflow_provider_torchelastic.kubernetes.render import summarize_for_ui
 from tests.contract.builders import render
 from tests.contract.schemas import validate_rendered
 

@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from airflow_provider_torchelastic.config import Elastic, Master, PyTorch, Worker
-from airflow_provider_torchelastic.launch import NCCL_ENV_DEFAULTS, nccl_env_defaults
-from airflow_provider_torchelastic.pod import PodOptions, secret_key_ref
+from airflow_provider_torchelastic.core.config import Elastic, Master, PyTorch, Worker
+from airflow_provider_torchelastic.core.launch import NCCL_ENV_DEFAULTS, nccl_env_defaults
+from airflow_provider_torchelastic.core.pod_options import PodOptions, secret_key_ref
 from tests.contract.builders import pod_specs, pytorch_container, render, workload
 from tests.contract.schemas import validate_rendered
 
@@ -114,7 +114,7 @@ def test_nccl_env_defaults_skips_what_is_set(present: tuple[str, ...], expected:
 
 
 def test_local_execution_gets_the_defaults_and_keeps_the_workers_own(monkeypatch: pytest.MonkeyPatch) -> None:
-    from airflow_provider_torchelastic import local
+    from airflow_provider_torchelastic.local import run as local
 
     monkeypatch.delenv(NAME, raising=False)
     monkeypatch.delenv("NCCL_ASYNC_ERROR_HANDLING", raising=False)

@@ -11,7 +11,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from airflow_provider_torchelastic.config import (
+from airflow_provider_torchelastic.core.config import (
     CleanPodPolicy,
     Elastic,
     Master,
@@ -20,8 +20,8 @@ from airflow_provider_torchelastic.config import (
     RunPolicy,
     Worker,
 )
-from airflow_provider_torchelastic.pod import JobOptions, PodOptions, config_map_key_ref, secret_key_ref
-from airflow_provider_torchelastic.render import (
+from airflow_provider_torchelastic.core.pod_options import JobOptions, PodOptions, config_map_key_ref, secret_key_ref
+from airflow_provider_torchelastic.kubernetes.render import (
     MAX_CONFIGMAP_BYTES,
     PAYLOAD_KEY,
     PAYLOAD_PATH,
@@ -611,10 +611,10 @@ def test_rendering_imports_no_airflow_kubernetes_or_torch() -> None:
 
     code = (
         "import sys\n"
-        "import airflow_provider_torchelastic.render, airflow_provider_torchelastic.pod\n"
-        "from airflow_provider_torchelastic.config import Elastic\n"
-        "from airflow_provider_torchelastic.pod import PodOptions\n"
-        "from airflow_provider_torchelastic.render import check_renderable\n"
+        "import airflow_provider_torchelastic.kubernetes.render, airflow_provider_torchelastic.core.pod_options\n"
+        "from airflow_provider_torchelastic.core.config import Elastic\n"
+        "from airflow_provider_torchelastic.core.pod_options import PodOptions\n"
+        "from airflow_provider_torchelastic.kubernetes.render import check_renderable\n"
         "check_renderable(Elastic(nnodes=2), image='i:1', pod_options=PodOptions(labels={'a': 'b'}))\n"
         "loaded = sorted({m.split('.')[0] for m in sys.modules} & {'airflow', 'kubernetes', 'torch', 'yaml'})\n"
         "assert not loaded, loaded\n"

@@ -14,7 +14,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from airflow_provider_torchelastic.config import (
+from airflow_provider_torchelastic.core.config import (
     CleanPodPolicy,
     Elastic,
     Master,
@@ -24,9 +24,15 @@ from airflow_provider_torchelastic.config import (
     TaskConfig,
     Worker,
 )
-from airflow_provider_torchelastic.naming import RunIdentity
-from airflow_provider_torchelastic.pod import UNSET, JobOptions, PodOptions, config_map_key_ref, secret_key_ref
-from airflow_provider_torchelastic.render import (
+from airflow_provider_torchelastic.core.naming import RunIdentity
+from airflow_provider_torchelastic.core.pod_options import (
+    UNSET,
+    JobOptions,
+    PodOptions,
+    config_map_key_ref,
+    secret_key_ref,
+)
+from airflow_provider_torchelastic.kubernetes.render import (
     UI_FOOTER,
     UI_SUMMARY_LIMIT,
     Workload,

@@ -24,7 +24,7 @@ from airflow_provider_torchelastic import (
     TorchElasticOperator,
     Worker,
 )
-from airflow_provider_torchelastic.naming import LABEL_RUN_ID
+from airflow_provider_torchelastic.core.naming import LABEL_RUN_ID
 from airflow_provider_torchelastic.pod import PodOptions, secret_key_ref
 from tests.dag_support import record_failure
 

@@ -22,7 +22,7 @@ import pendulum
 from airflow.sdk import DAG
 
 from airflow_provider_torchelastic import Elastic, RecoverableError, TorchElasticOperator
-from airflow_provider_torchelastic.naming import LABEL_RUN_ID
+from airflow_provider_torchelastic.core.naming import LABEL_RUN_ID
 from airflow_provider_torchelastic.pod import PodOptions
 from tests.dag_support import record_failure
 

@@ -27,7 +27,7 @@ with DAG("ui_metrics", schedule=None, start_date=START, catchup=False, default_a
 
         # One metrics line per report() (15 s apart by default), so that the page sees the run's points while it runs.
         os.environ["TORCHELASTIC_REPORT_INTERVAL"] = "0"
-        from airflow_provider_torchelastic.metrics import report
+        from airflow_provider_torchelastic import report
 
         for step in range(1, steps + 1):
             report(step=step, loss=2.0 * math.exp(-step / 4) + 0.05, accuracy=1 - math.exp(-step / 3))
@@ -48,7 +48,7 @@ with DAG("ui_failure", schedule=None, start_date=START, catchup=False, default_a
         import time
 
         os.environ["TORCHELASTIC_REPORT_INTERVAL"] = "0"
-        from airflow_provider_torchelastic.metrics import report
+        from airflow_provider_torchelastic import report
 
         if os.environ["RANK"] == "1":
             time.sleep(4)

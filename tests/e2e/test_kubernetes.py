@@ -56,7 +56,7 @@ class DagRunResult:
         return self.xcoms[(task_id, map_index, key)]
 
     def identity(self, try_number: int = 1, task_id: str = "train"):
-        from airflow_provider_torchelastic.naming import RunIdentity
+        from airflow_provider_torchelastic.core.naming import RunIdentity
 
         return RunIdentity(dag_id=self.dag_id, task_id=task_id, run_id=self.run_id, try_number=try_number)
 
@@ -286,8 +286,8 @@ def set_connection(monkeypatch: pytest.MonkeyPatch, kubeconfig: Path, namespace:
 
 
 def test_one_node_runs_as_a_single_pod_and_is_deleted(cluster: Cluster) -> None:
-    from airflow_provider_torchelastic.naming import job_name
-    from airflow_provider_torchelastic.render import payload_configmap_name
+    from airflow_provider_torchelastic.core.naming import job_name
+    from airflow_provider_torchelastic.kubernetes.render import payload_configmap_name
 
     result = run_dag("k8s_single_pod")
     assert result.state == "success", result
@@ -306,7 +306,7 @@ def test_one_node_runs_as_a_single_pod_and_is_deleted(cluster: Cluster) -> None:
 def test_elastic_two_nodes_returns_rank_0_result_from_whichever_pod_held_it(
     cluster: Cluster, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from airflow_provider_torchelastic.outcome import decode_outcome
+    from airflow_provider_torchelastic.core.outcome import decode_outcome
 
     monkeypatch.setenv(
         "AIRFLOW__TORCH_ELASTIC__DASHBOARD_URL_TEMPLATE", "https://dash.example/{namespace}/{kind}/{name}"
@@ -378,7 +378,7 @@ def test_quickstart_dag_on_kubernetes(monkeypatch: pytest.MonkeyPatch, cluster: 
 
 
 def test_recoverable_failure_is_retried_with_a_new_job(cluster: Cluster, failure_dir: Path) -> None:
-    from airflow_provider_torchelastic.naming import job_name
+    from airflow_provider_torchelastic.core.naming import job_name
 
     result = run_dag("k8s_recoverable_retry")
     assert result.state == "success", result
@@ -400,7 +400,7 @@ def test_recoverable_failure_is_retried_with_a_new_job(cluster: Cluster, failure
 def test_permanent_failure_fails_at_once_and_keeps_the_failed_pod(
     cluster: Cluster, failure_dir: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:
-    from airflow_provider_torchelastic.naming import job_name
+    from airflow_provider_torchelastic.core.naming import job_name
 
     result = run_dag("k8s_permanent_failure")
     assert result.state == "failed", result
@@ -533,7 +533,7 @@ def test_worker_crash_after_creation_reattaches_within_the_same_try(
     from airflow.utils.session import create_session
     from sqlalchemy import select
 
-    from airflow_provider_torchelastic.naming import label_selector
+    from airflow_provider_torchelastic.core.naming import label_selector
 
     dag_id = "k8s_worker_crash"
     proc = start_dag_subprocess(dag_id, tmp_path / "worker.log")

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from airflow_provider_torchelastic.context import checkpoint_location
+from airflow_provider_torchelastic.core.run_context import checkpoint_location
 from tests.dags.retries_and_checkpoints import FAIL_AFTER, STEPS, one_megabyte
 from tests.e2e.test_local_execution import run_dag
 from tests.s3_server import S3Server, s3, s3_env  # noqa: F401

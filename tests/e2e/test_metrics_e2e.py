@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from airflow_provider_torchelastic.summary import XCOM_KEY, JobSummary
+from airflow_provider_torchelastic.core.summary import XCOM_KEY, JobSummary
 
 # The Kubernetes tests' session cluster and per-test clean-up (not their autouse fixtures: the local test needs no
 # cluster).

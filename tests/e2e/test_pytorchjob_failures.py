@@ -41,7 +41,7 @@ def errors(failure_dir: Path, dag_id: str) -> dict[int, str]:
 
 
 def job_of(result: DagRunResult, try_number: int = 1) -> str:
-    from airflow_provider_torchelastic.naming import job_name
+    from airflow_provider_torchelastic.core.naming import job_name
 
     return job_name(result.identity(try_number))
 
@@ -55,7 +55,7 @@ def timed_run(dag_id: str) -> tuple[DagRunResult, float]:
 
 
 def test_worker_exception_names_that_worker_and_rank_not_its_peers(cluster: Cluster, failure_dir: Path) -> None:
-    from airflow_provider_torchelastic.outcome import decode_outcome
+    from airflow_provider_torchelastic.core.outcome import decode_outcome
 
     result, _ = timed_run("k8s_fail_worker_exception")
     assert result.state == "failed", result

@@ -75,8 +75,8 @@ def test_two_local_ranks_raising_recoverable_errors_after_a_collective_are_retri
 def test_an_oom_killed_pod_is_the_root_cause_not_its_peer_that_failed_because_of_it(
     cluster: Cluster, failure_dir: Path, killed_index: int
 ) -> None:
-    from airflow_provider_torchelastic.naming import job_name
-    from airflow_provider_torchelastic.outcome import decode_outcome
+    from airflow_provider_torchelastic.core.naming import job_name
+    from airflow_provider_torchelastic.core.outcome import decode_outcome
     from tests.e2e.test_kubernetes import run_dag
 
     dag_id = f"rc_k8s_oom_worker_{killed_index}"

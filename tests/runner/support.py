@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from airflow_provider_torchelastic.outcome import NodeOutcome, decode_outcome
-from airflow_provider_torchelastic.payload import dump_payload
+from airflow_provider_torchelastic.core.outcome import NodeOutcome, decode_outcome
+from airflow_provider_torchelastic.core.payload import dump_payload
 
 RUNNER = "airflow_provider_torchelastic.runner"
 # Variables of the machine running the tests that would change what the runner does.

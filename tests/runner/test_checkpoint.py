@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 
 from airflow_provider_torchelastic import checkpoint
-from airflow_provider_torchelastic.checkpoint import COMMIT_MARKER, NoCheckpointLocationError
-from airflow_provider_torchelastic.context import CONTEXT_ENV, TaskContext
+from airflow_provider_torchelastic.core.outcome import TERMINATION_MESSAGE_LIMIT
+from airflow_provider_torchelastic.core.run_context import CONTEXT_ENV, TaskContext
 from airflow_provider_torchelastic.errors import EXIT_OK
-from airflow_provider_torchelastic.outcome import TERMINATION_MESSAGE_LIMIT
+from airflow_provider_torchelastic.worker.checkpoint import COMMIT_MARKER, NoCheckpointLocationError
 from tests.runner.support import run_runner, runner_env
 from tests.s3_server import S3Server, s3, s3_env  # noqa: F401
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from airflow_provider_torchelastic.core.metrics_format import INTERVAL_ENV, MARKER, MetricSeries, parse_metrics_line
 from airflow_provider_torchelastic.errors import EXIT_OK
-from airflow_provider_torchelastic.metrics import INTERVAL_ENV, MARKER, MetricSeries, parse_metrics_line
 from tests.runner.support import run_runner, runner_env
 
 pytestmark = pytest.mark.slow

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from airflow_provider_torchelastic.encoding import MAX_ARRAY_ELEMENTS
+from airflow_provider_torchelastic.core.encoding import MAX_ARRAY_ELEMENTS
 from airflow_provider_torchelastic.errors import EXIT_FAILED, EXIT_OK
 from tests.runner.support import run_runner
 

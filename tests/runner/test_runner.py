@@ -20,9 +20,9 @@ from pathlib import Path
 import pytest
 
 from airflow_provider_torchelastic import RecoverableError
+from airflow_provider_torchelastic.core.outcome import encode_success
+from airflow_provider_torchelastic.core.payload import MAGIC, dump_payload
 from airflow_provider_torchelastic.errors import EXIT_FAILED, EXIT_OK, EXIT_RECOVERABLE, EXIT_USAGE
-from airflow_provider_torchelastic.outcome import encode_success
-from airflow_provider_torchelastic.payload import MAGIC, dump_payload
 from tests.runner.support import run_runner, runner_command, runner_env, write_payload
 
 pytestmark = pytest.mark.slow
@@ -203,7 +203,7 @@ def test_payload_from_another_python_is_refused(tmp_path: Path) -> None:
 
 def test_payload_of_a_newer_format_names_both_versions_and_the_image(tmp_path: Path) -> None:
     from airflow_provider_torchelastic import __version__
-    from airflow_provider_torchelastic.payload import FORMAT_VERSION
+    from airflow_provider_torchelastic.core.payload import FORMAT_VERSION
 
     data = dump_payload(world_size)
     header_line, _, body = data[len(MAGIC) :].partition(b"\n")

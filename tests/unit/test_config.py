@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from airflow_provider_torchelastic.config import (
+from airflow_provider_torchelastic.core.config import (
     CleanPodPolicy,
     Elastic,
     Master,
@@ -486,7 +486,7 @@ def test_rdzv_configs_defaults_merged_with_user_keys() -> None:
 
 
 def test_rdzv_configs_accept_what_torch_reads() -> None:
-    from airflow_provider_torchelastic.launch import format_rdzv_conf
+    from airflow_provider_torchelastic.core.launch import format_rdzv_conf
 
     configs = {
         "join_timeout": 60,

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import torch
 
-from airflow_provider_torchelastic.encoding import (
+from airflow_provider_torchelastic.core.encoding import (
     MAX_ARRAY_ELEMENTS,
     NAN,
     NEGATIVE_INFINITY,
@@ -27,7 +27,7 @@ from airflow_provider_torchelastic.encoding import (
     value_to_json,
     value_to_jsonable,
 )
-from airflow_provider_torchelastic.outcome import decode_outcome, encode_success
+from airflow_provider_torchelastic.core.outcome import decode_outcome, encode_success
 from tests.conftest import REPO_ROOT
 
 
@@ -355,7 +355,7 @@ def test_a_huge_repr_is_cut_in_the_message() -> None:
 def test_the_encoder_imports_neither_torch_nor_numpy() -> None:
     code = (
         "import sys\n"
-        "from airflow_provider_torchelastic.encoding import value_to_json\n"
+        "from airflow_provider_torchelastic.core.encoding import value_to_json\n"
         "print(value_to_json({'a': float('nan')}))\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'numpy', 'airflow')))\n"
     )

@@ -9,8 +9,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from airflow_provider_torchelastic.metrics import MetricsTap, parse_metrics_line
-from airflow_provider_torchelastic.outcome import SCHEMA, decode_outcome
+from airflow_provider_torchelastic.core.metrics_format import parse_metrics_line
+from airflow_provider_torchelastic.core.outcome import SCHEMA, decode_outcome
+from airflow_provider_torchelastic.core.tap import MetricsTap
 
 DEEP = "[" * 5000 + "]" * 5000
 

@@ -12,16 +12,17 @@ from fractions import Fraction
 
 import pytest
 
-from airflow_provider_torchelastic import metrics
-from airflow_provider_torchelastic.metrics import (
+from airflow_provider_torchelastic.core import metrics_format
+from airflow_provider_torchelastic.core.metrics_format import (
     MARKER,
     POINTS_PER_LINE,
     MetricSeries,
     MetricsLine,
-    MetricsTap,
-    Reporter,
     parse_metrics_line,
 )
+from airflow_provider_torchelastic.core.tap import MetricsTap
+from airflow_provider_torchelastic.worker import metrics
+from airflow_provider_torchelastic.worker.metrics import Reporter
 
 
 class FakeClock:
@@ -263,9 +264,9 @@ def test_tap_tails_are_bounded() -> None:
     for index in range(200):
         tap(f"[pod-{index % 40}] line {index} " + "x" * 5000)
     tails = tap.tails()
-    assert len(tails) == metrics.TAIL_SOURCES
-    assert all(len(text.splitlines()) <= metrics.TAIL_LINES for text in tails.values())
-    assert all(len(line) <= metrics.TAIL_LINE_CHARS for text in tails.values() for line in text.splitlines())
+    assert len(tails) == metrics_format.TAIL_SOURCES
+    assert all(len(text.splitlines()) <= metrics_format.TAIL_LINES for text in tails.values())
+    assert all(len(line) <= metrics_format.TAIL_LINE_CHARS for text in tails.values() for line in text.splitlines())
 
 
 def test_tap_state_for_a_trigger_event_is_bounded() -> None:
@@ -277,7 +278,7 @@ def test_tap_state_for_a_trigger_event_is_bounded() -> None:
         for row in range(50):
             tap(f"[pod-{index}] {row} " + "z" * 900)
     doc = tap.to_json()
-    assert len(json.dumps(doc)) <= metrics.EVENT_MAX_BYTES
+    assert len(json.dumps(doc)) <= metrics_format.EVENT_MAX_BYTES
     again = MetricsTap.from_json(json.loads(json.dumps(doc)), lambda line: None)
     assert again.summary_line() == tap.summary_line(), "the last values survive any trimming"
     points = again.series.points("m0")
@@ -292,7 +293,7 @@ def test_a_loss_straight_from_the_graph_is_taken_without_a_warning_per_call() ->
 
     import torch
 
-    from airflow_provider_torchelastic.metrics import _as_float
+    from airflow_provider_torchelastic.worker.metrics import _as_float
 
     loss = (torch.ones(3, requires_grad=True) * 2).mean()
     with warnings.catch_warnings():

@@ -1,18 +1,20 @@
 """The package's import rules that import-linter does not check, and what ties its contracts to the source.
 
 The contracts ([tool.importlinter] in pyproject.toml, run by ``lint-imports`` in scripts/test.sh and ``make lint``)
-enforce the direction: the pure core imports neither Airflow, a Kubernetes client nor torch; the runner and the
-worker-side modules need neither Airflow nor a Kubernetes client; only kube, stream and plugin.sources import the
-clients; and the pure core imports downwards in layers. The layers contract also rules out any cycle in the pure core
-(through imports inside functions and through modules outside it too): it replaces this file's former cycle test.
+enforce the direction: the glue over the backends (Kubernetes, local, runner) over the worker-side API over the pure
+core; nothing below the glue imports Airflow; only the Kubernetes backend imports a Kubernetes client (and only its
+client and watch modules, plus the UI's sources); neither the core nor the backend imports torch; and the core and the
+backend import downwards in layers of their own, which also rules out cycles.
 
 What stays here, read from the source (``if TYPE_CHECKING:`` blocks skipped, as in the contracts):
 
-- the pure core of the forbidden contract and the modules of the layers contract are one list;
+- every module of the package sits in a layer of the top contract (or is a public-path shim, which the layers may
+  not import), and every module of the core and of the backend is on a line of its own layers contract: a new module
+  cannot slip past the contracts by being in none;
 - every import a contract ignores exists and is made inside a function, never at module level, and names no
   wildcard: an ignore cannot hide a module-level import;
-- no pure module imports a private name from another module;
-- validation, the bottom, imports only the standard library.
+- no core module imports a private name from another module;
+- the bottom of the core (validation) imports only the standard library.
 """
 
 from __future__ import annotations
@@ -38,11 +40,6 @@ CONTRACTS: dict[str, dict[str, Any]] = {contract["id"]: contract for contract in
 
 def _tail(module: str) -> str:
     return module.removeprefix(PACKAGE + ".")
-
-
-#: The pure core (typed config, pod options, shared checks, naming, launch, renderer, payload, outcomes, encoding,
-#: summaries, status, job kinds, errors, metrics), as the ``pure-core`` contract lists it.
-PURE = tuple(sorted(_tail(module) for module in CONTRACTS["pure-core"]["source_modules"]))
 
 
 @dataclass(frozen=True)
@@ -102,10 +99,36 @@ def _layer_modules(contract: dict[str, Any]) -> set[str]:
     }
 
 
-def test_the_layers_contract_orders_exactly_the_pure_core() -> None:
-    layered = {_tail(module) for module in _layer_modules(CONTRACTS["pure-core-layers"])}
-    assert layered == set(PURE), f"in one contract only: {sorted(layered ^ set(PURE))}"
-    assert {"config", "render", "validation"} <= set(PURE)  # read the list, not an empty one
+def _modules(package: str) -> set[str]:
+    """Every module of ``package`` (a full name), its subpackages' modules included."""
+    root = _source(package).parent
+    return {
+        ".".join([package, *path.relative_to(root).with_suffix("").parts]).removesuffix(".__init__")
+        for path in root.rglob("*.py")
+        if "static" not in path.parts
+    }
+
+
+SHIMS = {_tail(module) for module in CONTRACTS["no-shims-inside"]["forbidden_modules"]}
+CORE = sorted(module for module in _modules(f"{PACKAGE}.core") if module != f"{PACKAGE}.core")
+
+
+def test_every_module_is_in_a_layer_or_is_a_shim() -> None:
+    layers = {_tail(module) for module in _layer_modules(CONTRACTS["layers"])}
+    top = {_tail(module).split(".")[0] for module in _modules(PACKAGE) if module != PACKAGE}
+    assert top - layers == SHIMS, f"neither in a layer nor a shim: {sorted(top - layers - SHIMS)}"
+    assert {"core", "kubernetes", "worker", "operators"} <= layers  # read the contract, not an empty one
+    # The layers' modules may not import the shims: every layer is a source of that contract.
+    sources = {_tail(module) for module in CONTRACTS["no-shims-inside"]["source_modules"]}
+    assert sources == layers, f"in one contract only: {sorted(sources ^ layers)}"
+
+
+@pytest.mark.parametrize("package", ["core", "kubernetes"])
+def test_every_module_of_a_layered_package_is_on_a_line(package: str) -> None:
+    contract = CONTRACTS[f"{package}-layers"]
+    on_lines = _layer_modules(contract)
+    modules = {module for module in _modules(f"{PACKAGE}.{package}") if module != f"{PACKAGE}.{package}"}
+    assert modules == on_lines, f"on no line, or gone: {sorted(modules ^ on_lines)}"
 
 
 IGNORED = sorted(
@@ -128,7 +151,7 @@ def test_an_ignored_import_is_lazy_inside_a_function(contract: str, expression: 
     assert not module_level, f"{contract}: {importer} imports {imported} at module level (line {module_level})"
 
 
-@pytest.mark.parametrize("module", PURE)
+@pytest.mark.parametrize("module", CORE)
 def test_no_private_name_is_imported_from_another_module(module: str) -> None:
     borrowed = [
         f"{statement.module}.{name}"
@@ -141,5 +164,5 @@ def test_no_private_name_is_imported_from_another_module(module: str) -> None:
 
 
 def test_validation_is_the_bottom_and_imports_only_the_standard_library() -> None:
-    imported = {statement.module.split(".")[0] for statement in _imports("validation")}
+    imported = {statement.module.split(".")[0] for statement in _imports("core.validation")}
     assert imported <= set(sys.stdlib_module_names) | {"__future__"}, imported

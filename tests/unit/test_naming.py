@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from airflow_provider_torchelastic.naming import (
+from airflow_provider_torchelastic.core.naming import (
     LABEL_IDENTITY,
     LABEL_MANAGED_BY,
     LABEL_MAP_INDEX,

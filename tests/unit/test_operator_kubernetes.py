@@ -12,9 +12,9 @@ from airflow.sdk import DAG
 from airflow.sdk.module_loading import import_string
 
 from airflow_provider_torchelastic import Elastic, Master, PyTorch, TorchElasticOperator, Worker
-from airflow_provider_torchelastic.pod import PodOptions
-from airflow_provider_torchelastic.render import UI_FOOTER
-from airflow_provider_torchelastic.status import Phase, WaitDecision
+from airflow_provider_torchelastic.core.pod_options import PodOptions
+from airflow_provider_torchelastic.kubernetes.render import UI_FOOTER
+from airflow_provider_torchelastic.kubernetes.status import Phase, WaitDecision
 from airflow_provider_torchelastic.triggers import JobEnded, TorchElasticJobTrigger, WatchArgs, event_from_payload
 
 
@@ -85,7 +85,7 @@ def test_templated_image_is_accepted_at_parse_time() -> None:
 
 
 def test_ui_summary_fits_the_rendered_field_limit() -> None:
-    from airflow_provider_torchelastic.render import summarize_for_ui
+    from airflow_provider_torchelastic.kubernetes.render import summarize_for_ui
 
     summary = summarize_for_ui(make_operator(task_config=Elastic(nnodes=3)).render_manifests())
     assert len(summary) <= 4096 and summary.rstrip().endswith(UI_FOOTER)
@@ -129,7 +129,7 @@ def test_trigger_for_an_unreachable_cluster_ends_in_a_recoverable_failure_not_a_
             return dict(event.payload)
         raise AssertionError("no event")
 
-    import airflow_provider_torchelastic.kube as kube
+    import airflow_provider_torchelastic.kubernetes.client as kube
 
     original = kube.MAX_RECOVERABLE_FAILURES
     kube.MAX_RECOVERABLE_FAILURES = 0  # connection refused is recoverable; do not back off in a unit test

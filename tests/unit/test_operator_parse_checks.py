@@ -14,7 +14,7 @@ from airflow.sdk import DAG, task
 from airflow.sdk.definitions.mappedoperator import MappedOperator
 
 from airflow_provider_torchelastic import Elastic, Master, PyTorch, TorchElasticOperator, Worker
-from airflow_provider_torchelastic.pod import PodOptions
+from airflow_provider_torchelastic.core.pod_options import PodOptions
 
 START = datetime.datetime(2026, 1, 1)
 IMAGE = "registry.example.com/ml/train:1"

@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from airflow_provider_torchelastic import jobkinds
-from airflow_provider_torchelastic.outcome import WorkerFailure, encode_failure, encode_success
-from airflow_provider_torchelastic.status import JobRef, Phase, Snapshot, WaitDecision, WaitPolicy
-from airflow_provider_torchelastic.wait import drive_async, drive_sync, wait_for_job
+from airflow_provider_torchelastic.core.outcome import WorkerFailure, encode_failure, encode_success
+from airflow_provider_torchelastic.kubernetes import kinds
+from airflow_provider_torchelastic.kubernetes.status import JobRef, Phase, Snapshot, WaitDecision, WaitPolicy
+from airflow_provider_torchelastic.kubernetes.wait import drive_async, drive_sync, wait_for_job
 
 T0 = 1_800_000_000.0
 STAMP0 = "2027-01-15T08:00:00Z"  # == T0
@@ -22,7 +22,7 @@ POLICY = WaitPolicy(poll_interval=5, pending_grace_seconds=60)
 
 
 def decide(snapshot: Snapshot, policy: WaitPolicy = POLICY) -> WaitDecision:
-    return jobkinds.get(JOB.kind).decide(JOB, snapshot, policy)
+    return kinds.get(JOB.kind).decide(JOB, snapshot, policy)
 
 
 def job(
@@ -285,7 +285,7 @@ def test_an_elastic_job_runs_on_partial_capacity_while_worker_0_runs() -> None:
 
 
 def _api_error(body: dict[str, Any]) -> Any:
-    from airflow_provider_torchelastic.kube import _from_api_exception
+    from airflow_provider_torchelastic.kubernetes.client import _from_api_exception
 
     class ApiException(Exception):
         status = body["code"]

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from airflow_provider_torchelastic.outcome import (
+from airflow_provider_torchelastic.core.outcome import (
     CONSEQUENCE_SIGNS,
     SCHEMA,
     NodeOutcome,

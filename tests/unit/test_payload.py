@@ -15,7 +15,7 @@ from pathlib import Path
 import cloudpickle
 import pytest
 
-from airflow_provider_torchelastic.payload import (
+from airflow_provider_torchelastic.core.payload import (
     FORMAT_VERSION,
     MAGIC,
     PayloadError,
@@ -110,7 +110,7 @@ def scale(y):
 LOADER = """
 import importlib.util, sys
 from pathlib import Path
-from airflow_provider_torchelastic.payload import load_payload
+from airflow_provider_torchelastic.core.payload import load_payload
 
 assert {folder!r} not in sys.path, sys.path
 for name in ({a!r}, {b!r}):
@@ -205,7 +205,7 @@ def train(x):
 TRACEBACK_LOADER = """
 import traceback
 from pathlib import Path
-from airflow_provider_torchelastic.payload import load_payload
+from airflow_provider_torchelastic.core.payload import load_payload
 
 payload = load_payload(Path({path!r}).read_bytes())
 try:

@@ -26,8 +26,8 @@ from typing import Any, ClassVar, Optional
 import cloudpickle
 import pytest
 
-from airflow_provider_torchelastic import payload as payload_module
-from airflow_provider_torchelastic.payload import MAGIC, dump_payload, load_payload
+from airflow_provider_torchelastic.core import payload as payload_module
+from airflow_provider_torchelastic.core.payload import MAGIC, dump_payload, load_payload
 
 # --- a DAG file, as the workers must see it ------------------------------------------------------------------------
 
@@ -108,7 +108,7 @@ def train(index: int) -> dict:
 LOADER_PRELUDE = """
 import importlib.util, json, sys
 from pathlib import Path
-from airflow_provider_torchelastic.payload import load_payload
+from airflow_provider_torchelastic.core.payload import load_payload
 
 NAME = {name!r}
 assert {folder!r} not in sys.path, sys.path

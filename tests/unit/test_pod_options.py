@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from airflow_provider_torchelastic.config import Master, Worker
-from airflow_provider_torchelastic.pod import (
+from airflow_provider_torchelastic.core.config import Master, Worker
+from airflow_provider_torchelastic.core.pod_options import (
     DEFAULT_SHM_SIZE,
     UNSET,
     JobOptions,

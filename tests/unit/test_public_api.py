@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 import airflow_provider_torchelastic
-from airflow_provider_torchelastic import config, errors, metrics
+from airflow_provider_torchelastic import errors, metrics
+from airflow_provider_torchelastic.core import config
 from tests.conftest import REPO_ROOT
 
 DIST = "airflow-provider-torchelastic"
@@ -112,10 +113,10 @@ def test_runner_modules_import_without_airflow() -> None:
     proc = run_python(
         """
         import sys
-        import airflow_provider_torchelastic.runner, airflow_provider_torchelastic.outcome
-        import airflow_provider_torchelastic.payload, airflow_provider_torchelastic.errors
-        import airflow_provider_torchelastic.config
-        import airflow_provider_torchelastic.metrics, airflow_provider_torchelastic.summary
+        import airflow_provider_torchelastic.runner, airflow_provider_torchelastic.core.outcome
+        import airflow_provider_torchelastic.core.payload, airflow_provider_torchelastic.errors
+        import airflow_provider_torchelastic.core.config
+        import airflow_provider_torchelastic.metrics, airflow_provider_torchelastic.core.summary
         print(sorted(m for m in sys.modules if m.split(".")[0] in ("airflow", "torch", "kubernetes")))
         """
     )

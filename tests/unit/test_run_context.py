@@ -8,18 +8,18 @@ import json
 import pytest
 
 from airflow_provider_torchelastic import Elastic, PyTorch, Worker, context
-from airflow_provider_torchelastic.context import (
+from airflow_provider_torchelastic.core.launch import config_to_launch_spec, runner_command
+from airflow_provider_torchelastic.core.naming import RunIdentity
+from airflow_provider_torchelastic.core.run_context import (
     CONTEXT_ENV,
     NoRunContextError,
-    RunContext,
     TaskContext,
     checkpoint_location,
     result_location,
     safe_path_piece,
 )
-from airflow_provider_torchelastic.launch import config_to_launch_spec, runner_command
-from airflow_provider_torchelastic.naming import RunIdentity
-from airflow_provider_torchelastic.render import render_manifests
+from airflow_provider_torchelastic.kubernetes.render import render_manifests
+from airflow_provider_torchelastic.worker.context import RunContext
 
 TASK = TaskContext(
     dag_id="nightly",
@@ -135,7 +135,7 @@ def test_runner_command_carries_the_result_url_only_when_given() -> None:
 
 
 def test_local_execution_sets_the_context_and_drops_the_workers_airflow_ctx(monkeypatch: pytest.MonkeyPatch) -> None:
-    from airflow_provider_torchelastic.local import _clean_env
+    from airflow_provider_torchelastic.local.run import _clean_env
 
     monkeypatch.setenv("AIRFLOW_CTX_DAG_ID", "the_worker_task")
     monkeypatch.setenv(CONTEXT_ENV, "stale")

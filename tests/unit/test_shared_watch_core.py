@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
-from airflow_provider_torchelastic.outcome import encode_success
-from airflow_provider_torchelastic.status import JobRef, Snapshot, WaitPolicy
-from airflow_provider_torchelastic.stream import JobCache, stream_key
-from airflow_provider_torchelastic.wait import EmitLog, FetchJob, ReadLog, Sleep, wait_for_job
+from airflow_provider_torchelastic.core.outcome import encode_success
+from airflow_provider_torchelastic.kubernetes.status import JobRef, Snapshot, WaitPolicy
+from airflow_provider_torchelastic.kubernetes.wait import EmitLog, FetchJob, ReadLog, Sleep, wait_for_job
+from airflow_provider_torchelastic.kubernetes.watch import JobCache, stream_key
 
 T0 = 1_800_000_000.0
 

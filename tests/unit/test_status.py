@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
-from airflow_provider_torchelastic import jobkinds
-from airflow_provider_torchelastic.outcome import WorkerFailure, encode_failure, encode_success
-from airflow_provider_torchelastic.status import (
+from airflow_provider_torchelastic.core.outcome import WorkerFailure, encode_failure, encode_success
+from airflow_provider_torchelastic.kubernetes import kinds
+from airflow_provider_torchelastic.kubernetes.status import (
     JobRef,
     LogCursor,
     Phase,
@@ -17,7 +17,7 @@ from airflow_provider_torchelastic.status import (
     WaitPolicy,
     new_log_lines,
 )
-from airflow_provider_torchelastic.wait import DeleteJob, EmitLog, FetchJob, ReadLog, Sleep, wait_for_job
+from airflow_provider_torchelastic.kubernetes.wait import DeleteJob, EmitLog, FetchJob, ReadLog, Sleep, wait_for_job
 
 T0 = 1_800_000_000.0
 STAMP0 = "2027-01-15T08:00:00Z"  # == T0
@@ -27,7 +27,7 @@ POLICY = WaitPolicy(poll_interval=5, pending_grace_seconds=60)
 
 
 def decide(ref: JobRef, snapshot: Snapshot, policy: WaitPolicy) -> WaitDecision:
-    return jobkinds.get(ref.kind).decide(ref, snapshot, policy)
+    return kinds.get(ref.kind).decide(ref, snapshot, policy)
 
 
 def make_job(

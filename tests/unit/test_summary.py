@@ -5,11 +5,15 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from airflow_provider_torchelastic import jobkinds
-from airflow_provider_torchelastic.metrics import MetricSeries
-from airflow_provider_torchelastic.outcome import NodeOutcome, NodeReport, WorkerFailure, encode_failure, encode_success
-from airflow_provider_torchelastic.status import JobRef, Phase, Snapshot, WaitDecision, WaitPolicy
-from airflow_provider_torchelastic.summary import (
+from airflow_provider_torchelastic.core.metrics_format import MetricSeries
+from airflow_provider_torchelastic.core.outcome import (
+    NodeOutcome,
+    NodeReport,
+    WorkerFailure,
+    encode_failure,
+    encode_success,
+)
+from airflow_provider_torchelastic.core.summary import (
     LOG_TAIL_BYTES,
     LOG_TAIL_LINES,
     MAX_LOG_TAILS,
@@ -20,6 +24,8 @@ from airflow_provider_torchelastic.summary import (
     pod_summaries,
     with_log_tails,
 )
+from airflow_provider_torchelastic.kubernetes import kinds
+from airflow_provider_torchelastic.kubernetes.status import JobRef, Phase, Snapshot, WaitDecision, WaitPolicy
 
 STAMP0 = "2027-01-15T08:00:00Z"
 T0 = 1_800_000_000.0
@@ -136,12 +142,12 @@ def test_a_single_pod_holds_every_rank() -> None:
 def test_a_terminal_decision_carries_the_pods_and_they_travel_in_the_trigger_event() -> None:
     ref = JobRef(kind="Pod", name="job", namespace="ml")
     done = pod("job", "Failed", terminated={"exitCode": 1, "reason": "Error", "message": failed(1)})
-    decision = jobkinds.get("Pod").decide(ref, Snapshot(job=done, now=T0 + 30), WaitPolicy())
+    decision = kinds.get("Pod").decide(ref, Snapshot(job=done, now=T0 + 30), WaitPolicy())
     assert decision.phase is Phase.FAILED and decision.created == T0
     assert [p.name for p in decision.pods] == ["job"]
     with_metrics = WaitDecision.from_event(json.loads(json.dumps(decision.to_event())))
     assert with_metrics == decision
-    running = jobkinds.get("Pod").decide(ref, Snapshot(job=pod("job", "Running"), now=T0 + 30), WaitPolicy())
+    running = kinds.get("Pod").decide(ref, Snapshot(job=pod("job", "Running"), now=T0 + 30), WaitPolicy())
     assert running.pods == () and running.created is None, "pods are summarized once, when the wait ends"
 
 
@@ -268,14 +274,15 @@ def test_local_summary_names_nodes_and_takes_tails_by_the_local_prefixes() -> No
 def test_the_metrics_tap_state_travels_with_the_decision_in_the_trigger_event() -> None:
     from dataclasses import replace
 
-    from airflow_provider_torchelastic.metrics import MARKER, MetricsTap
+    from airflow_provider_torchelastic.core.metrics_format import MARKER
+    from airflow_provider_torchelastic.core.tap import MetricsTap
 
     logged: list[str] = []
     tap = MetricsTap(logged.append)  # what the trigger wraps its log callable with
     tap(f'[job] [rank0]:{MARKER} {{"step":3,"last":{{"loss":0.5}},"points":{{"loss":[[0,2.0],[3,0.5]]}}}}')
     ref = JobRef(kind="Pod", name="job", namespace="ml")
     done = pod("job", "Succeeded", terminated={"exitCode": 0, "message": encode_success("1")})
-    decision = jobkinds.get("Pod").decide(ref, Snapshot(job=done, now=T0 + 30), WaitPolicy())
+    decision = kinds.get("Pod").decide(ref, Snapshot(job=done, now=T0 + 30), WaitPolicy())
     event = json.loads(json.dumps(replace(decision, metrics=tap.to_json()).to_event()))
     resumed = WaitDecision.from_event(event)  # execute_complete, on a fresh operator
     again = MetricsTap.from_json(resumed.metrics, logged.append)

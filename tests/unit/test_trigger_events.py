@@ -13,14 +13,14 @@ from airflow.sdk import DAG
 from airflow.sdk.module_loading import import_string
 
 from airflow_provider_torchelastic import TorchElasticOperator
+from airflow_provider_torchelastic.core.summary import XCOM_KEY
+from airflow_provider_torchelastic.kubernetes.status import JobRef, Phase, WaitDecision
 from airflow_provider_torchelastic.operators import (
     XCOM_JOB_KIND,
     XCOM_JOB_NAME,
     XCOM_JOB_NAMESPACE,
     TrainingRecoverableError,
 )
-from airflow_provider_torchelastic.status import JobRef, Phase, WaitDecision
-from airflow_provider_torchelastic.summary import XCOM_KEY
 from airflow_provider_torchelastic.triggers import (
     EVENT_DONE,
     EVENT_ERROR,

@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 
 from airflow_provider_torchelastic import Elastic
-from airflow_provider_torchelastic.metrics import MetricSeries, MetricsLine
+from airflow_provider_torchelastic.core.metrics_format import MetricSeries, MetricsLine
+from airflow_provider_torchelastic.core.summary import JobSummary, PodSummary
 from airflow_provider_torchelastic.plugin import views
 from airflow_provider_torchelastic.plugin.service import RunningMetrics, readable_log
-from airflow_provider_torchelastic.summary import JobSummary, PodSummary
 from tests.contract.builders import render, workload
 
 NOW = 1_800_000_000.0

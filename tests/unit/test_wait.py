@@ -13,14 +13,15 @@ from typing import Any
 
 import pytest
 
-from airflow_provider_torchelastic import Elastic, jobkinds
+from airflow_provider_torchelastic import Elastic
+from airflow_provider_torchelastic.core.naming import placeholder_identity
+from airflow_provider_torchelastic.core.outcome import encode_success
 from airflow_provider_torchelastic.errors import KubeError
-from airflow_provider_torchelastic.kube import retry_sync
-from airflow_provider_torchelastic.naming import placeholder_identity
-from airflow_provider_torchelastic.outcome import encode_success
-from airflow_provider_torchelastic.render import render_manifests
-from airflow_provider_torchelastic.status import JobRef, Phase, Snapshot, WaitDecision, WaitPolicy
-from airflow_provider_torchelastic.wait import drive_async, drive_sync, stop_job, wait_for_job
+from airflow_provider_torchelastic.kubernetes import kinds
+from airflow_provider_torchelastic.kubernetes.client import retry_sync
+from airflow_provider_torchelastic.kubernetes.render import render_manifests
+from airflow_provider_torchelastic.kubernetes.status import JobRef, Phase, Snapshot, WaitDecision, WaitPolicy
+from airflow_provider_torchelastic.kubernetes.wait import drive_async, drive_sync, stop_job, wait_for_job
 
 T0 = 1_800_000_000.0
 STAMP0 = "2027-01-15T08:00:00Z"
@@ -237,7 +238,7 @@ def test_progress_is_logged_when_where_the_job_stands_changes_and_as_a_heartbeat
         phase = Phase.SUCCEEDED if done else Phase.RUNNING
         return WaitDecision(phase=phase, progress=f"{state} at {snapshot.now - T0:.0f}", state=state)
 
-    fake = jobkinds.JobKind(
+    fake = kinds.JobKind(
         kind="FakeJob",
         group="example.dev",
         version="v1",
@@ -248,14 +249,14 @@ def test_progress_is_logged_when_where_the_job_stands_changes_and_as_a_heartbeat
         decide=decide_fake,
         is_finished=lambda job: job["status"]["state"] == "Done",
     )
-    jobkinds.register(fake)
+    kinds.register(fake)
     try:
         busy = {"status": {"state": "Busy"}}
         source = FakeSource([busy, busy, busy, busy, {"status": {"state": "Done"}}])
         ref = JobRef(kind="FakeJob", name="f", namespace="ml")
         _, lines = run_sync(wait_for_job(ref, WaitPolicy(poll_interval=30, progress_interval=60)), source)
     finally:
-        jobkinds.unregister("FakeJob")
+        kinds.unregister("FakeJob")
     # "a" at 0 s, unchanged at 30 s, the heartbeat at 60 s; "b" at once at 90 s, unchanged at 120 s.
     assert [line for line in lines if " at " in line] == ["a at 0", "a at 60", "b at 90"]
 
@@ -263,7 +264,7 @@ def test_progress_is_logged_when_where_the_job_stands_changes_and_as_a_heartbeat
 def test_a_registered_kind_renders_waits_and_is_addressed_through_its_descriptor() -> None:
     from kubernetes import client
 
-    from airflow_provider_torchelastic.kube import _get_call
+    from airflow_provider_torchelastic.kubernetes.client import _get_call
 
     seen: list[str] = []
 
@@ -275,7 +276,7 @@ def test_a_registered_kind_renders_waits_and_is_addressed_through_its_descriptor
         done = snapshot.job["status"]["state"] == "Done"
         return WaitDecision(phase=Phase.SUCCEEDED if done else Phase.RUNNING, progress=f"fake {ref.name}")
 
-    fake = jobkinds.JobKind(
+    fake = kinds.JobKind(
         kind="FakeJob",
         group="example.dev",
         version="v1",
@@ -286,18 +287,18 @@ def test_a_registered_kind_renders_waits_and_is_addressed_through_its_descriptor
         decide=decide_fake,
         is_finished=lambda job: job["status"]["state"] == "Done",
     )
-    jobkinds.register(fake, first=True)
+    kinds.register(fake, first=True)
     try:
         config = Elastic(nproc_per_node=3)
-        assert jobkinds.for_config(config) is fake
-        assert jobkinds.for_config(Elastic(nproc_per_node=2)) is jobkinds.POD
+        assert kinds.for_config(config) is fake
+        assert kinds.for_config(Elastic(nproc_per_node=2)) is kinds.POD
         manifests = render_manifests(
             config,
             identity=placeholder_identity("d", "t"),
             namespace="ml",
             image="img",
             payload=b"",
-            renderer=jobkinds.for_config(config).render,
+            renderer=kinds.for_config(config).render,
         )
         assert [m["kind"] for m in manifests] == ["ConfigMap", "FakeJob"]
 
@@ -309,6 +310,6 @@ def test_a_registered_kind_renders_waits_and_is_addressed_through_its_descriptor
         fn, args, _ = _get_call(client.CoreV1Api(), client.CustomObjectsApi(), "FakeJob", "f", "ml")
         assert fn.__name__ == "get_namespaced_custom_object" and args == ("example.dev", "v1", "ml", "fakejobs", "f")
     finally:
-        jobkinds.unregister("FakeJob")
+        kinds.unregister("FakeJob")
     with pytest.raises(ValueError, match="job kind: expected one of Pod, PyTorchJob, got 'FakeJob'"):
-        jobkinds.get("FakeJob")
+        kinds.get("FakeJob")

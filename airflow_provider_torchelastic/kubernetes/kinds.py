@@ -12,9 +12,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-from airflow_provider_torchelastic import render
-from airflow_provider_torchelastic.config import TaskConfig
-from airflow_provider_torchelastic.status import (
+from airflow_provider_torchelastic.core.config import TaskConfig
+from airflow_provider_torchelastic.kubernetes import render
+from airflow_provider_torchelastic.kubernetes.status import (
     JobRef,
     Snapshot,
     WaitDecision,

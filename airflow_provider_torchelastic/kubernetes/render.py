@@ -38,11 +38,10 @@ from decimal import Decimal, InvalidOperation
 from enum import Enum
 from typing import Any, Final, TypeAlias
 
-from airflow_provider_torchelastic.config import Elastic, Master, TaskConfig, Worker, check_task_config
-from airflow_provider_torchelastic.context import CONTEXT_ENV, TaskContext
-from airflow_provider_torchelastic.launch import config_to_launch_spec, nccl_env_defaults, runner_command
-from airflow_provider_torchelastic.metrics import INTERVAL_ENV as METRICS_INTERVAL_ENV
-from airflow_provider_torchelastic.naming import (
+from airflow_provider_torchelastic.core.config import Elastic, Master, TaskConfig, Worker, check_task_config
+from airflow_provider_torchelastic.core.launch import config_to_launch_spec, nccl_env_defaults, runner_command
+from airflow_provider_torchelastic.core.metrics_format import INTERVAL_ENV as METRICS_INTERVAL_ENV
+from airflow_provider_torchelastic.core.naming import (
     TRAINING_CONTAINER,
     RunIdentity,
     identity_annotations,
@@ -50,9 +49,10 @@ from airflow_provider_torchelastic.naming import (
     job_name,
     placeholder_identity,
 )
-from airflow_provider_torchelastic.payload import IMAGE_ENV
-from airflow_provider_torchelastic.pod import JobOptions, PodOptions, merge_pod_options
-from airflow_provider_torchelastic.validation import check_image
+from airflow_provider_torchelastic.core.payload import IMAGE_ENV
+from airflow_provider_torchelastic.core.pod_options import JobOptions, PodOptions, merge_pod_options
+from airflow_provider_torchelastic.core.run_context import CONTEXT_ENV, TaskContext
+from airflow_provider_torchelastic.core.validation import check_image
 
 __all__ = [
     "CONTAINER_NAME",
@@ -577,7 +577,7 @@ def render_manifests(
 ) -> list[JsonDict]:
     """The objects one try of a task creates, in creation order: ``[ConfigMap, PyTorchJob]`` or ``[ConfigMap, Pod]``.
 
-    ``renderer`` renders the job object (``jobkinds.for_config(config).render`` is what the operator passes); by
+    ``renderer`` renders the job object (``kinds.for_config(config).render`` is what the operator passes); by
     default the built-in kind for the config.
 
     Each pod's image is, most specific first: its replica's (``Master``/``Worker(image=...)``), ``image``, the pod

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Final
 
-from airflow_provider_torchelastic.encoding import NAN, NEGATIVE_INFINITY, POSITIVE_INFINITY, loads_untrusted
+from airflow_provider_torchelastic.core.encoding import NAN, NEGATIVE_INFINITY, POSITIVE_INFINITY, loads_untrusted
 
 __all__ = [
     "NodeOutcome",
@@ -128,7 +128,7 @@ class NodeOutcome:
     #: True on the one node whose workers included global rank 0.
     holds_rank0: bool = False
     #: Rank 0's return value, already decoded from JSON: strict JSON values only, NaN and infinities as the strings
-    #: ``"NaN"``, ``"Infinity"``, ``"-Infinity"`` (:mod:`airflow_provider_torchelastic.encoding`).
+    #: ``"NaN"``, ``"Infinity"``, ``"-Infinity"`` (:mod:`airflow_provider_torchelastic.core.encoding`).
     result: Any = None
     #: Where rank 0's value was written instead ([torch_elastic] result_storage), when it was too large to carry.
     result_ref: str | None = None

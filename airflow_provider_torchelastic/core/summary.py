@@ -18,9 +18,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Final
 
-from airflow_provider_torchelastic.metrics import MetricSeries
-from airflow_provider_torchelastic.naming import REPLICA_INDEX_LABEL, REPLICA_TYPE_LABEL, TRAINING_CONTAINER
-from airflow_provider_torchelastic.outcome import NodeReport, decode_outcome
+from airflow_provider_torchelastic.core.metrics_format import MetricSeries
+from airflow_provider_torchelastic.core.naming import REPLICA_INDEX_LABEL, REPLICA_TYPE_LABEL, TRAINING_CONTAINER
+from airflow_provider_torchelastic.core.outcome import NodeReport, decode_outcome
 
 __all__ = [
     "KIND_LOCAL",

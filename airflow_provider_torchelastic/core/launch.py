@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Final
 
-from airflow_provider_torchelastic.config import Elastic, PyTorch, TaskConfig
-from airflow_provider_torchelastic.outcome import TERMINATION_MESSAGE_LIMIT
+from airflow_provider_torchelastic.core.config import Elastic, PyTorch, TaskConfig
+from airflow_provider_torchelastic.core.outcome import TERMINATION_MESSAGE_LIMIT
 
 RUNNER_MODULE: Final = "airflow_provider_torchelastic.runner"
 

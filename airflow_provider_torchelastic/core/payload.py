@@ -74,7 +74,7 @@ class PayloadHeader:
 
 
 def _provider() -> str:
-    from airflow_provider_torchelastic import __version__
+    from airflow_provider_torchelastic.core.version import __version__
 
     return __version__
 

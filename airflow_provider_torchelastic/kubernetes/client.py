@@ -1,7 +1,7 @@
 """Thin Kubernetes I/O: create, get, list, read logs, delete; sync and async twins that decide nothing.
 
 Both clients are :class:`~wait.JobSource` implementations (a direct poll of the API); which API path a kind of job
-lives at comes from its descriptor (:mod:`jobkinds`).
+lives at comes from its descriptor (:mod:`kinds`).
 
 Objects travel as the API's own JSON dicts (what :mod:`render` produces and :mod:`status` reads). API errors are
 translated once, here, into :class:`KubeError` carrying the HTTP status and the Status reason, chained ``from``
@@ -20,11 +20,11 @@ from typing import Any, Final, TypeVar
 
 import tenacity
 
-from airflow_provider_torchelastic import jobkinds
+from airflow_provider_torchelastic.core.naming import TRAINING_CONTAINER
 from airflow_provider_torchelastic.errors import KubeError
-from airflow_provider_torchelastic.naming import TRAINING_CONTAINER
-from airflow_provider_torchelastic.render import payload_configmap_name
-from airflow_provider_torchelastic.status import JobRef, Snapshot
+from airflow_provider_torchelastic.kubernetes import kinds
+from airflow_provider_torchelastic.kubernetes.render import payload_configmap_name
+from airflow_provider_torchelastic.kubernetes.status import JobRef, Snapshot
 
 __all__ = ["AsyncKube", "KubeError", "SyncKube", "retry_async", "retry_sync"]
 
@@ -60,7 +60,7 @@ _CORE_VERBS: Final = {
 
 
 def _custom_path(kind: str, namespace: str) -> tuple[str, str, str, str]:
-    descriptor = jobkinds.get(kind)
+    descriptor = kinds.get(kind)
     return descriptor.group, descriptor.version, namespace, descriptor.plural
 
 
@@ -150,7 +150,7 @@ class SyncKube:
 
     def snapshot(self, ref: JobRef) -> Snapshot:
         job = self.get(ref.kind, ref.name, ref.namespace)
-        selector = jobkinds.get(ref.kind).pod_selector(ref.name)
+        selector = kinds.get(ref.kind).pod_selector(ref.name)
         pods = self.list_pods(ref.namespace, selector) if selector is not None and job else []
         return Snapshot(job=job, pods=pods, now=time.time())
 
@@ -220,7 +220,7 @@ class AsyncKube:
 
     async def snapshot(self, ref: JobRef) -> Snapshot:
         job = await self.get(ref.kind, ref.name, ref.namespace)
-        selector = jobkinds.get(ref.kind).pod_selector(ref.name)
+        selector = kinds.get(ref.kind).pod_selector(ref.name)
         pods = await self.list_pods(ref.namespace, selector) if selector is not None and job else []
         return Snapshot(job=job, pods=pods, now=time.time())
 

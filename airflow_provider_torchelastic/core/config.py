@@ -15,8 +15,8 @@ from enum import Enum
 from types import MappingProxyType
 from typing import Any, Final, TypeAlias, cast
 
-from airflow_provider_torchelastic.pod import PodOptions
-from airflow_provider_torchelastic.validation import (
+from airflow_provider_torchelastic.core.pod_options import PodOptions
+from airflow_provider_torchelastic.core.validation import (
     check_image,
     check_int,
     check_resources,
@@ -175,7 +175,7 @@ class _Replica:
     #: ``Never`` by default, so that Airflow, not the cluster, decides about retries.
     restart_policy: RestartPolicy = RestartPolicy.NEVER
     #: Pod customization for this replica only, merged over the operator's ``pod_options``
-    #: (see ``airflow_provider_torchelastic.pod.merge_pod_options``).
+    #: (see ``airflow_provider_torchelastic.core.pod_options.merge_pod_options``).
     pod: PodOptions | None = None
 
     def __post_init__(self) -> None:

@@ -24,10 +24,10 @@ from collections.abc import Awaitable, Callable, Generator
 from dataclasses import dataclass, field, replace
 from typing import Any, Final, Protocol, TypeAlias
 
-from airflow_provider_torchelastic import jobkinds
+from airflow_provider_torchelastic.core.outcome import Verdict
 from airflow_provider_torchelastic.errors import KubeError
-from airflow_provider_torchelastic.outcome import Verdict
-from airflow_provider_torchelastic.status import (
+from airflow_provider_torchelastic.kubernetes import kinds
+from airflow_provider_torchelastic.kubernetes.status import (
     JobRef,
     LogCursor,
     Phase,
@@ -156,7 +156,7 @@ class _WatchState:
 
 def wait_for_job(ref: JobRef, policy: WaitPolicy) -> Generator[Request, Any, WaitDecision]:
     """Poll until the job ends (or the deadline passes, or it cannot be observed); clean up; return the decision."""
-    kind = jobkinds.get(ref.kind)
+    kind = kinds.get(ref.kind)
     state = _WatchState()
     while True:
         answer = yield FetchJob(ref)
@@ -214,7 +214,7 @@ def stop_job(ref: JobRef) -> Generator[Request, Any, bool]:
     Returns whether a deletion was requested. When the job cannot be observed it is deleted: a kill means the task
     is over, and an unobserved job must not hold the cluster.
     """
-    kind = jobkinds.get(ref.kind)
+    kind = kinds.get(ref.kind)
     answer = yield FetchJob(ref)
     if isinstance(answer, Snapshot) and answer.job is not None and kind.is_finished(answer.job):
         yield EmitLog(f"{ref.kind} {ref.namespace}/{ref.name} has finished: leaving it as on_finish_action left it")
@@ -240,7 +240,7 @@ def _delete(ref: JobRef, why: str) -> Generator[Request, Any, None]:
 
 
 def _stream_logs(
-    ref: JobRef, kind: jobkinds.JobKind, snapshot: Snapshot, policy: WaitPolicy, state: _WatchState, *, final: bool
+    ref: JobRef, kind: kinds.JobKind, snapshot: Snapshot, policy: WaitPolicy, state: _WatchState, *, final: bool
 ) -> Generator[Request, Any, None]:
     """Print rank 0's log and the tails of failed pods, at a bounded number of reads per minute.
 
@@ -322,7 +322,7 @@ def drive_sync(
     sleep: Callable[[float], None] = time.sleep,
 ) -> Any:
     """Carry out a flow's requests with blocking calls; returns what the flow returns."""
-    from airflow_provider_torchelastic.kube import retry_sync
+    from airflow_provider_torchelastic.kubernetes.client import retry_sync
 
     answer: Any = None
     while True:
@@ -360,8 +360,8 @@ async def drive_async(
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
 ) -> Any:
     """The same as :func:`drive_sync`, awaiting. A shared watch passes a ``sleep`` that wakes up early when the
-    job changed (:mod:`~airflow_provider_torchelastic.stream`)."""
-    from airflow_provider_torchelastic.kube import retry_async
+    job changed (:mod:`~airflow_provider_torchelastic.kubernetes.watch`)."""
+    from airflow_provider_torchelastic.kubernetes.client import retry_async
 
     answer: Any = None
     while True:

@@ -1,6 +1,6 @@
 """Pure decisions over what the API server says about a job: where it stands and, once it ended, its verdict.
 
-One decision function per kind of job (``decide_pod``, ``decide_pytorchjob``); :mod:`jobkinds` says which kind
+One decision function per kind of job (``decide_pod``, ``decide_pytorchjob``); :mod:`~.kinds` says which kind
 uses which, and :mod:`wait` drives them. Objects are the API's own JSON (camelCase dicts). No I/O, no Airflow, no
 kubernetes.
 """
@@ -15,8 +15,8 @@ from enum import Enum
 from functools import cached_property
 from typing import Any, Final
 
-from airflow_provider_torchelastic.outcome import NodeReport, Verdict, WorkerFailure, decide_run, decode_outcome
-from airflow_provider_torchelastic.summary import PodSummary, pod_summaries, training_container_status
+from airflow_provider_torchelastic.core.outcome import NodeReport, Verdict, WorkerFailure, decide_run, decode_outcome
+from airflow_provider_torchelastic.core.summary import PodSummary, pod_summaries, training_container_status
 
 __all__ = [
     "FINISH_ACTIONS",
@@ -63,7 +63,7 @@ class Phase(str, Enum):
 
 @dataclass(frozen=True, kw_only=True)
 class JobRef:
-    """Which object to wait for; ``kind`` names a registered job kind (:mod:`jobkinds`), e.g. ``PyTorchJob``."""
+    """Which object to wait for; ``kind`` names a registered job kind (:mod:`~.kinds`), e.g. ``PyTorchJob``."""
 
     kind: str
     name: str
@@ -125,7 +125,7 @@ class WaitDecision:
     state: str | None = None
     verdict: Verdict | None = None
     #: Once the job ended: its pods as the last snapshot showed them, and when the job was created (Unix time), for
-    #: the job summary the task saves (:mod:`airflow_provider_torchelastic.summary`).
+    #: the job summary the task saves (:mod:`airflow_provider_torchelastic.core.summary`).
     pods: tuple[PodSummary, ...] = ()
     created: float | None = None
     #: What the log's metrics tap kept (``MetricsTap.to_json()``), set by whoever drove the wait with one.
@@ -295,7 +295,7 @@ def _format_elapsed(seconds: float) -> str:
     return f"{hours}h{minutes:02d}m{secs:02d}s" if hours else f"{minutes}m{secs:02d}s"
 
 
-# --- the decisions, one per kind of job (airflow_provider_torchelastic.jobkinds maps kinds to them) -------------
+# --- the decisions, one per kind of job (kinds maps kinds to them) ---------------------------------------------
 
 
 def job_gone(ref: JobRef) -> WaitDecision:

@@ -36,10 +36,10 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-from airflow_provider_torchelastic import jobkinds
+from airflow_provider_torchelastic.core.naming import LABEL_MANAGED_BY, MANAGED_BY
 from airflow_provider_torchelastic.errors import KubeError
-from airflow_provider_torchelastic.naming import LABEL_MANAGED_BY, MANAGED_BY
-from airflow_provider_torchelastic.status import JobRef, Snapshot
+from airflow_provider_torchelastic.kubernetes import kinds
+from airflow_provider_torchelastic.kubernetes.status import JobRef, Snapshot
 
 __all__ = [
     "MAX_CONCURRENT_REQUESTS",
@@ -151,7 +151,7 @@ class JobCache:
 
     def snapshot(self, ref: JobRef) -> Snapshot:
         job = self.objects.get(ref.kind, {}).get(ref.name)
-        descriptor = jobkinds.get(ref.kind)
+        descriptor = kinds.get(ref.kind)
         pods: list[dict[str, Any]] = []
         if job is not None and descriptor.pod_owner_label is not None:
             label = descriptor.pod_owner_label
@@ -190,7 +190,7 @@ class JobCache:
         if kind != "Pod":
             return str(meta.get("name", ""))
         labels = meta.get("labels") or {}
-        for descriptor in jobkinds.registered():
+        for descriptor in kinds.registered():
             if descriptor.pod_owner_label and descriptor.pod_owner_label in labels:
                 return str(labels[descriptor.pod_owner_label])
         return str(meta.get("name", ""))
@@ -299,9 +299,11 @@ async def watch_namespace(kube: Any, namespace: str) -> AsyncIterator[StreamUpda
     """
     cache = JobCache(namespace, kube)
     # The Pod kind's objects double as the pods of every other kind: one pod watch serves all.
-    kinds = {"Pod"} | {k.kind for k in jobkinds.registered()}
-    cache.kinds = tuple(sorted(kinds))
-    watchers = [asyncio.create_task(_list_and_watch(cache, kind), name=f"torchelastic-watch-{kind}") for kind in kinds]
+    kind_names = {"Pod"} | {k.kind for k in kinds.registered()}
+    cache.kinds = tuple(sorted(kind_names))
+    watchers = [
+        asyncio.create_task(_list_and_watch(cache, kind), name=f"torchelastic-watch-{kind}") for kind in kind_names
+    ]
     fetcher: asyncio.Task[None] | None = None
     try:
         while True:

@@ -2,7 +2,7 @@
 
 ``nnodes=N`` starts N runner processes (node agents) joined by a real c10d rendezvous on 127.0.0.1, each with
 ``nproc_per_node`` workers, so multi-node logic can be rehearsed without a cluster. No Airflow here: the operator
-passes a line logger and maps the :class:`~airflow_provider_torchelastic.outcome.Verdict` to Airflow exceptions.
+passes a line logger and maps the :class:`~airflow_provider_torchelastic.core.outcome.Verdict` to Airflow exceptions.
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Final
 
-from airflow_provider_torchelastic.context import CONTEXT_ENV, TaskContext
-from airflow_provider_torchelastic.launch import LaunchSpec, nccl_env_defaults, runner_command
-from airflow_provider_torchelastic.outcome import NodeOutcome, NodeReport, Verdict, decide_run, decode_outcome
+from airflow_provider_torchelastic.core.launch import LaunchSpec, nccl_env_defaults, runner_command
+from airflow_provider_torchelastic.core.outcome import NodeOutcome, NodeReport, Verdict, decide_run, decode_outcome
+from airflow_provider_torchelastic.core.run_context import CONTEXT_ENV, TaskContext
 
 __all__ = ["LocalRun", "run_locally"]
 
