@@ -611,7 +611,7 @@ class TorchElasticOperator(BaseOperator):
             return self.execution
         from airflow.sdk.configuration import conf
 
-        value = conf.get(CONFIG_SECTION, "execution", fallback="kubernetes")
+        value: str = conf.get(CONFIG_SECTION, "execution", fallback="kubernetes")
         if value not in EXECUTIONS:
             raise AirflowFailException(
                 f"[{CONFIG_SECTION}] execution: expected 'kubernetes' or 'local', got {value!r} "
@@ -826,7 +826,8 @@ class TorchElasticOperator(BaseOperator):
             return bool(self.deferrable)
         from airflow.sdk.configuration import conf
 
-        return conf.getboolean(CONFIG_SECTION, "deferrable", fallback=True)
+        deferrable: bool = conf.getboolean(CONFIG_SECTION, "deferrable", fallback=True)
+        return deferrable
 
     def _execute_on_kubernetes(self, context: Context, payload: bytes) -> Any:
         from airflow_provider_torchelastic.kubernetes.client import SyncKube

@@ -203,7 +203,7 @@ class TorchElasticJobTrigger(BaseEventTrigger):
     supports_triggerer_queue = True
 
     def __init__(self, **kwargs: Any) -> None:
-        super().__init__()
+        super().__init__()  # type: ignore[no-untyped-call]  # BaseTrigger.__init__ has no annotations
         self.args = _watch_args(kwargs)
         #: Set once the job's decision was reached: a kill after that has nothing to stop.
         self._finished = False

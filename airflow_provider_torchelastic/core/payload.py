@@ -110,7 +110,7 @@ def dump_payload(fn: Callable[..., Any], args: Iterable[Any] = (), kwargs: Mappi
             registered.append(module)
         # Each pickled on its own: a name that cannot be pickled here, or loaded there, is left out, not fatal.
         body["extra_globals"] = _pickle_each(local.extra_globals)
-        pickled = cloudpickle.dumps(body)
+        pickled: bytes = cloudpickle.dumps(body)
     finally:
         # Registration is process-global state; leave the interpreter as we found it.
         for module in registered:

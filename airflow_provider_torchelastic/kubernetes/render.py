@@ -696,9 +696,10 @@ def to_yaml(documents: Sequence[Any]) -> str:
     """
     import yaml
 
-    return yaml.safe_dump_all(
+    text: str = yaml.safe_dump_all(
         list(documents), explicit_start=True, sort_keys=False, default_flow_style=False, width=120
     )
+    return text
 
 
 def elide_payload(manifest: JsonDict) -> JsonDict:

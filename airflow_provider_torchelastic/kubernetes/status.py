@@ -276,7 +276,8 @@ def is_suspended(job: Mapping[str, Any]) -> bool:
 def _condition(job: Mapping[str, Any], kind: str) -> Mapping[str, Any] | None:
     for condition in job.get("status", {}).get("conditions") or []:
         if condition.get("type") == kind and condition.get("status") == "True":
-            return condition
+            found: Mapping[str, Any] = condition
+            return found
     return None
 
 

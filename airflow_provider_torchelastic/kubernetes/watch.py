@@ -392,7 +392,8 @@ class SharedSource:
             await self._next()
             waited += 1
         direct = self._direct or await self._fall_back("the shared watch ended")
-        return await direct.snapshot(ref)
+        snapshot: Snapshot = await direct.snapshot(ref)
+        return snapshot
 
     async def sleep_until_changed(self, ref: JobRef, seconds: float) -> None:
         """Sleep up to ``seconds``, waking up as soon as the stream reports a change of the job or its pods."""
@@ -411,13 +412,17 @@ class SharedSource:
     async def read_log(self, pod: str, namespace: str, since_seconds: int | None, tail_lines: int | None = None) -> str:
         cache = self._cache
         if self._direct is None and cache is not None and not cache.closed:
-            return await cache.request(lambda: cache.kube.read_log(pod, namespace, since_seconds, tail_lines))
+            text: str = await cache.request(lambda: cache.kube.read_log(pod, namespace, since_seconds, tail_lines))
+            return text
         direct = self._direct or await self._fall_back("the shared watch ended")
-        return await direct.read_log(pod, namespace, since_seconds, tail_lines)
+        text = await direct.read_log(pod, namespace, since_seconds, tail_lines)
+        return text
 
     async def delete_job(self, ref: JobRef) -> bool:
         cache = self._usable(ref)
         if self._direct is None and cache is not None:
-            return await cache.request(lambda: cache.kube.delete_job(ref))
+            deleted: bool = await cache.request(lambda: cache.kube.delete_job(ref))
+            return deleted
         direct = self._direct or await self._fall_back("the shared watch ended")
-        return await direct.delete_job(ref)
+        deleted = await direct.delete_job(ref)
+        return deleted

@@ -153,7 +153,7 @@ def create_app() -> FastAPI:
         if phase is not None and phase not in PHASES:
             raise HTTPException(422, f"phase: expected one of {', '.join(PHASES)}, got {phase!r}")
 
-        return _service().list_jobs(
+        jobs: dict[str, Any] = _service().list_jobs(
             lambda dag_ids: access.readable_dag_ids(dag_ids, user),
             dag_id=dag_id,
             phase=phase,
@@ -163,6 +163,7 @@ def create_app() -> FastAPI:
             offset=offset,
             limit=limit,
         )
+        return jobs
 
     @app.get("/api/jobs/{namespace}/{name}")
     def get_job(namespace: str, name: str, user: User) -> dict[str, Any]:

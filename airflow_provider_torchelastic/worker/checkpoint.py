@@ -309,7 +309,7 @@ def _latest_of_kind(uri: str | None, kind: str) -> Checkpoint | None:
 
 def _dcp_writer(store: _Store, folder: str) -> Any:
     if store.fs is None:
-        from torch.distributed.checkpoint import FileSystemWriter
+        from torch.distributed.checkpoint.filesystem import FileSystemWriter
 
         return FileSystemWriter(store.path(folder))
     # torch keeps its fsspec writer in a private module (it is not exported); fsspec is needed only here.
@@ -320,7 +320,7 @@ def _dcp_writer(store: _Store, folder: str) -> Any:
 
 def _dcp_reader(store: _Store) -> Any:
     if store.fs is None:
-        from torch.distributed.checkpoint import FileSystemReader
+        from torch.distributed.checkpoint.filesystem import FileSystemReader
 
         return FileSystemReader(store.root)
     from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
@@ -334,7 +334,7 @@ def save_sharded(state_dict: dict[str, Any], *, step: int, uri: str | None = Non
     """
     step = _check_step(step)
     import torch.distributed as dist
-    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
     store = _Store(_location(uri))
     # One folder for all ranks: rank 0 draws its token and the others receive it.
@@ -344,7 +344,7 @@ def save_sharded(state_dict: dict[str, Any], *, step: int, uri: str | None = Non
     if dist.get_rank() == 0:
         store.makedirs(store.path(folder))
     dist.barrier()
-    dcp.save(state_dict, storage_writer=_dcp_writer(store, folder))  # returns once every rank wrote and metadata is in
+    dcp_save(state_dict, storage_writer=_dcp_writer(store, folder))  # returns once every rank wrote and metadata is in
     committed: list[Checkpoint | None] = [
         _commit(store, folder, step=step, kind=KIND_SHARDED) if dist.get_rank() == 0 else None
     ]
@@ -362,7 +362,7 @@ def load_sharded_latest(state_dict: dict[str, Any], *, uri: str | None = None) -
     found = _latest_of_kind(uri, KIND_SHARDED)
     if found is None:
         return None
-    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 
-    dcp.load(state_dict, storage_reader=_dcp_reader(_Store(found.uri)))
+    dcp_load(state_dict, storage_reader=_dcp_reader(_Store(found.uri)))
     return found.step

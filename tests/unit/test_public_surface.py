@@ -1,0 +1,150 @@
+"""The public surface, pinned: every path that DAG files, training code, Airflow's database and pickles name keeps
+resolving, wherever the code behind it lives.
+
+Moving a module is free inside the package; these paths are not, because they outlive the code that wrote them:
+a DAG file imports them at every parse, a trigger row and a serialized DAG name classes by classpath across an
+upgrade, pods run the runner by its ``-m`` path, and a payload names by reference what training code pickles.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import pickle
+import re
+from typing import Any
+
+import pytest
+
+from tests.conftest import REPO_ROOT
+
+PACKAGE = "airflow_provider_torchelastic"
+
+#: module -> the names it must keep giving. The package's ``__all__`` is pinned in test_public_api.py.
+PINNED: dict[str, tuple[str, ...]] = {
+    PACKAGE: ("Elastic", "PyTorch", "Master", "Worker", "RunPolicy", "RecoverableError", "report", "__version__"),
+    f"{PACKAGE}.pod": ("PodOptions", "JobOptions", "secret_key_ref", "config_map_key_ref"),
+    f"{PACKAGE}.context": ("current", "RunContext", "TaskContext", "NoRunContextError", "CONTEXT_ENV"),
+    f"{PACKAGE}.checkpoint": ("save", "latest", "load_latest", "save_sharded", "load_sharded_latest", "Checkpoint"),
+    f"{PACKAGE}.metrics": ("report", "flush"),
+    f"{PACKAGE}.errors": ("RecoverableError", "KubeError", "EXIT_OK", "EXIT_FAILED", "EXIT_RECOVERABLE"),
+    f"{PACKAGE}.operators": (
+        "TorchElasticOperator",
+        "TrainingFailedError",
+        "TrainingRecoverableError",
+        "TorchElasticJobLink",
+        "TorchElasticLogsLink",
+    ),
+    f"{PACKAGE}.decorators": ("torch_elastic_task",),
+    f"{PACKAGE}.triggers": ("TorchElasticJobTrigger",),
+    f"{PACKAGE}.plugin": ("TorchElasticPlugin",),
+}
+
+#: Classpaths written into Airflow's database: a trigger row names its trigger, a serialized DAG its operator's
+#: extra links. A row written before an upgrade is read after it.
+TRIGGER_CLASSPATH = f"{PACKAGE}.triggers.TorchElasticJobTrigger"
+LINK_CLASSPATHS = (f"{PACKAGE}.operators.TorchElasticJobLink", f"{PACKAGE}.operators.TorchElasticLogsLink")
+
+#: What payloads pickle by reference (cloudpickle pickles an importable function or class by its module and name):
+#: the paths of today's release, and the paths of releases before the layout moved them.
+PICKLED_BY_REFERENCE = (
+    (f"{PACKAGE}.errors", "RecoverableError"),
+    (f"{PACKAGE}.metrics", "report"),
+    (f"{PACKAGE}.worker.metrics", "report"),
+)
+
+
+def resolve(path: str) -> Any:
+    """``a.b.C`` as Python resolves it: the longest importable module, then attributes."""
+    parts = path.split(".")
+    for split in range(len(parts), 0, -1):
+        try:
+            value: Any = importlib.import_module(".".join(parts[:split]))
+        except ModuleNotFoundError:
+            continue
+        for attribute in parts[split:]:
+            value = getattr(value, attribute)
+        return value
+    raise ModuleNotFoundError(path)
+
+
+@pytest.mark.parametrize(("module", "names"), sorted(PINNED.items()), ids=sorted(PINNED))
+def test_every_pinned_name_resolves(module: str, names: tuple[str, ...]) -> None:
+    imported = importlib.import_module(module)
+    missing = [name for name in names if not hasattr(imported, name)]
+    assert not missing, f"{module} lost {missing}"
+
+
+def test_a_public_path_is_the_module_itself_not_a_copy() -> None:
+    from airflow_provider_torchelastic import checkpoint, context
+
+    assert (
+        context is importlib.import_module(f"{PACKAGE}.context") is importlib.import_module(f"{PACKAGE}.worker.context")
+    )
+    assert checkpoint is importlib.import_module(f"{PACKAGE}.checkpoint")
+    assert importlib.import_module(f"{PACKAGE}.pod") is importlib.import_module(f"{PACKAGE}.core.pod_options")
+    assert resolve(f"{PACKAGE}.metrics.report") is resolve(f"{PACKAGE}.report")
+
+
+def _readme_paths() -> set[str]:
+    """Every dotted path of the package the README names: imports in its code blocks and paths in its text."""
+    text = (REPO_ROOT / "README.md").read_text()
+    paths: set[str] = set()
+    for module, names in re.findall(rf"from ({PACKAGE}[\w.]*) import ([\w, ]+)", text):
+        paths.update(f"{module}.{name.strip()}" for name in names.split(",") if name.strip())
+    paths.update(re.findall(rf"import ({PACKAGE}[\w.]*)", text))
+    paths.update(match.rstrip(".") for match in re.findall(rf"`({PACKAGE}(?:\.\w+)+)", text))
+    paths.update(re.findall(rf"python -m ({PACKAGE}[\w.]*)", text))
+    return paths
+
+
+README_PATHS = sorted(_readme_paths())
+
+
+def test_the_readme_names_paths() -> None:
+    assert len(README_PATHS) >= 5, README_PATHS  # read the README, not an empty list
+
+
+@pytest.mark.parametrize("path", README_PATHS)
+def test_every_path_in_the_readme_resolves(path: str) -> None:
+    resolve(path)
+
+
+def test_the_trigger_writes_and_reads_its_pinned_classpath() -> None:
+    from airflow.sdk.module_loading import import_string
+
+    from airflow_provider_torchelastic.triggers import TorchElasticJobTrigger
+
+    assert import_string(TRIGGER_CLASSPATH) is TorchElasticJobTrigger
+    trigger = TorchElasticJobTrigger(kind="Pod", name="job", namespace="ml")
+    assert trigger.serialize()[0] == TRIGGER_CLASSPATH
+
+
+def test_the_operator_links_keep_their_classpaths() -> None:
+    from airflow_provider_torchelastic.operators import TorchElasticOperator
+
+    for classpath in LINK_CLASSPATHS:
+        assert isinstance(resolve(classpath), type), classpath
+    written = {
+        f"{type(link).__module__}.{type(link).__qualname__}" for link in TorchElasticOperator.operator_extra_links
+    }
+    assert written <= set(LINK_CLASSPATHS), f"a serialized DAG would name {written - set(LINK_CLASSPATHS)}"
+
+
+@pytest.mark.parametrize(("module", "name"), PICKLED_BY_REFERENCE, ids=[f"{m}.{n}" for m, n in PICKLED_BY_REFERENCE])
+def test_a_pickle_that_names_a_public_object_by_reference_loads(module: str, name: str) -> None:
+    # Protocol 0's GLOBAL opcode, written by hand: the bytes an older payload holds, whatever the code looks like now.
+    loaded = pickle.loads(f"c{module}\n{name}\n.".encode())
+    assert loaded is resolve(f"{PACKAGE}.{name}") or loaded is resolve(f"{PACKAGE}.errors.{name}")
+
+
+def test_what_training_code_pickles_by_reference_names_a_pinned_path() -> None:
+    from airflow_provider_torchelastic import RecoverableError, report
+
+    for value in (RecoverableError, report):
+        assert (value.__module__, value.__qualname__) in PICKLED_BY_REFERENCE, value
+
+
+def test_the_runner_runs_by_its_module_path() -> None:
+    spec = importlib.util.find_spec(f"{PACKAGE}.runner.__main__")
+    assert spec is not None and spec.origin is not None
