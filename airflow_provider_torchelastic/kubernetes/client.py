@@ -23,7 +23,7 @@ import tenacity
 from airflow_provider_torchelastic.core.naming import TRAINING_CONTAINER
 from airflow_provider_torchelastic.errors import KubeError
 from airflow_provider_torchelastic.kubernetes import kinds
-from airflow_provider_torchelastic.kubernetes.render import payload_configmap_name
+from airflow_provider_torchelastic.kubernetes.pod_template import payload_configmap_name
 from airflow_provider_torchelastic.kubernetes.status import JobRef, Snapshot
 
 __all__ = ["AsyncKube", "KubeError", "SyncKube", "retry_async", "retry_sync"]

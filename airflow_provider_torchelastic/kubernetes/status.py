@@ -1,8 +1,9 @@
 """Pure decisions over what the API server says about a job: where it stands and, once it ended, its verdict.
 
-One decision function per kind of job (``decide_pod``, ``decide_pytorchjob``); :mod:`~.kinds` says which kind
-uses which, and :mod:`wait` drives them. Objects are the API's own JSON (camelCase dicts). No I/O, no Airflow, no
-kubernetes.
+What every kind's decision shares: the wait's types (:class:`JobRef`, :class:`Snapshot`, :class:`WaitDecision`),
+what a pod says (its report, capacity waits, stuck reasons) and the steps of a decision (:class:`Observed`). Each
+kind's own decision is in its module under :mod:`.kinds`, and :mod:`.wait` drives them. Objects are the API's own
+JSON (camelCase dicts). No I/O, no Airflow, no kubernetes.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from enum import Enum
 from functools import cached_property
 from typing import Any, Final
 
-from airflow_provider_torchelastic.core.outcome import NodeReport, Verdict, WorkerFailure, decide_run, decode_outcome
+from airflow_provider_torchelastic.core.outcome import NodeReport, Verdict, WorkerFailure, decode_outcome
 from airflow_provider_torchelastic.core.summary import PodSummary, pod_summaries, training_container_status
 
 __all__ = [
@@ -26,12 +27,15 @@ __all__ = [
     "Snapshot",
     "WaitDecision",
     "WaitPolicy",
-    "decide_pod",
-    "decide_pytorchjob",
+    "Observed",
+    "describe_wait",
     "job_gone",
     "new_log_lines",
-    "pod_finished",
-    "pytorchjob_finished",
+    "out_of_patience",
+    "phase_of",
+    "stuck_decision",
+    "true_condition",
+    "with_pods",
 ]
 
 #: What happens to the job once it ended: delete it, keep it, or delete it only when it succeeded (the default:
@@ -270,20 +274,18 @@ def queue_name(job: Mapping[str, Any]) -> str | None:
 
 def is_suspended(job: Mapping[str, Any]) -> bool:
     """Whether the job is held back (created suspended for a queue, or preempted): ``spec.runPolicy.suspend``."""
-    return bool((job.get("spec", {}).get("runPolicy") or {}).get("suspend")) or _condition(job, "Suspended") is not None
+    return (
+        bool((job.get("spec", {}).get("runPolicy") or {}).get("suspend"))
+        or true_condition(job, "Suspended") is not None
+    )
 
 
-def _condition(job: Mapping[str, Any], kind: str) -> Mapping[str, Any] | None:
+def true_condition(job: Mapping[str, Any], kind: str) -> Mapping[str, Any] | None:
     for condition in job.get("status", {}).get("conditions") or []:
         if condition.get("type") == kind and condition.get("status") == "True":
             found: Mapping[str, Any] = condition
             return found
     return None
-
-
-def _total_replicas(job: Mapping[str, Any]) -> int:
-    specs = job.get("spec", {}).get("pytorchReplicaSpecs", {})
-    return sum(int(spec.get("replicas", 1)) for spec in specs.values()) or 1
 
 
 _ELAPSED: Final = "; elapsed "
@@ -313,7 +315,7 @@ def job_gone(ref: JobRef) -> WaitDecision:
 
 
 @dataclass(frozen=True, kw_only=True)
-class _Observed:
+class Observed:
     """What every kind's decision starts from: the job's pods, their reports, and the progress line's parts."""
 
     ref: JobRef
@@ -361,7 +363,7 @@ class _Observed:
         return [report for pod in self.pods if (report := pod_report(pod)) is not None]
 
 
-def _stuck_decision(seen: _Observed, policy: WaitPolicy) -> WaitDecision | None:
+def stuck_decision(seen: Observed, policy: WaitPolicy) -> WaitDecision | None:
     """Pods stuck on something that never resolves by itself fail fast, with Kubernetes' own words."""
     for pod in seen.pods:
         stuck = _stuck_reason(pod)
@@ -385,7 +387,7 @@ def _stuck_decision(seen: _Observed, policy: WaitPolicy) -> WaitDecision | None:
     return None
 
 
-def _out_of_patience(seen: _Observed, policy: WaitPolicy, since: float, what: str, node: str | None) -> WaitDecision:
+def out_of_patience(seen: Observed, policy: WaitPolicy, since: float, what: str, node: str | None) -> WaitDecision:
     """The decision while waiting for capacity: pending, or failed (recoverable) once scheduling_timeout passed."""
     waited = seen.now - since
     if policy.scheduling_timeout is not None and waited >= policy.scheduling_timeout:
@@ -403,16 +405,12 @@ def _out_of_patience(seen: _Observed, policy: WaitPolicy, since: float, what: st
     return seen.decision(Phase.PENDING, f"waiting for capacity: {what}")
 
 
-def _describe(wait: CapacityWait) -> str:
+def describe_wait(wait: CapacityWait) -> str:
     gated = " (held by a queue until admitted)" if wait.reason == "SchedulingGated" else ""
     return f"pod {wait.pod} is {wait.reason}{gated}: {wait.message}".rstrip(": ")
 
 
-def pod_finished(pod: Mapping[str, Any]) -> bool:
-    return pod.get("status", {}).get("phase") in ("Succeeded", "Failed")
-
-
-def _with_pods(decision: WaitDecision, snapshot: Snapshot, pods: Sequence[Mapping[str, Any]]) -> WaitDecision:
+def with_pods(decision: WaitDecision, snapshot: Snapshot, pods: Sequence[Mapping[str, Any]]) -> WaitDecision:
     """A decision that ends the wait carries the pods and the creation time, for the job summary."""
     if not decision.phase.is_terminal or snapshot.job is None:
         return decision
@@ -420,238 +418,8 @@ def _with_pods(decision: WaitDecision, snapshot: Snapshot, pods: Sequence[Mappin
     return replace(decision, pods=pod_summaries(pods), created=created)
 
 
-def decide_pod(ref: JobRef, snapshot: Snapshot, policy: WaitPolicy) -> WaitDecision:
-    """A single Pod (one node): it is its own only pod."""
-    decision = _decide_pod(ref, snapshot, policy)
-    return _with_pods(decision, snapshot, [snapshot.job] if snapshot.job is not None else [])
-
-
-def _decide_pod(ref: JobRef, snapshot: Snapshot, policy: WaitPolicy) -> WaitDecision:
-    job = snapshot.job
-    if job is None:
-        return job_gone(ref)
-    seen = _Observed(ref=ref, job=job, pods=[job], total=1, now=snapshot.now)
-    stuck = _stuck_decision(seen, policy)
-    if stuck is not None:
-        return stuck
-    phase = job.get("status", {}).get("phase", "Pending")
-    if pod_finished(job):
-        reports = seen.reports()
-        verdict = decide_run(reports) if reports else Verdict(succeeded=False, detail=f"pod ended {phase}")
-        return seen.decision(_phase_of(verdict), phase, verdict=verdict)
-    waits = seen.waiting_for_capacity
-    if waits:
-        return _out_of_patience(seen, policy, waits[0].since, _describe(waits[0]), waits[0].pod)
-    return seen.decision(Phase.RUNNING if phase == "Running" else Phase.PENDING, phase)
-
-
-def pytorchjob_finished(job: Mapping[str, Any]) -> bool:
-    return _condition(job, "Succeeded") is not None or _condition(job, "Failed") is not None
-
-
-def _min_nodes(job: Mapping[str, Any], total: int) -> int:
-    """How many pods the job needs running to make progress: elastic ``minReplicas``, else all of them."""
-    elastic = job.get("spec", {}).get("elasticPolicy") or {}
-    minimum = elastic.get("minReplicas")
-    return int(minimum) if isinstance(minimum, int) and 0 < minimum <= total else total
-
-
-def decide_pytorchjob(ref: JobRef, snapshot: Snapshot, policy: WaitPolicy) -> WaitDecision:
-    """A Kubeflow PyTorchJob: its conditions, and the reports of its pods."""
-    return _with_pods(_decide_pytorchjob(ref, snapshot, policy), snapshot, snapshot.pods)
-
-
-def _decide_pytorchjob(ref: JobRef, snapshot: Snapshot, policy: WaitPolicy) -> WaitDecision:
-    job = snapshot.job
-    if job is None:
-        return _vanished(ref, snapshot)
-    seen = _Observed(ref=ref, job=job, pods=list(snapshot.pods), total=_total_replicas(job), now=snapshot.now)
-    stuck = _stuck_decision(seen, policy)
-    if stuck is not None:
-        return stuck
-    reports = seen.reports()
-
-    failed = _condition(job, "Failed")
-    deadline = active_deadline(job)
-    if failed is None and _condition(job, "Succeeded") is None and deadline is not None:
-        # The training operator checks activeDeadlineSeconds only when an event makes it reconcile the job
-        # (kubeflow/trainer v1.9 common/job.go: its timed re-check goes to a no-op queue), so a quiet job runs past
-        # it. The wait enforces it itself, from the same start time, and stops the job.
-        seconds, expires = deadline
-        if seen.now >= expires:
-            return seen.decision(
-                Phase.FAILED,
-                "failed (past run_policy.active_deadline_seconds)",
-                verdict=Verdict(
-                    succeeded=False,
-                    detail=f"{ref.kind} {ref.namespace}/{ref.name}: {_DEADLINE_PREFIX}={seconds} (counted from "
-                    "its start time) and was stopped by the provider; a retry would run into the same limit",
-                ),
-                stop=True,
-            )
-    if failed is not None:
-        # The job fails as soon as one replica does; its peers end a moment later, and the earliest failure (the
-        # root cause) may be on a pod that has not ended yet. Give the pods that still run a moment to report.
-        failed_at = parse_time(failed.get("lastTransitionTime")) or seen.now
-        if seen.running and seen.now - failed_at < _FAILED_SETTLE_SECONDS:
-            return seen.decision(Phase.RUNNING, "Failed, waiting for its pods to report")
-        verdict = decide_run(reports)
-        by_condition = _failed_condition_verdict(job, failed)
-        if verdict.failure is None:
-            # No worker reported an exception: the job's own condition says why (deadline, backoff limit), and
-            # pods stopped because of it (exit 143) are consequences, not causes.
-            if verdict.succeeded or not verdict.node or by_condition.detail.startswith(_DEADLINE_PREFIX):
-                verdict = by_condition
-        elif _says_more(failed):
-            # The root cause, and what the training operator did about it (restarts up to the backoff limit).
-            verdict = replace(verdict, detail=f"{verdict.detail}; {by_condition.detail}")
-        if _condition(job, "Succeeded") is not None:
-            # Both at once: the operator checks success and failure in one pass (elastic success does not return
-            # before the failure check, and replica types come in random order). The verdict is the pods', never
-            # the order the operator happened to write: any rank that failed fails the task.
-            verdict = replace(verdict, detail=f"{verdict.detail}; {_BOTH_CONDITIONS}")
-        return seen.decision(Phase.FAILED, "Failed", verdict=verdict)
-
-    if _condition(job, "Succeeded") is not None:
-        # An elastic PyTorchJob is Succeeded as soon as *one* worker succeeds; rank 0 may be on another pod that
-        # is still at its exit barrier. Wait for the pod that reports rank 0's result. Pods that never got
-        # capacity (an elastic job that ran on fewer nodes) will not end: they are not waited for.
-        holders = [r for r in reports if r.outcome is not None and r.outcome.holds_rank0]
-        started = len(seen.pods) - len(seen.waiting_for_capacity)
-        if holders or len(reports) >= started:
-            verdict = decide_run(reports)
-            return seen.decision(_phase_of(verdict), "Succeeded", verdict=verdict)
-        return seen.decision(Phase.RUNNING, "Succeeded, waiting for rank 0's pod")
-
-    queue = queue_name(job)
-    if is_suspended(job):
-        # Queued (created suspended, e.g. by Kueue) or preempted (suspended while running; its pods are deleted and
-        # come back when it is resumed): waiting for capacity, not a failure.
-        suspended = _condition(job, "Suspended")
-        since = parse_time(suspended.get("lastTransitionTime")) if suspended else None
-        what = f"{ref.kind} {ref.name} is suspended" + (f" (queued in Kueue LocalQueue {queue})" if queue else "")
-        return _out_of_patience(seen, policy, since or seen.created, what, None)
-
-    waits = seen.waiting_for_capacity
-    wake_at = deadline[1] if deadline is not None else None
-    host = rendezvous_host_pod(job)
-    host_wait = next((wait for wait in waits if wait.pod == host), None)
-    if host_wait is not None:
-        # Elastic rendezvous: the c10d store lives on the pod PET_RDZV_ENDPOINT names (worker-0), and only that pod
-        # can host it; without it no other worker can join, however many run.
-        what = f"{_describe(host_wait)} (it hosts the rendezvous; no worker can start without it)"
-        return replace(_out_of_patience(seen, policy, host_wait.since, what, host_wait.pod), wake_at=wake_at)
-    if waits and seen.running < _min_nodes(job, seen.total):
-        # The job cannot start (or go on) without these pods: waiting for capacity, bounded by scheduling_timeout.
-        first = min(waits, key=lambda wait: wait.since)
-        return replace(_out_of_patience(seen, policy, first.since, _describe(first), first.pod), wake_at=wake_at)
-    # Enough pods run (elastic partial capacity: the rest may join later, or never): the job makes progress.
-    for state in ("Restarting", "Running"):
-        if _condition(job, state) is not None:
-            phase = Phase.RUNNING if seen.running else Phase.PENDING
-            return seen.decision(phase, state, wake_at=wake_at)
-    created = "Created" if _condition(job, "Created") else "Pending"
-    if queue:
-        created += f" (Kueue LocalQueue {queue})"
-    return seen.decision(Phase.PENDING, created, wake_at=wake_at)
-
-
-def active_deadline(job: Mapping[str, Any]) -> tuple[int, float] | None:
-    """``(activeDeadlineSeconds, the Unix time it expires)`` of a started PyTorchJob, or None.
-
-    Counted from ``status.startTime``, as the training operator counts it (a resumed job's start time is reset).
-    A job that has not started, or is suspended, has no deadline running.
-    """
-    seconds = (job.get("spec", {}).get("runPolicy") or {}).get("activeDeadlineSeconds")
-    started = parse_time(job.get("status", {}).get("startTime"))
-    if not isinstance(seconds, int) or isinstance(seconds, bool) or started is None or is_suspended(job):
-        return None
-    return seconds, started + seconds
-
-
-def rendezvous_host_pod(job: Mapping[str, Any]) -> str | None:
-    """The pod that hosts an elastic PyTorchJob's c10d store: ``<job>-worker-0``, unless ``rdzvHost`` moves it.
-
-    The training operator points every worker's ``PET_RDZV_ENDPOINT`` at ``<job>-worker-0`` (kubeflow/trainer v1.9
-    ``pytorch/elastic.go``), and torch elastic hosts the store only on the machine that address resolves to.
-    """
-    spec = job.get("spec", {})
-    elastic = spec.get("elasticPolicy")
-    replicas = spec.get("pytorchReplicaSpecs") or {}
-    if elastic is None or "Master" in replicas or "Worker" not in replicas or elastic.get("rdzvHost"):
-        return None
-    return f"{job.get('metadata', {}).get('name', '')}-worker-0"
-
-
-def _vanished(ref: JobRef, snapshot: Snapshot) -> WaitDecision:
-    """The job is gone. With ``ttlSecondsAfterFinished`` set, the training operator itself may have deleted it, and
-    with a TTL of 0 a job failed by its backoff limit or deadline is deleted *before* its Failed condition is written
-    (kubeflow/trainer v1.9 common/job.go: CleanupJob before UpdateJobConditions). What the wait saw last then says
-    why it failed; without that evidence (or without a TTL: someone deleted it) a retry may help."""
-    last = snapshot.last_seen
-    job = last.job if last is not None else None
-    if (
-        last is None
-        or job is None
-        or (job.get("spec", {}).get("runPolicy") or {}).get("ttlSecondsAfterFinished") is None
-    ):
-        return job_gone(ref)
-    seen = _Observed(ref=ref, job=job, pods=list(last.pods), total=_total_replicas(job), now=snapshot.now)
-    gone = (
-        f"then {ref.kind} {ref.namespace}/{ref.name} vanished: its ttlSecondsAfterFinished deleted it as it failed, "
-        "before its Failed condition was written"
-    )
-    state = "Failed (deleted by its TTL)"
-    verdict = decide_run(seen.reports())
-    if not verdict.succeeded and verdict.node:
-        return seen.decision(Phase.FAILED, state, verdict=replace(verdict, detail=f"{verdict.detail}; {gone}"))
-    deadline = active_deadline(job)
-    if deadline is not None and snapshot.now >= deadline[1]:
-        detail = f"{_DEADLINE_PREFIX}={deadline[0]} and was stopped; {gone}"
-        return seen.decision(Phase.FAILED, state, verdict=Verdict(succeeded=False, detail=detail))
-    limit = (job.get("spec", {}).get("runPolicy") or {}).get("backoffLimit")
-    restarts = sum(_restarts(pod) for pod in last.pods)
-    if isinstance(limit, int) and restarts and restarts >= limit:
-        detail = f"its pods restarted {restarts} times, reaching backoffLimit={limit}; {gone}"
-        return seen.decision(Phase.FAILED, state, verdict=Verdict(succeeded=False, detail=detail))
-    return job_gone(ref)
-
-
-def _restarts(pod: Mapping[str, Any]) -> int:
-    statuses = pod.get("status", {}).get("containerStatuses") or []
-    return sum(int(status.get("restartCount") or 0) for status in statuses)
-
-
-def _phase_of(verdict: Verdict) -> Phase:
+def phase_of(verdict: Verdict) -> Phase:
     return Phase.SUCCEEDED if verdict.succeeded else Phase.FAILED
-
-
-_DEADLINE_PREFIX: Final = "the job ran longer than run_policy.active_deadline_seconds"
-_BOTH_CONDITIONS: Final = (
-    "the PyTorchJob is both Succeeded and Failed (the training operator wrote both in one pass); the pods decide: "
-    "a rank that failed fails the task"
-)
-
-
-#: How long a failed job's still-running pods may take to report before the verdict is taken without them.
-_FAILED_SETTLE_SECONDS: Final = 10.0
-
-
-def _says_more(condition: Mapping[str, Any]) -> bool:
-    """Whether a Failed condition tells more than "a replica failed": a backoff limit or a deadline was reached."""
-    message = str(condition.get("message", "")).lower()
-    return "backoff" in message or "deadline" in message
-
-
-def _failed_condition_verdict(job: Mapping[str, Any], condition: Mapping[str, Any]) -> Verdict:
-    message = condition.get("message", "") or condition.get("reason", "")
-    deadline = job.get("spec", {}).get("runPolicy", {}).get("activeDeadlineSeconds")
-    if deadline is not None and "deadline" in message.lower():
-        return Verdict(
-            succeeded=False,
-            detail=f"{_DEADLINE_PREFIX}={deadline} and was stopped ({message})",
-        )
-    return Verdict(succeeded=False, recoverable=False, detail=f"the PyTorchJob failed: {message}")
 
 
 # --- pod logs ------------------------------------------------------------------------------------------------

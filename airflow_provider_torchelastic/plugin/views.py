@@ -173,10 +173,8 @@ def _decide(job: LiveJob, now: float) -> tuple[Phase, str | None]:
 
 
 def _pods_total(job: LiveJob) -> int:
-    specs = job.obj.get("spec", {}).get("pytorchReplicaSpecs")
-    if isinstance(specs, Mapping):
-        return sum(_int(spec.get("replicas", 1), 1) for spec in specs.values()) or 1
-    return max(1, len(job.pods))
+    counted = kinds.get(job.kind).replica_count(job.obj)
+    return counted if counted is not None else max(1, len(job.pods))
 
 
 def _pods_running(pods: Iterable[Mapping[str, Any]]) -> int:

@@ -21,19 +21,20 @@ from airflow_provider_torchelastic.core.config import (
     Worker,
 )
 from airflow_provider_torchelastic.core.pod_options import JobOptions, PodOptions, config_map_key_ref, secret_key_ref
-from airflow_provider_torchelastic.kubernetes.render import (
+from airflow_provider_torchelastic.kubernetes import kinds
+from airflow_provider_torchelastic.kubernetes.pod_template import (
     MAX_CONFIGMAP_BYTES,
     PAYLOAD_KEY,
     PAYLOAD_PATH,
     RESULT_FILE,
+)
+from airflow_provider_torchelastic.kubernetes.render import (
     UI_FOOTER,
-    Workload,
     check_renderable,
     payload_configmap_owner_reference,
     render_manifests,
     summarize_for_ui,
     to_yaml,
-    workload_for,
 )
 from tests.contract.builders import IMAGE, identity, pod_specs, pytorch_container, render, workload
 from tests.contract.schemas import (
@@ -224,7 +225,7 @@ def test_webhook_rules_reject_what_the_schema_allows(how: str) -> None:
 
 def test_single_node_is_one_pod_running_the_runner() -> None:
     config = Elastic(nproc_per_node=4, run_policy=RunPolicy(active_deadline_seconds=3600))
-    assert workload_for(config) is Workload.POD
+    assert kinds.for_config(config) is kinds.POD
     configmap, pod = render(config)
     assert pod["kind"] == "Pod"
     assert pod["spec"]["restartPolicy"] == "Never"

@@ -32,13 +32,12 @@ from airflow_provider_torchelastic.core.pod_options import (
     config_map_key_ref,
     secret_key_ref,
 )
+from airflow_provider_torchelastic.kubernetes import kinds
 from airflow_provider_torchelastic.kubernetes.render import (
     UI_FOOTER,
     UI_SUMMARY_LIMIT,
-    Workload,
     render_manifests,
     summarize_for_ui,
-    workload_for,
 )
 from tests.contract.schemas import validate_rendered
 
@@ -292,7 +291,7 @@ def test_every_valid_configuration_renders_what_the_cluster_accepts(
     payload: bytes,
     operator_image: str,
 ) -> None:
-    if workload_for(config) is Workload.POD:
+    if kinds.for_config(config) is kinds.POD:
         job = None  # job options are refused for a single Pod (tested in test_render_contract)
     manifests = render_manifests(
         config,

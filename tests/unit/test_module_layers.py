@@ -128,7 +128,12 @@ def test_every_module_of_a_layered_package_is_on_a_line(package: str) -> None:
     contract = CONTRACTS[f"{package}-layers"]
     on_lines = _layer_modules(contract)
     modules = {module for module in _modules(f"{PACKAGE}.{package}") if module != f"{PACKAGE}.{package}"}
-    assert modules == on_lines, f"on no line, or gone: {sorted(modules ^ on_lines)}"
+    # A module is on a line itself or through its package (kinds/ and everything in it are one line).
+    covered = {
+        module for module in modules if any(module == line or module.startswith(line + ".") for line in on_lines)
+    }
+    assert covered == modules, f"on no line: {sorted(modules - covered)}"
+    assert on_lines <= modules, f"gone: {sorted(on_lines - modules)}"
 
 
 IGNORED = sorted(

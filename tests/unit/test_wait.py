@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -22,6 +23,7 @@ from airflow_provider_torchelastic.kubernetes.client import retry_sync
 from airflow_provider_torchelastic.kubernetes.render import render_manifests
 from airflow_provider_torchelastic.kubernetes.status import JobRef, Phase, Snapshot, WaitDecision, WaitPolicy
 from airflow_provider_torchelastic.kubernetes.wait import drive_async, drive_sync, stop_job, wait_for_job
+from tests import fake_kind
 
 T0 = 1_800_000_000.0
 STAMP0 = "2027-01-15T08:00:00Z"
@@ -228,7 +230,7 @@ def test_only_recoverable_api_errors_are_repeated() -> None:
 # --- a new kind of job is one descriptor ------------------------------------------------------------------------------
 
 
-def test_progress_is_logged_when_where_the_job_stands_changes_and_as_a_heartbeat() -> None:
+def test_progress_is_logged_when_where_the_job_stands_changes_and_as_a_heartbeat(tmp_path: Path) -> None:
     # A kind's decisions say where the job stands (state) apart from the line, which may carry anything else.
     states = iter(["a", "a", "a", "b", "b"])
 
@@ -238,69 +240,46 @@ def test_progress_is_logged_when_where_the_job_stands_changes_and_as_a_heartbeat
         phase = Phase.SUCCEEDED if done else Phase.RUNNING
         return WaitDecision(phase=phase, progress=f"{state} at {snapshot.now - T0:.0f}", state=state)
 
-    fake = kinds.JobKind(
-        kind="FakeJob",
-        group="example.dev",
-        version="v1",
-        plural="fakejobs",
-        accepts=lambda config: False,
-        render=lambda inputs: {},
-        pod_selector=lambda name: f"example.dev/job={name}",
-        decide=decide_fake,
-        is_finished=lambda job: job["status"]["state"] == "Done",
-    )
-    kinds.register(fake)
-    try:
+    with fake_kind.plugged(tmp_path), fake_kind.deciding(decide_fake):
         busy = {"status": {"state": "Busy"}}
         source = FakeSource([busy, busy, busy, busy, {"status": {"state": "Done"}}])
         ref = JobRef(kind="FakeJob", name="f", namespace="ml")
         _, lines = run_sync(wait_for_job(ref, WaitPolicy(poll_interval=30, progress_interval=60)), source)
-    finally:
-        kinds.unregister("FakeJob")
     # "a" at 0 s, unchanged at 30 s, the heartbeat at 60 s; "b" at once at 90 s, unchanged at 120 s.
     assert [line for line in lines if " at " in line] == ["a at 0", "a at 60", "b at 90"]
 
 
-def test_a_registered_kind_renders_waits_and_is_addressed_through_its_descriptor() -> None:
+def test_a_plugged_in_kind_renders_waits_and_is_addressed_through_its_descriptor(tmp_path: Path) -> None:
     from kubernetes import client
 
     from airflow_provider_torchelastic.kubernetes.client import _get_call
 
     seen: list[str] = []
 
-    def render_fake(inputs: Any) -> dict[str, Any]:
-        return {"apiVersion": "example.dev/v1", "kind": "FakeJob", "metadata": {"name": inputs.name}, "spec": {}}
-
     def decide_fake(ref: JobRef, snapshot: Snapshot, policy: WaitPolicy) -> WaitDecision:
         seen.append(snapshot.job["status"]["state"])
         done = snapshot.job["status"]["state"] == "Done"
         return WaitDecision(phase=Phase.SUCCEEDED if done else Phase.RUNNING, progress=f"fake {ref.name}")
 
-    fake = kinds.JobKind(
-        kind="FakeJob",
-        group="example.dev",
-        version="v1",
-        plural="fakejobs",
-        accepts=lambda config: isinstance(config, Elastic) and config.nproc_per_node == 3,
-        render=render_fake,
-        pod_selector=lambda name: f"example.dev/job={name}",
-        decide=decide_fake,
-        is_finished=lambda job: job["status"]["state"] == "Done",
-    )
-    kinds.register(fake, first=True)
-    try:
+    with fake_kind.plugged(tmp_path), fake_kind.deciding(decide_fake):
+        fake = kinds.get("FakeJob")
+        assert fake is fake_kind.FAKE_JOB and kinds.registered()[0] is fake  # plugged-in kinds claim configs first
         config = Elastic(nproc_per_node=3)
         assert kinds.for_config(config) is fake
         assert kinds.for_config(Elastic(nproc_per_node=2)) is kinds.POD
-        manifests = render_manifests(
-            config,
-            identity=placeholder_identity("d", "t"),
-            namespace="ml",
-            image="img",
-            payload=b"",
-            renderer=kinds.for_config(config).render,
-        )
-        assert [m["kind"] for m in manifests] == ["ConfigMap", "FakeJob"]
+        # The default renderer is the config's kind: what is checked at parse time is what is submitted.
+        for renderer in (None, kinds.for_config(config).render):
+            manifests = render_manifests(
+                config,
+                identity=placeholder_identity("d", "t"),
+                namespace="ml",
+                image="img",
+                payload=b"",
+                renderer=renderer,
+            )
+            assert [m["kind"] for m in manifests] == ["ConfigMap", "FakeJob"]
+        owner = fake.owner_reference(owner_name="f", owner_uid="u")["metadata"]["ownerReferences"]
+        assert owner == [{"apiVersion": "example.dev/v1", "kind": "FakeJob", "name": "f", "uid": "u"}]
 
         ref = JobRef(kind="FakeJob", name="f", namespace="ml")
         source = FakeSource([{"status": {"state": "Busy"}}, {"status": {"state": "Done"}}])
@@ -309,7 +288,19 @@ def test_a_registered_kind_renders_waits_and_is_addressed_through_its_descriptor
 
         fn, args, _ = _get_call(client.CoreV1Api(), client.CustomObjectsApi(), "FakeJob", "f", "ml")
         assert fn.__name__ == "get_namespaced_custom_object" and args == ("example.dev", "v1", "ml", "fakejobs", "f")
-    finally:
-        kinds.unregister("FakeJob")
     with pytest.raises(ValueError, match="job kind: expected one of Pod, PyTorchJob, got 'FakeJob'"):
         kinds.get("FakeJob")
+
+
+@pytest.mark.parametrize(
+    ("entry_point", "error"),
+    [
+        ("bad = tests.fake_kind:ENTRY_POINT", "expected a JobKind"),
+        ("pod = airflow_provider_torchelastic.kubernetes.kinds:POD", "the kind 'Pod' is taken"),
+    ],
+    ids=["not-a-kind", "a-built-in-name"],
+)
+def test_a_bad_entry_point_is_refused_naming_it(tmp_path: Path, entry_point: str, error: str) -> None:
+    with fake_kind.plugged(tmp_path, (entry_point,)), pytest.raises((TypeError, ValueError)) as info:
+        kinds.registered()
+    assert error in str(info.value) and entry_point.split(" = ")[1] in str(info.value)

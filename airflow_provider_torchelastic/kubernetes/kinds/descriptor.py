@@ -1,0 +1,76 @@
+"""What the provider needs to know about one kind of job: the descriptor each kind's module fills in."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from airflow_provider_torchelastic.core.config import TaskConfig
+from airflow_provider_torchelastic.kubernetes.pod_template import RenderInputs
+from airflow_provider_torchelastic.kubernetes.status import JobRef, Snapshot, WaitDecision, WaitPolicy
+
+__all__ = ["JobKind"]
+
+JsonDict = dict[str, Any]
+
+
+def _unchanged(manifest: JsonDict) -> JsonDict:
+    return manifest
+
+
+def _no_replica_count(job: Mapping[str, Any]) -> int | None:
+    return None
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobKind:
+    """One kind of job: where the API keeps it, how a task config becomes one, how to find its pods, and how to read
+    what it says. Everything that differs between kinds is here, so that no other module tests kind names."""
+
+    #: The object's ``kind``, e.g. ``PyTorchJob``; also its key in the table of kinds.
+    kind: str
+    #: API group (``""`` for the core group), version and plural, as in the resource's URL.
+    group: str
+    version: str
+    plural: str
+    #: Whether this kind runs a task config; the first kind in the table that accepts it renders it.
+    accepts: Callable[[TaskConfig], bool]
+    #: The job object from the shared render inputs (name, namespace, image, pod options, labels...).
+    render: Callable[[RenderInputs], JsonDict]
+    #: The label selector of the job's pods, given the job's name; ``None`` when the object is its own only pod.
+    pod_selector: Callable[[str], str | None]
+    #: Where the job stands, from a snapshot of it and its pods.
+    decide: Callable[[JobRef, Snapshot, WaitPolicy], WaitDecision]
+    #: Whether the job itself says it has ended (whatever the pods still do): a finished job is never deleted by a
+    #: late kill, so that ``on_finish_action="keep"`` keeps it.
+    is_finished: Callable[[Mapping[str, Any]], bool]
+    #: The pod label whose value is the job's name (what :attr:`pod_selector` selects on), so that a watch of all
+    #: pods can file each pod under its job without a request; ``None`` when the object is its own only pod.
+    pod_owner_label: str | None = None
+    #: How many pods the job asks for, read from its spec (the UI's pod count before they all exist); ``None``
+    #: where the spec does not say (the pods are counted instead).
+    replica_count: Callable[[Mapping[str, Any]], int | None] = _no_replica_count
+    #: The rendered object with its repetition folded, for the rendered-template view when the whole does not fit.
+    abbreviate: Callable[[JsonDict], JsonDict] = _unchanged
+    #: The ``spec`` of the object's digest (what runs where, with which resources): the last resort of that view.
+    digest_spec: Callable[[JsonDict], JsonDict] = _unchanged
+
+    @property
+    def api_version(self) -> str:
+        return f"{self.group}/{self.version}" if self.group else self.version
+
+    @property
+    def is_core(self) -> bool:
+        return not self.group
+
+    def owner_reference(self, *, owner_name: str, owner_uid: str) -> JsonDict:
+        """The merge-patch body that makes an object (the payload ConfigMap) a dependent of this kind's job.
+
+        Set after the job exists (its uid is known only then). No ``blockOwnerDeletion``: setting it needs permission
+        on the owner's finalizers, and nothing is gained by blocking the owner's deletion on a ConfigMap.
+        """
+        if not owner_name or not owner_uid:
+            raise ValueError(f"owner_name and owner_uid: expected non-empty strings, got {owner_name!r}, {owner_uid!r}")
+        owner = {"apiVersion": self.api_version, "kind": self.kind, "name": owner_name, "uid": owner_uid}
+        return {"metadata": {"ownerReferences": [owner]}}
