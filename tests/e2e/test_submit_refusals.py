@@ -38,7 +38,7 @@ def test_a_webhook_denial_is_an_admission_refusal_and_rbac_is_a_permission_refus
     from airflow_provider_torchelastic.errors import KubeError
     from airflow_provider_torchelastic.kubernetes.client import SyncKube
     from airflow_provider_torchelastic.kubernetes.status import JobRef
-    from airflow_provider_torchelastic.operators import _submit_error
+    from airflow_provider_torchelastic.operators.on_kubernetes import _submit_error
 
     namespace = kube_cluster.namespace
     with config.new_client_from_config(config_file=str(kube_cluster.kubeconfig)) as admin:

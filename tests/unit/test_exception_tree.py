@@ -55,7 +55,9 @@ def _defined_exceptions() -> dict[str, type[BaseException]]:
         for name in top_level:
             value = getattr(module, name)
             if isinstance(value, type) and issubclass(value, BaseException):
-                found[f"{module.__name__.removeprefix(PACKAGE + '.')}.{name}"] = value
+                # By the module it is printed and imported by (its __module__), which a class defined in a private
+                # submodule of a public one sets to the public one.
+                found[f"{value.__module__.removeprefix(PACKAGE + '.')}.{name}"] = value
     return found
 
 

@@ -1,0 +1,269 @@
+"""The checks of ``TorchElasticOperator``'s arguments that run while the DAG file is parsed.
+
+One table (:data:`_ARGUMENT_CHECKS`, a row per argument) serves the constructor and the expansion of a mapped task,
+which Airflow builds without running ``__init__``: a mapped argument is skipped here and checked when the run
+expands the task.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Final
+
+from airflow.sdk.definitions.mappedoperator import MappedOperator, OperatorPartial
+
+from airflow_provider_torchelastic.core.config import Elastic, TaskConfig, check_task_config
+from airflow_provider_torchelastic.core.pod_options import JobOptions, PodOptions
+from airflow_provider_torchelastic.core.validation import check_image, check_seconds, fail, is_templated
+from airflow_provider_torchelastic.kubernetes.render import check_renderable
+from airflow_provider_torchelastic.kubernetes.status import FINISH_ACTIONS
+from airflow_provider_torchelastic.settings import EXECUTIONS, read_execution_option, read_image
+
+if TYPE_CHECKING:
+    from airflow.sdk.definitions._internal.expandinput import ExpandInput
+
+__all__ = ["CheckedArguments", "check_checkpoint_uri", "check_mapped_arguments", "check_operator_arguments"]
+
+_NAMESPACE: Final = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?\Z")
+_NAMESPACE_EXPECTED: Final = "a namespace name (a lowercase DNS-1123 label), a template, or None for the connection's"
+
+
+def _check_execution(value: object) -> str | None:
+    if value is None or value in EXECUTIONS:
+        return value
+    raise ValueError(
+        f"execution: expected 'kubernetes' or 'local' (or None for [torch_elastic] execution), got {value!r}"
+    )
+
+
+def check_checkpoint_uri(value: object) -> str:
+    """``checkpoint_uri``: a non-empty path or fsspec URL (or a template of one), without surrounding spaces."""
+    expected = "a path or fsspec URL (s3://bucket/prefix, file:///mnt/ckpt, /mnt/ckpt), a template, or None"
+    if not isinstance(value, str):
+        raise fail("", "checkpoint_uri", value, expected, TypeError)
+    if not value or value != value.strip():
+        raise fail("", "checkpoint_uri", value, expected)
+    return value
+
+
+def _check_callable(value: object) -> object:
+    if not callable(value):
+        raise TypeError(f"python_callable: expected a callable, got {value!r}")
+    return value
+
+
+def _check_namespace(value: object) -> object:
+    if value is None or is_templated(value):
+        return value
+    if not isinstance(value, str):
+        raise fail("", "namespace", value, _NAMESPACE_EXPECTED, TypeError)
+    if not _NAMESPACE.match(value):
+        raise fail("", "namespace", value, _NAMESPACE_EXPECTED)
+    return value
+
+
+def _check_conn_id(value: object) -> object:
+    if not isinstance(value, str) or not value:
+        raise fail("", "kubernetes_conn_id", value, "a connection id (a non-empty str)", TypeError)
+    return value
+
+
+def _instance_or_none(name: str, cls: type, expected: str) -> Callable[[object], object]:
+    def check(value: object) -> object:
+        if value is not None and not isinstance(value, cls):
+            raise fail("", name, value, expected, TypeError)
+        return value
+
+    return check
+
+
+def _check_image(value: object) -> object:
+    check_image("", "image", value, templated_ok=True)
+    return value
+
+
+def _check_finish_action(value: object) -> object:
+    if value not in FINISH_ACTIONS:
+        raise fail("", "on_finish_action", value, f"one of {', '.join(map(repr, FINISH_ACTIONS))}")
+    return value
+
+
+def _unchecked(value: object) -> object:
+    return value
+
+
+@dataclass(frozen=True)
+class _Argument:
+    """One argument: how it is checked (and normalized), and what stands for it while only the run knows it."""
+
+    name: str
+    check: Callable[[Any], Any]
+    unknown: Callable[[Any], Any] = _unchecked
+
+
+#: Every argument the checks know, in the order they are checked (the first bad one is the error).
+_ARGUMENT_CHECKS: Final = (
+    _Argument("python_callable", _check_callable),
+    _Argument("op_args", _unchecked),
+    _Argument("op_kwargs", _unchecked),
+    _Argument(
+        "task_config", lambda value: Elastic() if value is None else check_task_config(value), lambda _: Elastic()
+    ),
+    _Argument("execution", _check_execution),
+    _Argument("image", _check_image),
+    _Argument("namespace", _check_namespace),
+    _Argument("kubernetes_conn_id", _check_conn_id),
+    _Argument("pod_options", _instance_or_none("pod_options", PodOptions, "a PodOptions(...) or None")),
+    _Argument("job_options", _instance_or_none("job_options", JobOptions, "a JobOptions(...) or None")),
+    _Argument(
+        "deferrable",
+        _instance_or_none("deferrable", bool, "True, False or None (None: [torch_elastic] deferrable)"),
+    ),
+    _Argument("poll_interval", lambda value: check_seconds("", "poll_interval", value), lambda _: 0.0),
+    _Argument(
+        "pending_grace_seconds",
+        lambda value: check_seconds("", "pending_grace_seconds", value, allow_zero=True),
+        lambda _: 0.0,
+    ),
+    _Argument("on_finish_action", _check_finish_action),
+    _Argument("checkpoint_uri", lambda value: None if value is None else check_checkpoint_uri(value)),
+    _Argument(
+        "scheduling_timeout",
+        lambda value: None if value is None else check_seconds("", "scheduling_timeout", value),
+        lambda _: None,
+    ),
+)
+#: The arguments ``check_operator_arguments`` knows.
+_ARGUMENTS: Final = tuple(argument.name for argument in _ARGUMENT_CHECKS)
+
+
+@dataclass(frozen=True, kw_only=True)
+class CheckedArguments:
+    """The operator's arguments as ``check_operator_arguments`` normalized them."""
+
+    task_config: TaskConfig
+    execution: str | None
+    poll_interval: float
+    pending_grace_seconds: float
+    scheduling_timeout: float | None
+
+
+def check_operator_arguments(
+    *,
+    python_callable: Callable[..., Any],
+    op_args: Collection[Any] | None = None,
+    op_kwargs: Mapping[str, Any] | None = None,
+    task_config: TaskConfig | None = None,
+    execution: str | None = None,
+    image: str | None = None,
+    namespace: str | None = None,
+    kubernetes_conn_id: str = "kubernetes_default",
+    pod_options: PodOptions | None = None,
+    job_options: JobOptions | None = None,
+    deferrable: bool | None = None,
+    poll_interval: float = 10.0,
+    pending_grace_seconds: float = 120.0,
+    on_finish_action: str = "delete_succeeded",
+    scheduling_timeout: float | None = None,
+    checkpoint_uri: str | None = None,
+    dag_id: str = "dag",
+    task_id: str = "task",
+    known_at_run_time: Collection[str] = (),
+) -> CheckedArguments:
+    """Every check of ``TorchElasticOperator``'s arguments that can run while the DAG file is parsed.
+
+    The constructor calls it, and so does the expansion of a mapped task (``TorchElasticOperator.partial(...)
+    .expand(...)``, ``@task.torch_elastic`` with ``.expand``), which Airflow builds without running ``__init__``.
+    ``known_at_run_time`` names the arguments whose values only the run knows (mapped ones): they are skipped here
+    and checked by ``__init__`` when the mapped task is expanded at run time.
+
+    On Kubernetes (``execution="kubernetes"``, or None with ``[torch_elastic] execution`` not ``local`` where the
+    DAG is parsed) the task is rendered once with a placeholder run, so a conflicting customization or a pod with no
+    image (none given to the operator, its replicas, its pod template or ``[torch_elastic] image``) fails now. A
+    templated image, namespace or argument is accepted as it is: only the run can render it.
+    """
+    later = frozenset(known_at_run_time)
+    given = locals()
+    values = {row.name: (row.unknown if row.name in later else row.check)(given[row.name]) for row in _ARGUMENT_CHECKS}
+    config: TaskConfig = values["task_config"]
+    checked = CheckedArguments(
+        task_config=config,
+        execution=values["execution"],
+        poll_interval=values["poll_interval"],
+        pending_grace_seconds=values["pending_grace_seconds"],
+        scheduling_timeout=values["scheduling_timeout"],
+    )
+
+    def known(name: str) -> bool:
+        return name not in later
+
+    if known("execution") and checked.execution == "local":
+        return checked  # runs on the Airflow worker: no image, nothing rendered
+    if not (known("task_config") and known("pod_options") and known("job_options")):
+        return checked  # what would be rendered is known only at run time
+    # Whether the pods need an image from what is known here: the run's own configuration decides execution=None,
+    # but a DAG parsed where Kubernetes is the default must not wait for the run to find that it names no image.
+    on_kubernetes = known("execution") and (checked.execution == "kubernetes" or read_execution_option() != "local")
+    image_now = image if known("image") and not is_templated(image) else None
+    check_renderable(
+        config,
+        image=image_now,
+        pod_options=pod_options,
+        job_options=job_options,
+        dag_id=dag_id,
+        task_id=task_id,
+        default_image=read_image(),
+        # A templated or mapped image reaches every pod at run time.
+        require_image=on_kubernetes and known("image") and not is_templated(image),
+    )
+    return checked
+
+
+def check_mapped_arguments(kwargs: Mapping[str, Any], *, mapped: Collection[str] | None) -> None:
+    """``check_operator_arguments`` for a mapped task, from the arguments given to ``partial`` (or the decorator).
+
+    ``mapped`` names the expanded arguments, or is None when they are not known before the run (``expand_kwargs``
+    with an XCom): then every argument not given is left to run time. The DAG's and task group's ``default_args``
+    fill what was not given, as they do for the operator the run creates.
+    """
+    from airflow.sdk.bases.operator import get_merged_defaults
+
+    defaults, _ = get_merged_defaults(kwargs.get("dag"), kwargs.get("task_group"), None, None)
+    given = {
+        name: kwargs[name] if name in kwargs else defaults[name]
+        for name in _ARGUMENTS
+        if (name in kwargs or name in defaults) and (mapped is None or name not in mapped)
+    }
+    later = set(_ARGUMENTS) - set(given) if mapped is None else set(mapped) & set(_ARGUMENTS)
+    task_id = kwargs.get("task_id")
+    dag = kwargs.get("dag")
+    check_operator_arguments(
+        **{"python_callable": None, **given},
+        dag_id=getattr(dag, "dag_id", None) or "dag",
+        task_id=task_id if isinstance(task_id, str) and task_id else "task",
+        known_at_run_time=later,
+    )
+
+
+def _mapped_names(expand_input: ExpandInput) -> frozenset[str] | None:
+    """The argument names an expansion maps, or None when only the run knows them (an XCom of dicts)."""
+    value = expand_input.value
+    if isinstance(value, Mapping):
+        return frozenset(value)
+    if isinstance(value, list) and all(isinstance(item, Mapping) for item in value):
+        return frozenset(name for item in value for name in item)
+    return None
+
+
+class _CheckedOperatorPartial(OperatorPartial):
+    """What ``TorchElasticOperator.partial(...)`` returns: Airflow's ``OperatorPartial``, whose expansion (``expand``
+    and ``expand_kwargs`` both end here) first checks every argument that is not mapped."""
+
+    __slots__ = ()
+
+    def _expand(self, expand_input: ExpandInput, *, strict: bool) -> MappedOperator:
+        self._expand_called = True  # as Airflow's own: a failed expansion is an error, not also "never mapped"
+        check_mapped_arguments(self.kwargs, mapped=_mapped_names(expand_input))
+        return OperatorPartial._expand(self, expand_input, strict=strict)

@@ -1,0 +1,201 @@
+"""What a task would create, rendered without a run (``TorchElasticOperator.render_manifests``), and the pieces a
+run renders the same way: the try's identity, its run context and its manifests.
+
+A try renders its manifests from these alone, so a worker that re-attaches after a crash renders the same objects.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from types import SimpleNamespace
+from typing import TYPE_CHECKING, Any, Final
+
+from airflow_provider_torchelastic.core.naming import RunIdentity, placeholder_identity
+from airflow_provider_torchelastic.core.payload import dump_payload
+from airflow_provider_torchelastic.core.run_context import TaskContext, checkpoint_location
+from airflow_provider_torchelastic.core.validation import is_templated
+from airflow_provider_torchelastic.kubernetes import kinds
+from airflow_provider_torchelastic.kubernetes import render as kubernetes_render
+from airflow_provider_torchelastic.operators.exceptions import TrainingFailedError
+from airflow_provider_torchelastic.operators.results import result_url
+
+if TYPE_CHECKING:
+    from airflow.sdk import BaseOperator, Context
+
+    from airflow_provider_torchelastic.operators.operator import TorchElasticOperator
+    from airflow_provider_torchelastic.settings import Settings
+
+__all__ = ["UNRENDERED_IMAGE", "identity_of", "render_objects", "render_without_run", "task_context_of"]
+
+#: Stands in for an image that only the run can render (``.invalid`` is a reserved domain: it is never pulled).
+UNRENDERED_IMAGE: Final = "image.invalid/rendered-at-run-time:placeholder"
+_UNRENDERED_NAMESPACE: Final = "default"
+
+
+def identity_of(op: TorchElasticOperator, context: Context | None) -> RunIdentity:
+    """The try's identity from its context; a placeholder run's outside one."""
+    if context is None:
+        return placeholder_identity(op.dag_id, op.task_id)
+    ti = context["ti"]
+    return RunIdentity(
+        dag_id=ti.dag_id,
+        task_id=ti.task_id,
+        run_id=ti.run_id,
+        map_index=ti.map_index if ti.map_index is not None else -1,
+        try_number=ti.try_number,
+    )
+
+
+def task_context_of(
+    identity: RunIdentity, context: Context | None, checkpoint_uri: str | None, settings: Settings
+) -> TaskContext:
+    """What every worker of this try sees as its run context (``TORCHELASTIC_CONTEXT``): the same for every
+    rendering of the try, so that a re-attaching worker renders the same manifest."""
+    if checkpoint_uri is not None and (is_templated(checkpoint_uri) or not checkpoint_uri):
+        raise TrainingFailedError(f"checkpoint_uri: expected a path or fsspec URL, got {checkpoint_uri!r}")
+    root = settings.checkpoint_root
+    if checkpoint_uri is None and root is not None:
+        checkpoint_uri = checkpoint_location(
+            root,
+            dag_id=identity.dag_id,
+            run_id=identity.run_id,
+            task_id=identity.task_id,
+            map_index=identity.map_index,
+        )
+    # What the identity alone gives (render_manifests without a run uses the same), then what the run knows.
+    task_context = replace(kubernetes_render.task_context_for(identity), checkpoint_uri=checkpoint_uri)
+    if context is None:
+        return task_context
+    logical_date = context.get("logical_date")
+    return replace(
+        task_context,
+        max_tries=int(getattr(context["ti"], "max_tries", 0) or 0),
+        logical_date=logical_date.isoformat() if logical_date is not None else None,
+    )
+
+
+def render_objects(
+    op: TorchElasticOperator,
+    identity: RunIdentity,
+    namespace: str,
+    payload: bytes,
+    settings: Settings,
+    *,
+    image: str | None = None,
+    task_context: TaskContext | None = None,
+) -> list[dict[str, Any]]:
+    """The manifests of one try; ``image`` (rendered) replaces the operator's when given. Where neither the
+    replicas, the operator nor the pod template names an image, ``[torch_elastic] image`` does."""
+    return kubernetes_render.render_manifests(
+        op.task_config,
+        identity=identity,
+        namespace=namespace,
+        image=image if image is not None else op.image,
+        payload=payload,
+        pod_options=op.pod_options,
+        job_options=op.job_options,
+        default_image=settings.image,
+        renderer=kinds.for_config(op.task_config).render,
+        task_context=task_context,
+        result_url=result_url(settings.result_storage, task_context) if task_context is not None else None,
+        report_interval=settings.report_interval,
+    )
+
+
+def _placeholder_context(op: BaseOperator, identity: RunIdentity) -> dict[str, Any]:
+    """A minimal template context for a task outside a run: what the placeholder identity, the DAG and the task
+    know, and Variables that can be read here (environment, secrets backends). No XComs, dates or connections."""
+    from airflow.sdk.execution_time.context import VariableAccessor
+
+    ti = SimpleNamespace(
+        dag_id=identity.dag_id,
+        task_id=identity.task_id,
+        run_id=identity.run_id,
+        map_index=identity.map_index,
+        try_number=identity.try_number,
+    )
+    params = op.params.dump() if hasattr(op.params, "dump") else dict(op.params or {})
+    return {
+        "dag": op.dag if op.has_dag() else None,
+        "task": op,
+        "ti": ti,
+        "task_instance": ti,
+        "run_id": identity.run_id,
+        "params": params,
+        "var": {"value": VariableAccessor(deserialize_json=False), "json": VariableAccessor(deserialize_json=True)},
+    }
+
+
+def _render_template_fields(
+    op: BaseOperator, names: Sequence[str], context: Mapping[str, Any]
+) -> tuple[dict[str, Any], dict[str, str]]:
+    """``names`` rendered with ``context``, without changing ``op``; and why each field that failed could not be."""
+    import jinja2
+    import jinja2.sandbox
+
+    if op.has_dag():
+        env = op.get_template_env()
+    else:  # the SDK's DAG-less default renders an undefined name as "": here it must say so
+        env = jinja2.sandbox.SandboxedEnvironment(undefined=jinja2.StrictUndefined, cache_size=0)
+    rendered: dict[str, Any] = {}
+    failed: dict[str, str] = {}
+    for name in names:
+        value = getattr(op, name)
+        if name not in op.template_fields or value is None:
+            rendered[name] = value
+            continue
+        try:
+            rendered[name] = op.render_template(value, context, env)  # type: ignore[arg-type]
+        except Exception as e:  # any template error: the field is named, never fatal here
+            failed[name] = f"{type(e).__name__}: {e}"
+            rendered[name] = value
+    return rendered, failed
+
+
+def render_without_run(op: TorchElasticOperator, context: Context | None, settings: Settings) -> list[dict[str, Any]]:
+    """The body of ``TorchElasticOperator.render_manifests`` (its docstring says what it promises)."""
+    identity = identity_of(op, context)
+    template_context = context if context is not None else _placeholder_context(op, identity)
+    rendered, failed = _render_template_fields(
+        op, ("image", "namespace", "op_args", "op_kwargs", "checkpoint_uri"), template_context
+    )
+    image, namespace = rendered["image"], rendered["namespace"]
+    if "image" in failed or is_templated(image):
+        failed.setdefault("image", "it renders to another template")
+        image = UNRENDERED_IMAGE
+    if "namespace" in failed or is_templated(namespace):
+        failed.setdefault("namespace", "it renders to another template")
+        namespace = _UNRENDERED_NAMESPACE
+    checkpoint_uri = rendered["checkpoint_uri"]
+    if "checkpoint_uri" in failed or is_templated(checkpoint_uri):
+        failed.setdefault("checkpoint_uri", "it renders to another template")
+        checkpoint_uri = None
+    if failed:
+        placeholders = {
+            "image": repr(UNRENDERED_IMAGE),
+            "namespace": repr(_UNRENDERED_NAMESPACE),
+            "checkpoint_uri": "the [torch_elastic] checkpoint_root location, or none",
+        }
+        warnings.warn(
+            "render_manifests: these templated fields need the task's run and are shown with placeholders: "
+            + "; ".join(
+                f"{name} ({reason}; shown as {placeholders.get(name, 'its unrendered value, in the payload')})"
+                for name, reason in failed.items()
+            ),
+            UserWarning,
+            # The caller of TorchElasticOperator.render_manifests, two frames up from here.
+            stacklevel=3,
+        )
+    payload = dump_payload(op.python_callable, rendered["op_args"], rendered["op_kwargs"])
+    task_context = task_context_of(identity, context, checkpoint_uri, settings)
+    return render_objects(
+        op,
+        identity,
+        namespace if namespace is not None else "default",
+        payload,
+        settings,
+        image=image,
+        task_context=task_context,
+    )

@@ -1,0 +1,242 @@
+"""The operator on Kubernetes: render the try's objects, submit them (:mod:`..kubernetes.submit`), then wait here
+or defer to the trigger, and turn the wait's decision into the task's result.
+
+The Airflow side of the backend: the hook, XCom, the task state store, deferral and the task's exceptions.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import time
+from typing import TYPE_CHECKING, Any, Final
+
+from airflow_provider_torchelastic.core.outcome import Verdict
+from airflow_provider_torchelastic.errors import KubeError
+from airflow_provider_torchelastic.kubernetes import submit
+from airflow_provider_torchelastic.kubernetes.render import elide_payload, summarize_for_ui
+from airflow_provider_torchelastic.kubernetes.status import JobRef, WaitDecision, WaitPolicy
+from airflow_provider_torchelastic.operators import results
+from airflow_provider_torchelastic.operators.dry_run import identity_of, render_objects, task_context_of
+from airflow_provider_torchelastic.operators.exceptions import TrainingFailedError, TrainingRecoverableError
+from airflow_provider_torchelastic.operators.links import XCOM_JOB_KIND, XCOM_JOB_NAME, XCOM_JOB_NAMESPACE
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
+
+    from airflow_provider_torchelastic.core.tap import MetricsTap
+    from airflow_provider_torchelastic.kubernetes.client import SyncKube
+    from airflow_provider_torchelastic.operators.operator import TorchElasticOperator
+    from airflow_provider_torchelastic.settings import Settings
+
+__all__ = ["STATE_KEY", "XCOM_MANIFESTS", "execute_on_kubernetes", "resume", "stop"]
+
+#: task_state_store key of the job this try created; survives a worker crash so the same try re-attaches.
+STATE_KEY: Final = "torchelastic_job"
+#: XCom key of the submitted manifests (payload elided), pushed before deferring for the resumed operator.
+XCOM_MANIFESTS: Final = "manifests"
+
+
+def hook(conn_id: str) -> Any:
+    from airflow.providers.cncf.kubernetes.hooks.kubernetes import KubernetesHook
+
+    return KubernetesHook(conn_id=conn_id)
+
+
+def _check_one_cluster_source(conn_id: str, hook: Any) -> None:
+    """Refuse a connection that names two ways to reach a cluster, before anything is created.
+
+    The hook refuses the pair itself, but only when it first connects and with an AirflowException, which Airflow
+    retries although every try fails the same way.
+    """
+    try:
+        extras = hook.get_connection(conn_id).extra_dejson
+    except Exception:  # no such connection: the hook's in-cluster / default kubeconfig fallback applies
+        return
+    chosen = submit.chosen_cluster_sources(extras)
+    if len(chosen) > 1:
+        raise TrainingFailedError(
+            f"connection {conn_id!r} sets {' and '.join(chosen)}; expected one of {', '.join(submit.CLUSTER_SOURCES)} "
+            "(the Kubernetes hook cannot use more than one); fix the connection (a retry will not help)"
+        )
+
+
+def _submit_error(ref: JobRef, error: KubeError) -> Exception:
+    """The task's exception for a failed submission (:func:`..kubernetes.submit.refusal` says which)."""
+    refused = submit.refusal(ref, error)
+    return TrainingRecoverableError(refused.message) if refused.recoverable else TrainingFailedError(refused.message)
+
+
+def _deadline(op: TorchElasticOperator, context: Context) -> float | None:
+    """``execution_timeout`` as a Unix time, anchored on the try's start (stable across re-deferrals)."""
+    if op.execution_timeout is None:
+        return None
+    start = getattr(context["ti"], "start_date", None)
+    started = start.timestamp() if start is not None else time.time()
+    return started + op.execution_timeout.total_seconds()
+
+
+def _submit(
+    op: TorchElasticOperator,
+    kube: SyncKube,
+    ref: JobRef,
+    configmap: dict[str, Any],
+    workload: dict[str, Any],
+    context: Context,
+) -> JobRef:
+    """Create the ConfigMap and the job, or re-attach to the job this try already created; returns the job."""
+    store = context.get("task_state_store")
+    try_number = context["ti"].try_number
+
+    remember = None
+    if store is not None:
+
+        def remember(job: JobRef) -> None:
+            store.set(STATE_KEY, submit.state_record(job, try_number))
+
+    try:
+        return submit.create_or_reattach(
+            kube,
+            ref,
+            configmap,
+            workload,
+            remembered=submit.remembered_job(store.get(STATE_KEY) if store is not None else None, try_number),
+            remember=remember,
+            info=op.log.info,
+            warning=op.log.warning,
+        )
+    except KubeError as e:
+        error = _submit_error(ref, e)
+        # The payload ConfigMap may exist already: leave nothing behind (a retry creates everything anew).
+        op._stop(ref, kube)
+        raise error from e
+
+
+def execute_on_kubernetes(op: TorchElasticOperator, context: Context, payload: bytes, settings: Settings) -> Any:
+    """Submit the try's job (or re-attach to it), then defer or wait for it; returns rank 0's result."""
+    from airflow_provider_torchelastic.kubernetes.client import SyncKube
+    from airflow_provider_torchelastic.kubernetes.wait import drive_sync, wait_for_job
+
+    kubernetes_hook = hook(op.kubernetes_conn_id)
+    _check_one_cluster_source(op.kubernetes_conn_id, kubernetes_hook)
+    namespace = op.namespace or kubernetes_hook.get_namespace() or "default"
+    try:
+        identity = identity_of(op, context)
+        task_context = task_context_of(identity, context, op.checkpoint_uri, settings)
+        manifests = render_objects(op, identity, namespace, payload, settings, task_context=task_context)
+    except (ValueError, TypeError) as e:
+        # A setting only known at run time (templated image, the connection's namespace, the payload's size)
+        # is wrong: the same try would fail the same way, so do not spend retries on it.
+        raise TrainingFailedError(f"Cannot build the Kubernetes objects for this task: {e}") from e
+    configmap, workload = manifests
+    ref = JobRef(kind=workload["kind"], name=workload["metadata"]["name"], namespace=namespace)
+    op.rendered_job = summarize_for_ui(manifests)
+    elided = [elide_payload(manifest) for manifest in manifests]
+    op.log.info("Manifests to submit (payload elided):\n%s", json.dumps(elided, indent=2))
+    kube = SyncKube(kubernetes_hook.api_client)
+    ref = _submit(op, kube, ref, configmap, workload, context)
+    op._job = ref
+    submit.warn_if_it_may_queue_forever(
+        workload, bounded=bool(op.scheduling_timeout or op.execution_timeout), warning=op.log.warning
+    )
+    ti = context["ti"]
+    ti.xcom_push(key=XCOM_JOB_NAME, value=ref.name)
+    ti.xcom_push(key=XCOM_JOB_NAMESPACE, value=ref.namespace)
+    ti.xcom_push(key=XCOM_JOB_KIND, value=ref.kind)
+    ti.xcom_push(key=XCOM_MANIFESTS, value=elided)
+
+    if settings.deferrable:
+        _defer(op, kubernetes_hook, ref, context)
+    from airflow_provider_torchelastic.core.tap import MetricsTap
+
+    # Rank 0's metrics lines (in its pod's log) become progress lines; the tap keeps them for the job summary.
+    tap = MetricsTap(op.log.info)
+    policy = WaitPolicy(
+        poll_interval=op.poll_interval,
+        pending_grace_seconds=op.pending_grace_seconds,
+        deadline=_deadline(op, context),
+        finish_action=op.on_finish_action,
+        scheduling_timeout=op.scheduling_timeout,
+    )
+    # Waiting here: the wait core enforces execution_timeout, deletes the job when it cannot be observed, and
+    # applies on_finish_action; anything else that ends the wait (SIGTERM, a bug) must not leave the job running.
+    try:
+        decision = drive_sync(wait_for_job(ref, policy), kube, tap)
+    except BaseException:
+        op.log.warning("Waiting for %s %s/%s was interrupted", ref.kind, ref.namespace, ref.name)
+        op._stop(ref, kube)
+        raise
+    finally:
+        op._job = None
+    return _result_of(op, ref, decision, context, tap, settings)
+
+
+def _defer(op: TorchElasticOperator, kubernetes_hook: Any, ref: JobRef, context: Context) -> None:
+    from airflow_provider_torchelastic.triggers import TorchElasticJobTrigger, WatchArgs
+
+    try:
+        extras = kubernetes_hook.get_connection(op.kubernetes_conn_id).extra_dejson
+    except Exception:  # no connection: the triggerer resolves in-cluster or default config itself
+        extras = None
+    args = WatchArgs(
+        kind=ref.kind,
+        name=ref.name,
+        namespace=ref.namespace,
+        kubernetes_conn_id=op.kubernetes_conn_id,
+        connection_extras=extras,
+        poll_interval=op.poll_interval,
+        pending_grace_seconds=op.pending_grace_seconds,
+        deadline=_deadline(op, context),
+        finish_action=op.on_finish_action,
+        scheduling_timeout=op.scheduling_timeout,
+    )
+    # The trigger enforces the deadline (and deletes the job); Airflow's own timeout is only a backstop after it.
+    backstop = None
+    if args.deadline is not None:
+        backstop = datetime.timedelta(seconds=max(0.0, args.deadline - time.time()) + max(60.0, 2 * op.poll_interval))
+    op.log.info("Deferring: the triggerer waits for %s %s/%s", ref.kind, ref.namespace, ref.name)
+    trigger = TorchElasticJobTrigger.for_job(args)
+    op.defer(trigger=trigger, method_name="execute_complete", timeout=backstop)
+
+
+def resume(op: TorchElasticOperator, context: Context, event: dict[str, Any], settings: Settings) -> Any:
+    """The body of ``TorchElasticOperator.execute_complete`` (its docstring says what it promises)."""
+    from airflow_provider_torchelastic.triggers import WaitFailed, event_from_payload
+
+    ti = context["ti"]
+    ref = JobRef(
+        kind=ti.xcom_pull(task_ids=ti.task_id, key=XCOM_JOB_KIND, map_indexes=ti.map_index),
+        name=ti.xcom_pull(task_ids=ti.task_id, key=XCOM_JOB_NAME, map_indexes=ti.map_index),
+        namespace=ti.xcom_pull(task_ids=ti.task_id, key=XCOM_JOB_NAMESPACE, map_indexes=ti.map_index),
+    )
+    manifests = ti.xcom_pull(task_ids=ti.task_id, key=XCOM_MANIFESTS, map_indexes=ti.map_index)
+    if manifests:
+        op.rendered_job = summarize_for_ui(manifests)
+    outcome = event_from_payload(event)
+    if isinstance(outcome, WaitFailed):
+        # The trigger could not even start waiting: do not leave the job holding the cluster.
+        op._stop(ref)
+        raise TrainingRecoverableError(f"Waiting for {ref.kind} {ref.namespace}/{ref.name} failed: {outcome.message}")
+    from airflow_provider_torchelastic.core.tap import MetricsTap
+
+    decision = outcome.decision
+    # The trigger's tap (when it drove the wait with one) sent what it kept along with the decision.
+    tap = MetricsTap.from_json(decision.metrics, op.log.info)
+    return _result_of(op, ref, decision, context, tap, settings)
+
+
+def _result_of(
+    op: TorchElasticOperator, ref: JobRef, decision: WaitDecision, context: Context, tap: MetricsTap, settings: Settings
+) -> Any:
+    verdict = decision.verdict or Verdict(succeeded=False, detail=decision.progress)
+    op.log.info("%s %s/%s ended: %s", ref.kind, ref.namespace, ref.name, decision.progress)
+    results.push_job_summary(op.log, context, results.job_summary(ref, decision, verdict, context, tap))
+    return op.result_or_raise(verdict, last_metrics=tap.summary_line(), settings=settings)
+
+
+def stop(op: TorchElasticOperator, ref: JobRef, kube: SyncKube | None = None) -> None:
+    """Delete the job unless it has finished: the one way the worker ends a job it no longer waits for."""
+    from airflow_provider_torchelastic.kubernetes.client import SyncKube
+    from airflow_provider_torchelastic.kubernetes.wait import drive_sync, stop_job
+
+    drive_sync(stop_job(ref), kube or SyncKube(hook(op.kubernetes_conn_id).api_client), op.log.info)

@@ -1,0 +1,248 @@
+"""``TorchElasticOperator``: run a Python training function under torch elastic as one Airflow task.
+
+The class holds the arguments and the task's entry points; the work is beside it: the parse-time checks
+(:mod:`.arguments`), rendering without a run (:mod:`.dry_run`), the Kubernetes path (:mod:`.on_kubernetes`) and
+results (:mod:`.results`). Importing it (what a DAG file does at every parse) imports Airflow's SDK but neither torch
+nor the kubernetes client: those are imported inside ``execute``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Collection, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from airflow.sdk import BaseOperator
+
+from airflow_provider_torchelastic.core.config import TaskConfig
+from airflow_provider_torchelastic.core.launch import config_to_launch_spec
+from airflow_provider_torchelastic.core.outcome import Verdict
+from airflow_provider_torchelastic.core.payload import dump_payload
+from airflow_provider_torchelastic.core.pod_options import JobOptions, PodOptions
+from airflow_provider_torchelastic.operators import on_kubernetes, results
+from airflow_provider_torchelastic.operators.arguments import _CheckedOperatorPartial, check_operator_arguments
+from airflow_provider_torchelastic.operators.dry_run import identity_of, render_without_run, task_context_of
+from airflow_provider_torchelastic.operators.links import TorchElasticJobLink, TorchElasticLogsLink
+from airflow_provider_torchelastic.settings import Settings, read_execution
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
+    from airflow.sdk.definitions.mappedoperator import OperatorPartial
+
+    from airflow_provider_torchelastic.kubernetes.client import SyncKube
+    from airflow_provider_torchelastic.kubernetes.status import JobRef
+    from airflow_provider_torchelastic.local.run import LocalRun
+
+__all__ = ["TorchElasticOperator"]
+
+
+class TorchElasticOperator(BaseOperator):
+    """Run ``python_callable(*op_args, **op_kwargs)`` on every worker of a torch elastic job.
+
+    Rank 0's return value (JSON-serializable) becomes the task's ``return_value`` XCom.
+
+    :param python_callable: the training function. It runs in fresh worker processes (and, on Kubernetes, in pods
+        where the DAG file does not exist): it and the helpers defined beside it are shipped by value.
+    :param op_args: positional arguments (templated).
+    :param op_kwargs: keyword arguments (templated).
+    :param task_config: ``Elastic(...)`` (default: one node, one worker) or ``PyTorch(...)``.
+    :param execution: ``"local"`` (subprocesses on the Airflow worker) or ``"kubernetes"``; default: the Airflow
+        option ``[torch_elastic] execution``, itself ``kubernetes`` by default.
+    :param image: the training image on Kubernetes (Python, torch, cloudpickle and this package; see docker/);
+        templated. A replica's own image wins over it; without it, the pod template's ``pytorch`` container's image,
+        else the Airflow option ``[torch_elastic] image``. A Kubernetes task with none fails when the DAG is parsed.
+    :param namespace: Kubernetes namespace; default: the connection's, else ``default``.
+    :param kubernetes_conn_id: the cncf.kubernetes connection to the cluster.
+    :param pod_options: pod customization (env, secrets, GPUs, tolerations, volumes, a full pod template...).
+    :param job_options: PyTorchJob-only settings (``schedulingPolicy``, ``suspend``).
+    :param deferrable: release the worker slot while the job runs; default ``[torch_elastic] deferrable`` (True).
+    :param poll_interval: seconds between status polls on Kubernetes.
+    :param pending_grace_seconds: fail once a pod is stuck on something that never resolves by itself (image pull,
+        invalid image, container config such as a missing Secret) this long.
+    :param scheduling_timeout: seconds the job may wait for capacity (pods Unschedulable before it can start, a
+        suspended or Kueue-queued job) before the task fails as recoverable; default None: until
+        ``execution_timeout``. Pods of an elastic job beyond its minimum never count: it runs on what it got.
+    :param on_finish_action: ``delete_succeeded`` (default), ``delete`` or ``keep`` the job once it ended.
+    :param checkpoint_uri: this task's checkpoint location (a path or fsspec URL; templated), in place of
+        ``{[torch_elastic] checkpoint_root}/{dag_id}/{run_id}/{task_id}/{map_index}``. The workers read it from
+        ``context.current().checkpoint_uri``; the ``checkpoint`` helpers use it.
+    """
+
+    operator_extra_links = (TorchElasticJobLink(), TorchElasticLogsLink())
+    # The manifest is built in execute(); show it in the rendered-template view of the run, not the parse-time one.
+    overwrite_rtif_after_execution = True
+
+    template_fields: Sequence[str] = ("op_args", "op_kwargs", "image", "namespace", "checkpoint_uri", "rendered_job")
+    template_fields_renderers: ClassVar[dict[str, str]] = {"op_args": "py", "op_kwargs": "py", "rendered_job": "yaml"}
+    # The callable may hold objects that cannot be deep-copied (Airflow copies operators when it maps tasks).
+    shallow_copy_attrs: Sequence[str] = ("python_callable",)
+    ui_color = "#ee4c2c"
+
+    def __init__(
+        self,
+        *,
+        python_callable: Callable[..., Any],
+        op_args: Collection[Any] | None = None,
+        op_kwargs: Mapping[str, Any] | None = None,
+        task_config: TaskConfig | None = None,
+        execution: str | None = None,
+        image: str | None = None,
+        namespace: str | None = None,
+        kubernetes_conn_id: str = "kubernetes_default",
+        pod_options: PodOptions | None = None,
+        job_options: JobOptions | None = None,
+        deferrable: bool | None = None,
+        poll_interval: float = 10.0,
+        pending_grace_seconds: float = 120.0,
+        on_finish_action: str = "delete_succeeded",
+        scheduling_timeout: float | None = None,
+        checkpoint_uri: str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        # One set of checks for this constructor and for mapped tasks (see partial() and the decorator's expand).
+        checked = check_operator_arguments(
+            python_callable=python_callable,
+            task_config=task_config,
+            execution=execution,
+            image=image,
+            namespace=namespace,
+            kubernetes_conn_id=kubernetes_conn_id,
+            pod_options=pod_options,
+            job_options=job_options,
+            deferrable=deferrable,
+            poll_interval=poll_interval,
+            pending_grace_seconds=pending_grace_seconds,
+            on_finish_action=on_finish_action,
+            scheduling_timeout=scheduling_timeout,
+            checkpoint_uri=checkpoint_uri,
+            dag_id=self.dag_id,
+            task_id=self.task_id,
+        )
+        self.python_callable = python_callable
+        self.op_args: Collection[Any] = list(op_args or [])
+        self.op_kwargs: Mapping[str, Any] = dict(op_kwargs or {})
+        self.task_config: TaskConfig = checked.task_config
+        self.execution = checked.execution
+        self.image = image
+        self.namespace = namespace
+        self.kubernetes_conn_id = kubernetes_conn_id
+        self.pod_options = pod_options
+        self.job_options = job_options
+        self.deferrable = deferrable
+        self.poll_interval = checked.poll_interval
+        self.pending_grace_seconds = checked.pending_grace_seconds
+        self.scheduling_timeout = checked.scheduling_timeout
+        self.on_finish_action = on_finish_action
+        self.checkpoint_uri = checkpoint_uri
+        self.rendered_job: str | None = None
+        self._local_run: LocalRun | None = None
+        self._job: JobRef | None = None
+
+    @classmethod
+    def partial(cls, **kwargs: Any) -> OperatorPartial:
+        """Airflow's ``partial``, whose ``expand``/``expand_kwargs`` also run the constructor's parse-time checks
+        (a mapped task is built without calling ``__init__`` until it runs)."""
+        plain = super().partial(**kwargs)
+        checked = _CheckedOperatorPartial(operator_class=plain.operator_class, kwargs=plain.kwargs, params=plain.params)
+        # ``plain`` is replaced, not forgotten by the user: keep it from warning "never mapped" when collected.
+        plain._expand_called = True
+        return checked
+
+    def resolve_execution(self) -> str:
+        """The execution mode: the operator's own, else ``[torch_elastic] execution`` (read at run time)."""
+        return self.execution if self.execution is not None else read_execution()
+
+    def execute(self, context: Context) -> Any:
+        execution = self.resolve_execution()
+        # Every option this try uses, read once: the rest of the try sees these values only.
+        settings = Settings.read(execution=execution, deferrable=self.deferrable)
+        payload = dump_payload(self.python_callable, self.op_args, self.op_kwargs)
+        self.log.info(
+            "Running %s with %s (%s execution), payload %d bytes",
+            getattr(self.python_callable, "__qualname__", self.python_callable),
+            self.task_config,
+            execution,
+            len(payload),
+        )
+        if execution == "local":
+            return self._execute_locally(context, payload, settings)
+        return on_kubernetes.execute_on_kubernetes(self, context, payload, settings)
+
+    def _execute_locally(self, context: Context, payload: bytes, settings: Settings) -> Any:
+        from airflow_provider_torchelastic.core.metrics_format import INTERVAL_ENV
+        from airflow_provider_torchelastic.core.tap import MetricsTap
+        from airflow_provider_torchelastic.local.run import LocalRun, run_locally
+
+        spec = config_to_launch_spec(self.task_config)
+        identity = identity_of(self, context)
+        task_context = task_context_of(identity, context, self.checkpoint_uri, settings)
+        run = self._local_run = LocalRun()
+        # Rank 0's metrics lines become progress lines; the tap keeps them, and the log's tail, for the job summary.
+        tap = MetricsTap(self.log.info, keep_unprefixed=True)
+        started = time.time()
+        interval = settings.report_interval
+        try:
+            verdict = run_locally(
+                payload,
+                spec,
+                log_line=tap,
+                run=run,
+                task_context=task_context,
+                result_url=results.result_url(settings.result_storage, task_context),
+                # The workers' metrics interval, as rendered into pods.
+                extra_env={} if interval is None else {INTERVAL_ENV: f"{interval:g}"},
+            )
+        finally:
+            self._local_run = None
+        summary = results.local_summary(identity, spec, run, verdict, tap, started)
+        results.push_job_summary(self.log, context, summary)
+        return self.result_or_raise(verdict, last_metrics=tap.summary_line(), settings=settings)
+
+    def result_or_raise(self, verdict: Verdict, *, last_metrics: str = "", settings: Settings | None = None) -> Any:
+        """Rank 0's result, or the Airflow exception that says what failed and whether a retry can help.
+
+        ``last_metrics`` (``MetricsTap.summary_line()``) ends the task's final log line: the last reported values.
+        ``settings``: the try's, else read now (only result storage is used).
+        """
+        if settings is None:
+            settings = Settings.read(execution="local", deferrable=False)  # reads no option it does not use
+        return results.result_or_raise(self.log, verdict, settings.result_storage, last_metrics=last_metrics)
+
+    def render_manifests(self, context: Context | None = None) -> list[dict[str, Any]]:
+        """The objects this task would create, in creation order, without touching the network.
+
+        Templated fields are rendered with ``context``; with ``context=None``, with a minimal one for a placeholder
+        run (dag, task, ``ti``'s identity, params, readable Variables). A field that cannot be rendered so (it needs
+        the real run: an XCom, a date, a missing Variable) is named in a ``UserWarning`` and a placeholder takes its
+        place (namespace ``default``, image ``UNRENDERED_IMAGE``, the unrendered arguments in the payload): no
+        ``{{ ... }}`` reaches a manifest. The payload is the real one otherwise (so its size counts). The operator
+        itself is not changed.
+        """
+        # Rendered as on Kubernetes whatever the execution; deferring is no part of the manifests.
+        return render_without_run(self, context, Settings.read(execution="kubernetes", deferrable=False))
+
+    def execute_complete(self, context: Context, event: dict[str, Any]) -> Any:
+        """Resume after the trigger fired: a fresh operator instance, so everything comes from the event and XCom.
+
+        ``event`` is the payload of the trigger's :class:`~triggers.JobEnded` or :class:`~triggers.WaitFailed` (a
+        plain dict; one written before those classes existed reads the same). The trigger has already applied
+        ``on_finish_action`` (or deleted the job at the deadline, or when it could not observe it); only the verdict
+        is left to turn into a result or an exception.
+        """
+        # The try did defer; what is left reads only result storage.
+        settings = Settings.read(execution="kubernetes", deferrable=True)
+        return on_kubernetes.resume(self, context, event, settings)
+
+    def _stop(self, ref: JobRef, kube: SyncKube | None = None) -> None:
+        """Delete the job unless it has finished: the one way the worker ends a job it no longer waits for."""
+        on_kubernetes.stop(self, ref, kube)
+
+    def on_kill(self) -> None:
+        run = self._local_run
+        if run is not None:
+            self.log.info("Task killed: stopping the local training processes")
+            run.stop()
+        if self._job is not None:
+            self.log.info("Task killed: stopping %s %s/%s", self._job.kind, self._job.namespace, self._job.name)
+            self._stop(self._job)

@@ -1,0 +1,140 @@
+"""What a finished training becomes: rank 0's value (from the termination message, the result file or result
+storage) or the exception that says whether a retry can help, and the job summary the UI shows."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any, Protocol
+
+from airflow_provider_torchelastic.core.outcome import Verdict
+from airflow_provider_torchelastic.core.run_context import TaskContext, result_location
+from airflow_provider_torchelastic.operators.exceptions import TrainingFailedError, TrainingRecoverableError
+from airflow_provider_torchelastic.settings import ResultStorage
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
+
+    from airflow_provider_torchelastic.core.launch import LaunchSpec
+    from airflow_provider_torchelastic.core.naming import RunIdentity
+    from airflow_provider_torchelastic.core.summary import JobSummary
+    from airflow_provider_torchelastic.core.tap import MetricsTap
+    from airflow_provider_torchelastic.kubernetes.status import JobRef, WaitDecision
+    from airflow_provider_torchelastic.local.run import LocalRun
+
+__all__ = [
+    "ResultStorage",
+    "job_summary",
+    "local_summary",
+    "push_job_summary",
+    "read_stored_result",
+    "result_or_raise",
+    "result_url",
+]
+
+
+class Log(Protocol):
+    """The task's logger, as far as results use it (Airflow's is a structlog logger, not a ``logging.Logger``)."""
+
+    def info(self, msg: str, /, *args: Any) -> Any: ...
+    def warning(self, msg: str, /, *args: Any) -> Any: ...
+    def error(self, msg: str, /, *args: Any) -> Any: ...
+
+
+def result_url(storage: ResultStorage | None, task_context: TaskContext) -> str | None:
+    """Where this try's rank 0 writes a result too large for its result file, when result storage is configured."""
+    return result_location(storage.url, task_context) if storage is not None else None
+
+
+def read_stored_result(url: str, storage: ResultStorage | None) -> Any:
+    """Rank 0's value written to result storage: JSON, read with Airflow's ``ObjectStoragePath`` (the connection
+    ``[torch_elastic] result_storage_conn_id`` holds the credentials), then deleted unless
+    ``[torch_elastic] result_storage_keep``. Never unpickled."""
+    from airflow.sdk import ObjectStoragePath
+
+    from airflow_provider_torchelastic.core.outcome import decode_result
+
+    conn_id = storage.conn_id if storage is not None else None
+    path = ObjectStoragePath(url if "://" in url else f"file://{url}", conn_id=conn_id)
+    value = decode_result(path.read_bytes())
+    if storage is None or not storage.keep:
+        path.unlink(missing_ok=True)
+    return value
+
+
+def result_or_raise(log: Log, verdict: Verdict, storage: ResultStorage | None, *, last_metrics: str = "") -> Any:
+    """The body of ``TorchElasticOperator.result_or_raise`` (its docstring says what it promises)."""
+    suffix = f"; {last_metrics}" if last_metrics else ""
+    if verdict.succeeded and verdict.result_ref is not None:
+        try:
+            value = read_stored_result(verdict.result_ref, storage)
+        except Exception as e:  # the store or its connection failed: the training is done, but its value is not
+            raise TrainingRecoverableError(
+                f"Training succeeded but rank 0's result could not be read from {verdict.result_ref} "
+                f"(result storage, connection [torch_elastic] result_storage_conn_id): {type(e).__name__}: {e}"
+            ) from e
+        log.info("Training succeeded; rank 0's result read from %s%s", verdict.result_ref, suffix)
+        return value
+    if verdict.succeeded:
+        log.info("Training succeeded; rank 0's result: %r%s", verdict.result, suffix)
+        return verdict.result
+    if verdict.failure is not None and verdict.failure.traceback:
+        log.error("Root cause, %s, traceback:\n%s", verdict.failure.summary(), verdict.failure.traceback)
+    if last_metrics:
+        log.info("Training failed; %s", last_metrics)
+    if verdict.recoverable:
+        raise TrainingRecoverableError(f"Training failed, a retry may help: {verdict.detail}")
+    raise TrainingFailedError(f"Training failed, a retry will not help: {verdict.detail}")
+
+
+def push_job_summary(log: Log, context: Context, summary: JobSummary) -> None:
+    """Save the job summary (the UI's record of a finished job) as the XCom ``torch_elastic_job``."""
+    from airflow_provider_torchelastic.core.summary import XCOM_KEY
+
+    try:
+        context["ti"].xcom_push(key=XCOM_KEY, value=summary.to_dict())
+    except Exception as e:  # the training's outcome stands; only the UI's record of it is missing
+        log.warning("Could not save the job summary (XCom %r): %s", XCOM_KEY, e)
+
+
+def local_summary(
+    identity: RunIdentity, spec: LaunchSpec, run: LocalRun, verdict: Verdict, tap: MetricsTap, started: float
+) -> JobSummary:
+    """The job summary of a local run: its workers stand for the pods."""
+    import socket
+
+    from airflow_provider_torchelastic.core.naming import job_name
+    from airflow_provider_torchelastic.core.summary import local_job_summary
+
+    nproc = str(spec.nproc_per_node)
+    return local_job_summary(
+        # The name the try's job would have on Kubernetes: unique per try, and the same key for the UI.
+        name=job_name(identity),
+        reports=run.reports,
+        succeeded=verdict.succeeded,
+        root_cause=verdict.detail,
+        created=started,
+        finished=time.time(),
+        nproc_per_node=int(nproc) if nproc.isdigit() else None,
+        hostname=socket.gethostname(),
+        tails=tap.tails(),
+        series=tap.series,
+    )
+
+
+def job_summary(ref: JobRef, decision: WaitDecision, verdict: Verdict, context: Context, tap: MetricsTap) -> JobSummary:
+    """The job summary of a Kubernetes job, from the wait's last decision and what the metrics tap kept."""
+    from airflow_provider_torchelastic.core.summary import JobSummary, with_log_tails
+
+    start = getattr(context["ti"], "start_date", None)
+    created = decision.created or (start.timestamp() if start is not None else time.time())
+    return JobSummary.build(
+        kind=ref.kind,
+        namespace=ref.namespace,
+        name=ref.name,
+        succeeded=verdict.succeeded,
+        created=created,
+        finished=time.time(),
+        root_cause=verdict.detail,
+        pods=with_log_tails(decision.pods, tap.tails()),
+        series=tap.series,
+    )

@@ -1,0 +1,172 @@
+"""The ``[torch_elastic]`` Airflow options a task reads, in one place.
+
+A task reads them once (:meth:`Settings.read`, at the start of ``execute``, of ``execute_complete`` and of
+``render_manifests``) and passes the result down, so that one try never sees two values of one option and every
+error names the option and its environment variable. The DAG-parse checks read only the two options they need
+(:func:`read_image`, :func:`read_execution_option`): a parse must stay cheap, and an option that only a run uses
+must not fail the parse. The extra links read their URL templates themselves (:func:`url_template`): they run in the
+API server, long after the task.
+
+Nothing here is read at import: ``airflow.sdk.configuration`` is imported inside the functions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Final
+
+from airflow.sdk.exceptions import AirflowFailException
+
+from airflow_provider_torchelastic.core.validation import check_image
+
+__all__ = [
+    "SECTION",
+    "EXECUTIONS",
+    "ResultStorage",
+    "Settings",
+    "read_execution",
+    "read_execution_option",
+    "read_image",
+    "url_template",
+]
+
+SECTION: Final = "torch_elastic"
+EXECUTIONS: Final = ("kubernetes", "local")
+#: The option with the image of tasks that name none themselves (env AIRFLOW__TORCH_ELASTIC__IMAGE).
+IMAGE_OPTION: Final = "image"
+
+
+def _env(option: str) -> str:
+    return f"AIRFLOW__{SECTION.upper()}__{option.upper()}"
+
+
+def _conf() -> Any:
+    # Imported when read, never at import: DAG files import the operator at every parse.
+    from airflow.sdk.configuration import conf
+
+    return conf
+
+
+def _text(option: str, default: str = "") -> str:
+    return str(_conf().get(SECTION, option, fallback=default) or "").strip()
+
+
+def _boolean(option: str, default: bool) -> bool:
+    try:
+        return bool(_conf().getboolean(SECTION, option, fallback=default))
+    except Exception as e:  # Airflow's own message names neither the section's env var nor that the task fails
+        raise AirflowFailException(
+            f"[{SECTION}] {option}: expected True or False, got {_conf().get(SECTION, option)!r} (env {_env(option)})"
+        ) from e
+
+
+def read_image() -> str | None:
+    """``[torch_elastic] image``, the image of tasks that name none themselves; read when called, never at import.
+
+    Raises the ``ValueError`` of the image check (naming the option): the DAG-parse checks call it.
+    """
+    value = _conf().get(SECTION, IMAGE_OPTION, fallback="") or None
+    check_image("", f"[{SECTION}] {IMAGE_OPTION}", value)
+    return value
+
+
+def read_execution_option() -> str:
+    """``[torch_elastic] execution`` as written, unchecked: the DAG-parse checks only ask whether it is ``local``."""
+    return str(_conf().get(SECTION, "execution", fallback="kubernetes"))
+
+
+def url_template(option: str) -> str:
+    """``[torch_elastic] dashboard_url_template`` or ``logs_url_template``; empty when unset."""
+    return str(_conf().get(SECTION, option, fallback="") or "")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ResultStorage:
+    """``[torch_elastic] result_storage*``: where results too large for a termination message go."""
+
+    url: str
+    conn_id: str | None
+    keep: bool
+
+
+def read_execution() -> str:
+    """``[torch_elastic] execution``, checked: ``kubernetes`` (the default) or ``local``."""
+    value = read_execution_option()
+    if value not in EXECUTIONS:
+        raise AirflowFailException(
+            f"[{SECTION}] execution: expected 'kubernetes' or 'local', got {value!r} (env {_env('execution')})"
+        )
+    return value
+
+
+def _report_interval() -> float | None:
+    raw = _text("report_interval")
+    if not raw:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value < float("inf"):
+        raise AirflowFailException(
+            f"[{SECTION}] report_interval: expected seconds >= 0, got {raw!r} (env {_env('report_interval')})"
+        )
+    return value
+
+
+def _result_storage() -> ResultStorage | None:
+    url = _text("result_storage")
+    if not url:
+        return None
+    return ResultStorage(
+        url=url,
+        conn_id=_text("result_storage_conn_id") or None,
+        keep=_boolean("result_storage_keep", False),
+    )
+
+
+def _configured_image() -> str | None:
+    try:
+        return read_image()
+    except (ValueError, TypeError) as e:
+        # At run time a wrong deployment option fails the task without spending its retries.
+        raise AirflowFailException(f"{e} (env {_env(IMAGE_OPTION)})") from e
+
+
+@dataclass(frozen=True, kw_only=True)
+class Settings:
+    """Every ``[torch_elastic]`` option a task reads while it runs, read once and checked."""
+
+    #: ``execution``: ``kubernetes`` or ``local`` (the task's own, else the option).
+    execution: str
+    #: ``deferrable``: whether a Kubernetes task releases its worker slot while the job runs (the task's own, else
+    #: the option).
+    deferrable: bool
+    #: ``image``: the last resort for a pod's image (Kubernetes only).
+    image: str | None
+    #: ``checkpoint_root``: the root of every task's checkpoint location.
+    checkpoint_root: str | None
+    #: ``result_storage``, ``result_storage_conn_id``, ``result_storage_keep``.
+    result_storage: ResultStorage | None
+    #: ``report_interval``: seconds between rank 0's metrics lines; None: ``report()``'s default.
+    report_interval: float | None
+
+    @classmethod
+    def read(cls, *, execution: str | None = None, deferrable: bool | None = None) -> Settings:
+        """The options as configured now; an invalid one raises ``AirflowFailException`` naming it and its env var
+        (a retry reads the same configuration).
+
+        ``execution`` and ``deferrable`` are the task's own choices: an option the task overrides is not read, and
+        ``image`` is read for Kubernetes only, so that an option the task does not use cannot fail it.
+        """
+        execution = execution if execution is not None else read_execution()
+        if deferrable is None:
+            deferrable = execution == "kubernetes" and _boolean("deferrable", True)
+        return cls(
+            execution=execution,
+            deferrable=deferrable,
+            image=_configured_image() if execution == "kubernetes" else None,
+            checkpoint_root=_text("checkpoint_root") or None,
+            result_storage=_result_storage(),
+            report_interval=_report_interval(),
+        )
