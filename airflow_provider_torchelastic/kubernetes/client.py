@@ -113,6 +113,7 @@ class SyncKube:
 
         self._core = client.CoreV1Api(api_client)
         self._custom = client.CustomObjectsApi(api_client)
+        self._api_client = api_client
 
     def _body(self, call: _Call) -> bytes:
         """The raw response body. Raw, because kubernetes 36.0.x returns the *repr* of bytes for logs otherwise
@@ -175,6 +176,70 @@ class SyncKube:
         # nothing behind where no garbage collector runs (or when the job was never created).
         self.delete("ConfigMap", payload_configmap_name(ref.name), ref.namespace)
         return existed
+
+    # --- what the preflight asks: discovery, access reviews, the version, one custom object ----------------------
+
+    def served_resources(self, group: str, version: str) -> list[str] | None:
+        """The resource names the API serves in ``group``/``version`` (``""``: the core group), subresources
+        included (``pods/log``); ``None`` when the group version is not served at all."""
+        if group:
+            call: _Call = (self._custom.get_api_resources, (group, version), {})
+        elif version == "v1":
+            call = (self._core.get_api_resources, (), {})
+        else:  # pragma: no cover - the core group has one version
+            raise ValueError(f"version: the core group serves v1, got {version!r}")
+        try:
+            doc = _json(self._body(call))
+        except KubeError as e:
+            if e.not_found:
+                return None
+            raise
+        return [str(resource.get("name", "")) for resource in doc.get("resources", [])]
+
+    def access_review(self, verb: str, resource: str, group: str, namespace: str, subresource: str = "") -> bool:
+        """Whether this identity may ``verb`` the ``resource`` (``subresource``) of ``group`` in ``namespace``: one
+        SelfSubjectAccessReview (authorization.k8s.io/v1), which any authenticated identity may create."""
+        from kubernetes import client
+
+        attributes = {"verb": verb, "resource": resource, "group": group, "namespace": namespace}
+        if subresource:
+            attributes["subresource"] = subresource
+        body = {
+            "apiVersion": "authorization.k8s.io/v1",
+            "kind": "SelfSubjectAccessReview",
+            "spec": {"resourceAttributes": attributes},
+        }
+        api = client.AuthorizationV1Api(self._api_client)
+        doc = _json(self._body((api.create_self_subject_access_review, (body,), {})))
+        return bool(doc.get("status", {}).get("allowed", False))
+
+    def server_version(self) -> dict[str, Any]:
+        """``/version``: ``gitVersion``, ``major``, ``minor``..."""
+        from kubernetes import client
+
+        return _json(self._body((client.VersionApi(self._api_client).get_code, (), {})))
+
+    def get_crd(self, name: str) -> dict[str, Any] | None:
+        """The CustomResourceDefinition ``name`` (``plural.group``); None when it is not installed."""
+        from kubernetes import client
+
+        api = client.ApiextensionsV1Api(self._api_client)
+        try:
+            return _json(self._body((api.read_custom_resource_definition, (name,), {})))
+        except KubeError as e:
+            if e.not_found:
+                return None
+            raise
+
+    def get_custom(self, group: str, version: str, plural: str, name: str, namespace: str) -> dict[str, Any] | None:
+        """One namespaced custom object that is no job kind (a Kueue LocalQueue); None when it does not exist."""
+        try:
+            call: _Call = (self._custom.get_namespaced_custom_object, (group, version, namespace, plural, name), {})
+            return _json(self._body(call))
+        except KubeError as e:
+            if e.not_found:
+                return None
+            raise
 
 
 class AsyncKube:
