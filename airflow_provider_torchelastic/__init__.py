@@ -10,20 +10,19 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from airflow_provider_torchelastic.core.config import (
-    CleanPodPolicy,
-    Elastic,
-    Master,
-    PyTorch,
-    RestartPolicy,
-    RunPolicy,
-    Worker,
-)
-from airflow_provider_torchelastic.errors import RecoverableError
-from airflow_provider_torchelastic.worker.metrics import report
-
 if TYPE_CHECKING:
+    from airflow_provider_torchelastic.core.config import (
+        CleanPodPolicy,
+        Elastic,
+        Master,
+        PyTorch,
+        RestartPolicy,
+        RunPolicy,
+        Worker,
+    )
+    from airflow_provider_torchelastic.errors import RecoverableError
     from airflow_provider_torchelastic.operators import TorchElasticOperator
+    from airflow_provider_torchelastic.worker.metrics import report
 
 from airflow_provider_torchelastic.core.version import __version__
 
@@ -42,15 +41,26 @@ __all__ = [
     "report",
 ]
 
-# Names whose modules need Airflow: imported on first access, so the runner (and images without Airflow) can import
-# this package.
-_LAZY = {"TorchElasticOperator": "airflow_provider_torchelastic.operators"}
+# Every name is imported on first access. The operator's module needs Airflow, so the runner (and images without
+# Airflow) can import this package; the others are light, but a spawned worker imports this package on its way to
+# its entrypoint, and needs none of them to start.
+_LAZY = {
+    "TorchElasticOperator": "airflow_provider_torchelastic.operators",
+    **dict.fromkeys(
+        ("CleanPodPolicy", "Elastic", "Master", "PyTorch", "RestartPolicy", "RunPolicy", "Worker"),
+        "airflow_provider_torchelastic.core.config",
+    ),
+    "RecoverableError": "airflow_provider_torchelastic.errors",
+    "report": "airflow_provider_torchelastic.worker.metrics",
+}
 # Modules for training functions (``context.current()``, ``checkpoint.save``): imported on first access too.
 _LAZY_MODULES = frozenset({"checkpoint", "context"})
+# Submodules that importing the package used to import (and so bind as its attributes): still attributes of it.
+_BOUND_MODULES = frozenset({"core", "errors", "metrics", "pod", "worker"})
 
 
 def __getattr__(name: str) -> Any:
-    if name in _LAZY_MODULES:
+    if name in _LAZY_MODULES or name in _BOUND_MODULES:
         return importlib.import_module(f"{__name__}.{name}")
     module = _LAZY.get(name)
     if module is None:
@@ -61,7 +71,7 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+    return sorted(set(globals()) | set(__all__) | _BOUND_MODULES)
 
 
 def get_provider_info() -> dict[str, Any]:

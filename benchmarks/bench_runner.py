@@ -8,7 +8,12 @@ Measured:
 - parse path: ``import airflow_provider_torchelastic`` + the operator, vs ``import torch`` (fresh interpreters);
 - payload: size and dump/load time of the quickstart training function (pickled by value);
 - launch: a trivial 2-worker job (gloo all_reduce) through our runner with spawn and with fork, vs the same
-  function as a script under ``torchrun --standalone`` (the baseline); wall time and peak RSS of the process tree.
+  function as a script under ``torchrun --standalone`` (the baseline); wall time, CPU time (user + system of the
+  process tree) and peak RSS of its largest process. The three commands run in turn, round after round, and each
+  ratio is the median of the rounds' own ratios, so that the machine's load drifting during the run moves the
+  three alike;
+- worker imports: what a spawned worker imports of this provider before the training function runs (its
+  entrypoint's module and the payload loader, after torch), from ``python -X importtime``.
 """
 
 from __future__ import annotations
@@ -17,13 +22,13 @@ import argparse
 import datetime
 import os
 import platform
-import resource
 import statistics
 import subprocess
 import sys
 import tempfile
 import textwrap
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -44,14 +49,17 @@ TRAIN_SCRIPT = textwrap.dedent(
 )
 
 
-def _time_command(command: list[str], env: dict[str, str] | None = None) -> tuple[float, float]:
-    """Wall seconds and peak RSS (MiB) of the largest process in the tree (children's max RSS)."""
-    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+def _time_command(command: list[str], env: dict[str, str] | None = None) -> tuple[float, float, float]:
+    """Wall seconds, CPU seconds (user + system of the process and of the descendants it waited for) and peak RSS
+    (MiB) of the largest of those processes."""
     start = time.perf_counter()
-    subprocess.run(command, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    _, status, usage = os.wait4(proc.pid, 0)
     wall = time.perf_counter() - start
-    after = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    return wall, max(after, before) / 1024
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode != 0:
+        raise subprocess.CalledProcessError(proc.returncode, command)
+    return wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024
 
 
 def _median(samples: list[float]) -> float:
@@ -103,7 +111,20 @@ def bench_payload(repeat: int) -> dict[str, float]:
     return {"payload bytes": float(len(data)), "dump ms": _median(dumps) * 1e3, "load ms": _median(loads) * 1e3}
 
 
-def bench_launch(repeat: int) -> dict[str, tuple[float, float]]:
+BASELINE = "torchrun --standalone (baseline)"
+
+
+@dataclass(frozen=True)
+class Launch:
+    wall: float
+    #: Median over the rounds of this command's wall time / the baseline's in the same round.
+    wall_ratio: float
+    cpu: float
+    cpu_ratio: float
+    rss: float
+
+
+def bench_launch(repeat: int) -> dict[str, Launch]:
     from airflow_provider_torchelastic.core.payload import dump_payload
 
     work = Path(tempfile.mkdtemp(prefix="torchelastic-bench-"))
@@ -123,7 +144,7 @@ def bench_launch(repeat: int) -> dict[str, tuple[float, float]]:
         ]  # fmt: skip
 
     commands = {
-        "torchrun --standalone (baseline)": [
+        BASELINE: [
             sys.executable,
             "-m",
             "torch.distributed.run",
@@ -136,15 +157,52 @@ def bench_launch(repeat: int) -> dict[str, tuple[float, float]]:
         ],
         **{f"runner, {method}": runner(method) for method in ("spawn", "fork")},
     }
-    results: dict[str, tuple[float, float]] = {}
-    for name, command in commands.items():
-        walls, rss = [], 0.0
-        for _ in range(repeat):
-            wall, peak = _time_command(command, env)
-            walls.append(wall)
-            rss = max(rss, peak)
-        results[name] = (_median(walls), rss)
-    return results
+    samples: dict[str, list[tuple[float, float, float]]] = {name: [] for name in commands}
+    for _ in range(repeat):
+        for name, command in commands.items():
+            samples[name].append(_time_command(command, env))
+    baseline = samples[BASELINE]
+    return {
+        name: Launch(
+            wall=_median([wall for wall, _, _ in runs]),
+            wall_ratio=_median([run[0] / base[0] for run, base in zip(runs, baseline, strict=True)]),
+            cpu=_median([cpu for _, cpu, _ in runs]),
+            cpu_ratio=_median([run[1] / base[1] for run, base in zip(runs, baseline, strict=True)]),
+            rss=max(rss for _, _, rss in runs),
+        )
+        for name, runs in samples.items()
+    }
+
+
+WORKER_IMPORTS = (
+    # What a spawned worker has imported before it unpickles its entrypoint: torch, and torch elastic's _wrap ...
+    "import torch.multiprocessing.spawn, torch.distributed.elastic.multiprocessing.api; "
+    # ... then what it imports of ours: the entrypoint's module (runner._spawn_entrypoint) and the payload loader.
+    "import airflow_provider_torchelastic.runner.worker; "
+    "from airflow_provider_torchelastic.core.payload import load_payload"
+)
+
+
+def bench_worker_imports(repeat: int) -> tuple[int, float]:
+    """How many modules of this provider and cloudpickle a spawned worker imports, and their ``-X importtime`` self
+    times in ms (median of ``repeat`` fresh interpreters)."""
+    totals, count = [], 0
+    for _ in range(repeat):
+        proc = subprocess.run(
+            [sys.executable, "-X", "importtime", "-c", WORKER_IMPORTS], capture_output=True, text=True, check=True
+        )
+        # "import time: <self us> | <cumulative us> | <indent><module>"
+        rows = [line.removeprefix("import time:").split("|") for line in proc.stderr.splitlines()]
+        ours = [
+            int(row[0])
+            for row in rows
+            if len(row) == 3
+            and row[0].strip().isdigit()
+            and row[2].strip().split(".")[0] in ("airflow_provider_torchelastic", "cloudpickle")
+        ]
+        totals.append(sum(ours) / 1e3)
+        count = len(ours)
+    return count, _median(totals)
 
 
 def main() -> int:
@@ -155,10 +213,10 @@ def main() -> int:
 
     imports = bench_imports(args.repeat)
     payload = bench_payload(args.repeat)
+    worker_modules, worker_ms = bench_worker_imports(args.repeat)
     launch = bench_launch(args.repeat)
 
     base_import = imports["python -c pass"]
-    base_launch = launch["torchrun --standalone (baseline)"][0]
     lines = [
         f"## {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC, {platform.machine()}, "
         f"{os.cpu_count()} CPUs, Python {platform.python_version()}, median of {args.repeat}",
@@ -170,9 +228,15 @@ def main() -> int:
         f"Payload of the quickstart `train`: {payload['payload bytes']:.0f} bytes, "
         f"dump {payload['dump ms']:.1f} ms, load {payload['load ms']:.1f} ms.",
         "",
-        "| 2-worker gloo job | wall seconds | x torchrun | peak RSS of one process (MiB) |",
-        "|---|---|---|---|",
-        *(f"| {k} | {wall:.2f} | {wall / base_launch:.2f} | {rss:.0f} |" for k, (wall, rss) in launch.items()),
+        f"A spawned worker imports {worker_modules} modules of the provider and cloudpickle before the training "
+        f"function runs: {worker_ms:.1f} ms (`-X importtime` self times, after torch).",
+        "",
+        "| 2-worker gloo job | wall seconds | x torchrun | CPU seconds | x torchrun | peak RSS of one process (MiB) |",
+        "|---|---|---|---|---|---|",
+        *(
+            f"| {k} | {r.wall:.2f} | {r.wall_ratio:.2f} | {r.cpu:.2f} | {r.cpu_ratio:.2f} | {r.rss:.0f} |"
+            for k, r in launch.items()
+        ),
         "",
     ]
     report = "\n".join(lines)

@@ -1,5 +1,5 @@
 """``python -m airflow_provider_torchelastic.runner``: see the package docstring for options and exit codes."""
 
-from airflow_provider_torchelastic.runner import main
+from airflow_provider_torchelastic.runner.agent import main
 
 raise SystemExit(main())

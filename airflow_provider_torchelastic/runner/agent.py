@@ -1,0 +1,522 @@
+"""The agent side of the runner: settings, the launch of this node's workers, and the outcome it reports.
+
+``python -m airflow_provider_torchelastic.runner`` runs :func:`main`; the package docstring
+(:mod:`airflow_provider_torchelastic.runner`) describes its options and exit codes. What runs in each training
+process is :mod:`airflow_provider_torchelastic.runner.worker`, which spawned workers import instead of this module.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import os
+import shutil
+import socket
+import sys
+import tempfile
+import time
+import traceback as tb
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Final
+
+# Re-exported: the error a worker raises for rank 0's value is the runner's.
+from airflow_provider_torchelastic.core.encoding import ResultNotSerializableError as ResultNotSerializableError
+from airflow_provider_torchelastic.core.outcome import (
+    TERMINATION_MESSAGE_LIMIT,
+    ResultTooLargeError,
+    WorkerFailure,
+    encode_failure,
+    encode_success,
+    encode_success_ref,
+    root_cause,
+)
+from airflow_provider_torchelastic.core.payload import PayloadError, check_compatible, load_payload, read_header
+from airflow_provider_torchelastic.errors import EXIT_FAILED, EXIT_OK, EXIT_RECOVERABLE, EXIT_USAGE
+from airflow_provider_torchelastic.runner import RunnerUsageError
+from airflow_provider_torchelastic.runner.worker import (
+    EXCEPTION_MARKER,
+    FAILED_AT_MARKER,
+    RECOVERABLE_MARKER,
+    _spawn_entrypoint,
+    call_training_function,
+)
+
+log = logging.getLogger("airflow_provider_torchelastic.runner")
+
+#: torch's ``ProcessFailure.error_file`` of a worker that wrote no error file.
+_NO_ERROR_FILE: Final = "<N/A>"
+#: Prefix of every worker output line; ``${rank}`` is the global rank (local ranks repeat across nodes).
+LOG_LINE_PREFIX: Final = "[rank${rank}]:"
+STANDALONE_ENDPOINT: Final = "localhost:0"
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunnerSettings:
+    payload: str
+    result_file: str | None
+    max_result_bytes: int | None
+    #: Where a result too large for ``result_file`` goes (``[torch_elastic] result_storage``), or None.
+    result_url: str | None = None
+    min_nodes: int
+    max_nodes: int
+    nproc_per_node: str
+    start_method: str
+    monitor_interval: float
+    max_restarts: int
+    rdzv_backend: str
+    rdzv_endpoint: str
+    rdzv_id: str
+    rdzv_configs: Mapping[str, Any] = field(default_factory=dict)
+
+
+# --- settings (pure) --------------------------------------------------------------------------------------------
+
+
+def _parse_nnodes(value: str) -> tuple[int, int]:
+    low, _, high = value.partition(":")
+    try:
+        lo, hi = int(low), int(high or low)
+    except ValueError:
+        raise RunnerUsageError(f"--nnodes: expected N or MIN:MAX, got {value!r}") from None
+    if not 1 <= lo <= hi:
+        raise RunnerUsageError(f"--nnodes: expected 1 <= MIN <= MAX, got {value!r}")
+    return lo, hi
+
+
+def _parse_rdzv_conf(value: str) -> dict[str, Any]:
+    """``"timeout=900,is_host=1"`` -> ``{"timeout": 900, "is_host": 1}`` (torchrun's ``--rdzv-conf`` syntax)."""
+    configs: dict[str, Any] = {}
+    for item in filter(None, (part.strip() for part in value.split(","))):
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise RunnerUsageError(f"--rdzv-conf: expected key=value pairs separated by commas, got {value!r}")
+        configs[key] = int(raw) if raw.lstrip("-").isdigit() else raw
+    return configs
+
+
+def _usage() -> str | None:
+    """The runner package's docstring: its options and exit codes."""
+    return sys.modules[__package__].__doc__ if __package__ else None
+
+
+def _build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m airflow_provider_torchelastic.runner", description=_usage())
+
+    def env_default(name: str, default: str | None) -> str | None:
+        return env.get(f"PET_{name}", default)
+
+    parser.add_argument("--payload", default=env.get("TORCHELASTIC_PAYLOAD"), help="path of the payload file")
+    parser.add_argument(
+        "--result-file",
+        default=env.get("TORCHELASTIC_RESULT_FILE"),
+        help="where this node writes its outcome (rank 0's result, or the failure); a pod's terminationMessagePath",
+    )
+    # The same limit everywhere (local execution and pods): a result that works locally must work on Kubernetes,
+    # where the termination message keeps at most this much.
+    parser.add_argument(
+        "--max-result-bytes",
+        type=int,
+        default=TERMINATION_MESSAGE_LIMIT,
+        help="refuse a larger outcome document (default: a Kubernetes termination message's limit)",
+    )
+    parser.add_argument(
+        "--result-url",
+        default=None,
+        help="where the node holding rank 0 writes a result larger than --max-result-bytes (a path or fsspec URL; "
+        "credentials come from the environment); the outcome document then carries this reference",
+    )
+    parser.add_argument("--nnodes", default=env_default("NNODES", "1"), help="N or MIN:MAX (env PET_NNODES)")
+    parser.add_argument("--nproc-per-node", default=env_default("NPROC_PER_NODE", "1"), help="N, auto, cpu or gpu")
+    parser.add_argument("--start-method", default=env.get("PET_START_METHOD", "spawn"), choices=["spawn", "fork"])
+    parser.add_argument("--monitor-interval", type=float, default=float(env_default("MONITOR_INTERVAL", "5") or 5))
+    parser.add_argument("--max-restarts", type=int, default=int(env_default("MAX_RESTARTS", "0") or 0))
+    parser.add_argument("--rdzv-backend", default=env_default("RDZV_BACKEND", None))
+    parser.add_argument("--rdzv-endpoint", default=env_default("RDZV_ENDPOINT", None))
+    parser.add_argument("--rdzv-id", default=env_default("RDZV_ID", None))
+    parser.add_argument("--rdzv-conf", default=env_default("RDZV_CONF", ""))
+    return parser
+
+
+def parse_settings(argv: Sequence[str] | None, env: Mapping[str, str]) -> RunnerSettings:
+    """Command line first, then ``PET_*``, then a standalone single-node rendezvous."""
+    parser = _build_parser(env)
+    args = parser.parse_args(argv)
+    if not args.payload:
+        raise RunnerUsageError("--payload: expected the path of the payload file (or env TORCHELASTIC_PAYLOAD)")
+    min_nodes, max_nodes = _parse_nnodes(str(args.nnodes))
+    configs = _parse_rdzv_conf(args.rdzv_conf or "")
+    backend, endpoint, run_id = args.rdzv_backend, args.rdzv_endpoint, args.rdzv_id
+
+    master_addr = env.get("PET_MASTER_ADDR") or env.get("MASTER_ADDR")
+    if master_addr and not endpoint and "PET_NODE_RANK" in env:
+        # PyTorchJob with a Master: the operator gives every pod a static node rank and the Master's address.
+        port = env.get("PET_MASTER_PORT") or env.get("MASTER_PORT") or "23456"
+        backend, endpoint = "static", f"{master_addr}:{port}"
+        configs["rank"] = int(env["PET_NODE_RANK"])
+    elif endpoint:
+        backend = backend or "c10d"
+    elif max_nodes > 1:
+        raise RunnerUsageError(
+            f"--nnodes {args.nnodes}: a multi-node run needs a rendezvous endpoint; pass --rdzv-endpoint "
+            "HOST:PORT or set PET_RDZV_ENDPOINT (the Kubeflow training operator sets it for elastic PyTorchJobs)"
+        )
+    else:
+        # One node: torchrun's --standalone. Port 0 lets the OS pick, so parallel runs never collide.
+        backend, endpoint, run_id = "c10d", STANDALONE_ENDPOINT, run_id or str(uuid.uuid4())
+
+    if args.max_result_bytes is not None and args.max_result_bytes < 1:
+        raise RunnerUsageError(f"--max-result-bytes: expected a positive int, got {args.max_result_bytes}")
+    if args.monitor_interval <= 0:
+        raise RunnerUsageError(f"--monitor-interval: expected seconds > 0, got {args.monitor_interval}")
+    if args.max_restarts < 0:
+        raise RunnerUsageError(f"--max-restarts: expected an int >= 0, got {args.max_restarts}")
+    return RunnerSettings(
+        payload=args.payload,
+        result_file=args.result_file,
+        max_result_bytes=args.max_result_bytes,
+        result_url=args.result_url or None,
+        min_nodes=min_nodes,
+        max_nodes=max_nodes,
+        nproc_per_node=str(args.nproc_per_node),
+        start_method=args.start_method,
+        monitor_interval=args.monitor_interval,
+        max_restarts=args.max_restarts,
+        rdzv_backend=backend,
+        rdzv_endpoint=endpoint,
+        # Every node of a job must use the same id; "none" is torchrun's default too.
+        rdzv_id=run_id or "none",
+        rdzv_configs=configs,
+    )
+
+
+def resolve_nproc_per_node(value: str) -> int:
+    """torchrun's rules: ``gpu`` = visible GPUs, ``cpu`` = CPU count, ``auto`` = GPUs if any, else CPUs."""
+    if value.isdigit() and int(value) >= 1:
+        return int(value)
+    if value not in ("auto", "cpu", "gpu"):
+        raise RunnerUsageError(f"--nproc-per-node: expected an int >= 1, 'auto', 'cpu' or 'gpu', got {value!r}")
+    import torch
+
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if value == "gpu" and gpus == 0:
+        raise RunnerUsageError("--nproc-per-node gpu: no CUDA device is visible on this node")
+    if value == "gpu" or (value == "auto" and gpus > 0):
+        return gpus
+    return os.cpu_count() or 1
+
+
+# --- the agent side -----------------------------------------------------------------------------------------------
+
+
+def _split_message(message: str) -> tuple[str, str]:
+    """torch records ``"<ExceptionType>: <message>"``."""
+    name, sep, rest = message.partition(": ")
+    if sep and name.replace(".", "").replace("_", "").isalnum():
+        return name, rest
+    return "WorkerError", message
+
+
+def failure_from_child_failed(error: Any, log_dir: str | os.PathLike[str] | None = None) -> WorkerFailure:
+    """The root cause of a ``ChildFailedError``, among all the workers of its attempt that failed.
+
+    torch reports the failed workers it found at one poll (with function workers, only the first one, which is
+    usually the lowest local rank) and stamps them with whole seconds, so a rank that failed a moment after its peer
+    (the peer's exit closed their connection) ties with the peer, or is the only one reported. So every failure is
+    read: the ones torch reported and, from the attempt's folder under ``log_dir``, every other worker that left an
+    error file or our markers, each with its own sub-second time; then a known cause wins over a consequence
+    (:func:`~airflow_provider_torchelastic.core.outcome.root_cause`).
+    """
+    reported = sorted((int(rank), failure) for rank, failure in error.failures.items())
+    attempt = _attempt_folder(log_dir, [failure for _, failure in reported])
+    candidates = [_reported_failure(rank, failure, _worker_folder(attempt, failure)) for rank, failure in reported]
+    if attempt is not None and reported:
+        # Global ranks of one node are consecutive: base + local rank.
+        base = reported[0][0] - int(reported[0][1].local_rank)
+        known = {int(failure.local_rank) for _, failure in reported}
+        folders = [f for f in attempt.iterdir() if f.is_dir() and f.name.isdigit() and int(f.name) not in known]
+        for folder in sorted(folders, key=lambda f: int(f.name)):
+            found = _unreported_failure(base + int(folder.name), folder)
+            if found is not None:
+                candidates.append(found)
+    return root_cause(candidates)
+
+
+def _attempt_folder(log_dir: str | os.PathLike[str] | None, reported: Sequence[Any]) -> Path | None:
+    """``<log_dir>/<run id>_<random>/attempt_<restart>/``: where each worker's ``<local rank>/`` folder is."""
+    for failure in reported:
+        if failure.error_file and failure.error_file != _NO_ERROR_FILE and Path(failure.error_file).is_file():
+            return Path(failure.error_file).parent.parent
+    if log_dir is None:
+        return None
+    attempts = [p for p in Path(log_dir).glob("*/attempt_*") if p.is_dir() and p.name[len("attempt_") :].isdigit()]
+    # With restarts, the failure is the last attempt's.
+    return max(attempts, key=lambda p: int(p.name[len("attempt_") :]), default=None)
+
+
+def _worker_folder(attempt: Path | None, failure: Any) -> Path | None:
+    if attempt is not None:
+        return attempt / str(failure.local_rank)
+    if failure.error_file and failure.error_file != _NO_ERROR_FILE:
+        return Path(failure.error_file).parent
+    return None
+
+
+@dataclass(frozen=True)
+class _Markers:
+    """What a worker left beside its error file when its function raised (see ``_leave_failure_markers``)."""
+
+    failed_at: float | None = None
+    recoverable: bool = False
+    exception: str | None = None
+    message: str = ""
+
+
+def _read_markers(folder: Path | None) -> _Markers:
+    if folder is None or not folder.is_dir():
+        return _Markers()
+    failed_at = None
+    with contextlib.suppress(OSError, ValueError):  # absent, or cut short by the agent stopping the worker
+        failed_at = float(folder.joinpath(FAILED_AT_MARKER).read_text())
+    exception, message = None, ""
+    try:
+        raised = json.loads(folder.joinpath(EXCEPTION_MARKER).read_text())
+        exception, message = str(raised["exception"]), str(raised.get("message", ""))
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    return _Markers(
+        failed_at=failed_at,
+        recoverable=folder.joinpath(RECOVERABLE_MARKER).exists(),
+        exception=exception,
+        message=message,
+    )
+
+
+def _error_data(data: Any) -> tuple[str, str, float | None] | None:
+    """torch's error file: ("<Type>: <message>", traceback, whole-second time), or None when it has none."""
+    block = data.get("message") if isinstance(data, dict) else None
+    if isinstance(block, dict):
+        extra = block.get("extraInfo")
+        extra = extra if isinstance(extra, dict) else {}
+        when: float | None = None
+        with contextlib.suppress(KeyError, TypeError, ValueError):
+            when = float(extra["timestamp"])
+        return str(block.get("message", "")), str(extra.get("py_callstack", "") or ""), when
+    if isinstance(block, str) and block != "<NONE>":  # torch's placeholder when there is no error file
+        return block, "", None
+    return None
+
+
+def _reported_failure(rank: int, failure: Any, folder: Path | None) -> WorkerFailure:
+    """A worker failure torch reported (a ``ProcessFailure``), with the markers its worker left, if any."""
+    markers = _read_markers(folder)
+    recoverable = markers.recoverable
+    traceback = ""
+    recorded = _error_data(failure.error_file_data) if failure.error_file != _NO_ERROR_FILE else None
+    if recorded is not None:
+        text, traceback, _ = recorded
+        exception, message = _split_message(text)
+    elif markers.exception is not None:
+        # It raised, and was stopped before torch wrote its error file.
+        exception, message = markers.exception, markers.message
+    elif failure.exitcode < 0:
+        # A worker killed by a signal left no exception. SIGKILL is almost always the OOM killer or a node going
+        # away, SIGTERM a preemption: infrastructure, worth a retry. A segfault or abort is not.
+        import signal
+
+        signum = -failure.exitcode
+        recoverable = signum in (signal.SIGKILL, signal.SIGTERM)
+        exception = f"Signal{signal.Signals(signum).name}" if signum in signal.valid_signals() else "Signal"
+        message = str(failure.message)
+    else:
+        raw = failure.message
+        # torch keeps either the recorded "Type: message" string or the whole record dict here.
+        text = raw.get("message", "") if isinstance(raw, dict) else str(raw)
+        exception, message = _split_message(text)
+    return WorkerFailure(
+        rank=rank,
+        exception=exception,
+        message=message,
+        traceback=traceback,
+        recoverable=recoverable,
+        exitcode=int(failure.exitcode),
+        timestamp=markers.failed_at if markers.failed_at is not None else float(failure.timestamp),
+        hostname=socket.gethostname(),
+    )
+
+
+def _unreported_failure(rank: int, folder: Path) -> WorkerFailure | None:
+    """A worker torch did not report (it polls for one), from what it left in its folder; None if nothing."""
+    markers = _read_markers(folder)
+    recorded = None
+    with contextlib.suppress(OSError, ValueError):  # no error file, or one cut short
+        recorded = _error_data(json.loads(folder.joinpath("error.json").read_text()))
+    if recorded is not None:
+        text, traceback, when = recorded
+        exception, message = _split_message(text)
+    elif markers.exception is not None:
+        exception, message, traceback, when = markers.exception, markers.message, "", None
+    else:
+        return None
+    timestamp = markers.failed_at if markers.failed_at is not None else when
+    return WorkerFailure(
+        rank=rank,
+        exception=exception,
+        message=message,
+        traceback=traceback,
+        recoverable=markers.recoverable,
+        exitcode=1,  # it raised; its real exit code is the agent's to know
+        timestamp=timestamp if timestamp is not None else time.time(),
+        hostname=socket.gethostname(),
+    )
+
+
+def _write_outcome(settings: RunnerSettings, text: str) -> None:
+    if settings.result_file:
+        Path(settings.result_file).parent.mkdir(parents=True, exist_ok=True)
+        Path(settings.result_file).write_text(text)
+
+
+def _report_failure(settings: RunnerSettings, failure: WorkerFailure) -> int:
+    kind = "recoverable" if failure.recoverable else "non-recoverable"
+    print(f"torchelastic runner: {kind} failure: {failure.summary()}", file=sys.stderr)
+    if failure.traceback:
+        print(failure.traceback, file=sys.stderr)
+    _write_outcome(settings, encode_failure(failure, max_bytes=settings.max_result_bytes))
+    return EXIT_RECOVERABLE if failure.recoverable else EXIT_FAILED
+
+
+def _runner_failure(exc: BaseException, *, rank: int) -> WorkerFailure:
+    return WorkerFailure(
+        rank=rank,
+        exception=type(exc).__name__,
+        message=str(exc),
+        timestamp=time.time(),
+        hostname=socket.gethostname(),
+    )
+
+
+def run(settings: RunnerSettings) -> int:
+    """Launch this node's workers and report the outcome; returns the process exit code."""
+    try:
+        data = Path(settings.payload).read_bytes()
+        header, _ = read_header(data)
+        check_compatible(header)
+        nproc = resolve_nproc_per_node(settings.nproc_per_node)
+    except (OSError, PayloadError, RunnerUsageError) as e:
+        _report_failure(settings, _runner_failure(e, rank=-1))
+        return EXIT_USAGE
+
+    # Import torch only now: argument errors above are reported without paying for it.
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    if nproc > 1 and "OMP_NUM_THREADS" not in os.environ:
+        # As torchrun does: N workers each spawning a thread per core would oversubscribe the node.
+        os.environ["OMP_NUM_THREADS"] = "1"
+
+    entrypoint: Callable[..., str | None]
+    entry_args: tuple[Any, ...]
+    if settings.start_method == "spawn":
+        entrypoint, entry_args = _spawn_entrypoint, (settings.payload,)
+    else:
+        # fork: the children inherit the unpickled function, so a closure is enough and nothing is pickled again.
+        payload = load_payload(data)
+
+        def entrypoint() -> str | None:
+            return call_training_function(payload.fn, payload.args, payload.kwargs)
+
+        entry_args = ()
+
+    # A real log dir, not os.devnull: torch only gives workers a TORCHELASTIC_ERROR_FILE (where exceptions and the
+    # recoverable marker land) when it has somewhere to put it.
+    log_dir = tempfile.mkdtemp(prefix="torchelastic-")
+    config = LaunchConfig(
+        min_nodes=settings.min_nodes,
+        max_nodes=settings.max_nodes,
+        nproc_per_node=nproc,
+        run_id=settings.rdzv_id,
+        rdzv_backend=settings.rdzv_backend,
+        rdzv_endpoint=settings.rdzv_endpoint,
+        rdzv_configs=dict(settings.rdzv_configs),
+        max_restarts=settings.max_restarts,
+        monitor_interval=settings.monitor_interval,
+        start_method=settings.start_method,
+        logs_specs=DefaultLogsSpecs(log_dir=log_dir, tee=Std.ALL),
+        log_line_prefix_template=LOG_LINE_PREFIX,
+    )
+    try:
+        returns = elastic_launch(config, entrypoint)(*entry_args)
+    except ChildFailedError as e:
+        return _report_failure(settings, failure_from_child_failed(e, log_dir))
+    except SignalException as e:
+        # Someone stopped this node (pod deleted, preempted, a sibling failed): say so, but publish no failure, so
+        # that the node whose worker really failed stays the root cause.
+        print(f"torchelastic runner: stopped by {e.sigval.name}", file=sys.stderr)
+        return 128 + int(e.sigval)
+    except Exception as e:
+        # The agent itself failed: most often it lost the rendezvous store that a failed node hosted (a broken pipe,
+        # DistNetworkError), which outcome.py reads as a consequence of that node's failure. Report it rather than
+        # die with a bare exit 1, so that the verdict can tell it from a cause.
+        failure = replace(_runner_failure(e, rank=-1), traceback=tb.format_exc())
+        return _report_failure(settings, failure)
+    finally:
+        shutil.rmtree(log_dir, ignore_errors=True)
+
+    rank0_json = next((value for value in returns.values() if value is not None), None)
+    try:
+        _write_outcome(settings, encode_success(rank0_json, max_bytes=settings.max_result_bytes))
+    except ResultTooLargeError as e:
+        # Only the node holding rank 0 carries a value, so the failure is rank 0's.
+        if rank0_json is None or settings.result_url is None:
+            return _report_failure(settings, _runner_failure(e, rank=0))
+        return _store_result(settings, rank0_json, settings.result_url)
+    return EXIT_OK
+
+
+def _store_result(settings: RunnerSettings, rank0_json: str, url: str) -> int:
+    """Write a result too large for the result file to result storage, and report where it is."""
+    from airflow_provider_torchelastic.worker.checkpoint import write_bytes
+
+    try:
+        write_bytes(url, rank0_json.encode())
+    except Exception as e:  # any store error (credentials, network, a missing library): rank 0's value is lost
+        failure = _runner_failure(e, rank=0)
+        message = f"could not write rank 0's result ({len(rank0_json)} bytes) to {url}: {failure.message}"
+        # A store that was unreachable may be reachable on the next try.
+        return _report_failure(settings, replace(failure, message=message, recoverable=not isinstance(e, ImportError)))
+    log.info("rank 0's result (%d bytes) written to %s", len(rank0_json), url)
+    _write_outcome(settings, encode_success_ref(url))
+    return EXIT_OK
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="[torchelastic runner] %(levelname)s %(name)s: %(message)s")
+    try:
+        settings = parse_settings(argv, os.environ)
+    except RunnerUsageError as e:
+        print(f"torchelastic runner: {e}", file=sys.stderr)
+        _report_usage_error(argv, e)
+        return EXIT_USAGE
+    return run(settings)
+
+
+def _report_usage_error(argv: Sequence[str] | None, error: RunnerUsageError) -> None:
+    """Publish a settings error where the outcome would have gone, so a pod says why it did not start."""
+    hint = argparse.ArgumentParser(add_help=False)
+    hint.add_argument("--result-file", default=os.environ.get("TORCHELASTIC_RESULT_FILE"))
+    hint.add_argument("--max-result-bytes", type=int, default=TERMINATION_MESSAGE_LIMIT)
+    try:
+        known, _ = hint.parse_known_args(argv)
+    except SystemExit:  # even these two are unreadable: stderr is all we have
+        return
+    if known.result_file:
+        failure = _runner_failure(error, rank=-1)
+        Path(known.result_file).parent.mkdir(parents=True, exist_ok=True)
+        Path(known.result_file).write_text(encode_failure(failure, max_bytes=known.max_result_bytes))

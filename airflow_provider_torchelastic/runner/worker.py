@@ -1,0 +1,100 @@
+"""The worker side of the runner: what runs in each training process.
+
+A spawned worker is a fresh interpreter that imports this module to find its entrypoint, so the module stays as
+light as the package: the standard library only, and what the worker needs is imported when it needs it (the
+payload loader and cloudpickle to unpickle the function, the result encoding on rank 0).
+The agent side (:mod:`airflow_provider_torchelastic.runner.agent`: settings, launch, root cause, outcome) is never
+imported here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Final
+
+#: Beside a worker's ``TORCHELASTIC_ERROR_FILE``: the worker's exception was a ``RecoverableError``. A file, not the
+#: exception's class name, because the agent only sees the exception as text, and a name would miss subclasses.
+RECOVERABLE_MARKER: Final = "recoverable_error"
+#: Beside the error file: the precise time of the failure.
+FAILED_AT_MARKER: Final = "failed_at"
+#: Beside the error file: the exception's type name and message, as JSON.
+EXCEPTION_MARKER: Final = "exception"
+_MARKER_MESSAGE_CHARS: Final = 4096
+_METRICS_MODULE: Final = "airflow_provider_torchelastic.worker.metrics"
+_ERRORS_MODULE: Final = "airflow_provider_torchelastic.errors"
+
+
+def _is_recoverable(exc: BaseException) -> bool:
+    """A ``RecoverableError`` (or a subclass). Such an exception exists only where its class's module was imported,
+    so a worker whose errors module is not imported has none, and is spared importing it while it fails."""
+    errors = sys.modules.get(_ERRORS_MODULE)
+    return errors is not None and isinstance(exc, errors.RecoverableError)
+
+
+def _leave_failure_markers(exc: BaseException) -> None:
+    """Leave, beside the worker's error file, when it failed, what it raised and whether that is recoverable."""
+    failed_at = time.time()
+    error_file = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not error_file:
+        # Without the error file's directory the agent cannot see the marker; the failure then counts as permanent.
+        print("warning: TORCHELASTIC_ERROR_FILE is not set; cannot mark the failure recoverable", file=sys.stderr)
+        return
+    folder = Path(error_file).parent
+    folder.mkdir(parents=True, exist_ok=True)
+    # torch records whole seconds; sibling workers that fail a moment later (a peer closed the connection) must
+    # not tie with the root cause, across nodes too.
+    folder.joinpath(FAILED_AT_MARKER).write_text(repr(failed_at))
+    if _is_recoverable(exc):
+        folder.joinpath(RECOVERABLE_MARKER).touch()
+    # What torch's error file will say, for the agent to read if this worker is stopped before torch writes it.
+    raised = {"exception": type(exc).__name__, "message": str(exc)[:_MARKER_MESSAGE_CHARS]}
+    folder.joinpath(EXCEPTION_MARKER).write_text(json.dumps(raised))
+
+
+def encode_result(value: Any) -> str:
+    """Rank 0's value as strict JSON: scalars, small tensors and arrays, dataclasses, enums, dates, paths and sets
+    converted, NaN and infinities spelled as strings (:mod:`airflow_provider_torchelastic.core.encoding`); anything
+    else raises :class:`~airflow_provider_torchelastic.core.encoding.ResultNotSerializableError`, naming its type and
+    where it sits in the value."""
+    from airflow_provider_torchelastic.core.encoding import value_to_json
+
+    return value_to_json(value)
+
+
+def _flush_metrics() -> None:
+    """Rank 0's last reported metrics. Only a function that called ``report()`` has any, and it imported the
+    metrics module to do so: where the module is not imported there is nothing to flush, and nothing to import."""
+    metrics = sys.modules.get(_METRICS_MODULE)
+    if metrics is not None:
+        metrics.flush()
+
+
+def call_training_function(fn: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any]) -> str | None:
+    """Run the user's function in a worker; rank 0 returns its value as JSON, the others None."""
+    if os.environ.get("RANK", "0") == "0":  # with the "[rank0]:" prefix, it tells the trigger whose log to stream
+        print("this node holds rank 0", flush=True)
+    try:
+        value = fn(*args, **kwargs)
+    except Exception as e:
+        _leave_failure_markers(e)
+        raise
+    finally:
+        # A forked worker ends with os._exit, which skips atexit.
+        _flush_metrics()
+    if int(os.environ.get("RANK", "0")) != 0:
+        return None
+    # Encode in the worker, so that a bad value fails with rank 0's traceback instead of a pickling error later.
+    return encode_result(value)
+
+
+def _spawn_entrypoint(payload_path: str) -> str | None:
+    """Module-level, so that spawned workers can import it; each child unpickles the function itself."""
+    from airflow_provider_torchelastic.core.payload import load_payload
+
+    payload = load_payload(Path(payload_path).read_bytes())
+    return call_training_function(payload.fn, payload.args, payload.kwargs)
