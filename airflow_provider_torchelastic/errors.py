@@ -9,6 +9,7 @@ One word for "a retry may help": **recoverable**. Every exception the package de
     │                                   (429, 5xx, a lost connection: repeating the call may succeed)
     ├── StreamUnavailable               (kubernetes.watch) the shared watch may not list or watch (401/403); its
     │                                   triggers poll the API on their own instead
+    ├── PreflightError                  (preflight) the preflight could not start: the connection is unusable
     ├── ValueError
     │   ├── PayloadError                (core.payload) the payload is corrupt, of another format, or of another Python
     │   ├── ResultTooLargeError         (core.outcome) rank 0's value does not fit where it has to travel
