@@ -8,16 +8,13 @@ the decorator's arguments, as an unmapped call does through the constructor.
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, ClassVar, cast
+from typing import Any, ClassVar, cast
 
 import attr
-from airflow.sdk.bases.decorator import DecoratedOperator, TaskDecorator, _TaskDecorator
+from airflow.sdk.bases.decorator import DecoratedOperator, TaskDecorator
 
+from airflow_provider_torchelastic.compat import CheckedTaskDecorator
 from airflow_provider_torchelastic.operators import TorchElasticOperator, check_mapped_arguments
-
-if TYPE_CHECKING:
-    from airflow.sdk.definitions._internal.expandinput import ExpandInput
-    from airflow.sdk.definitions.xcom_arg import XComArg
 
 __all__ = ["torch_elastic_task"]
 
@@ -47,21 +44,15 @@ class _TorchElasticDecoratedOperator(DecoratedOperator, TorchElasticOperator):
         )
 
 
-class _TorchElasticTaskDecorator(_TaskDecorator[Any, Any, _TorchElasticDecoratedOperator]):
+class _TorchElasticTaskDecorator(CheckedTaskDecorator):
     """Airflow's task decorator, whose mapped expansion first checks the operator's arguments.
 
     A mapped decorated task maps only the function's arguments (``op_kwargs``), so every operator argument is known
     here: given to the decorator, to ``.override()``, or by the DAG's ``default_args``.
     """
 
-    def _expand(self, expand_input: ExpandInput, *, strict: bool) -> XComArg:
-        from airflow.sdk.definitions._internal.contextmanager import DagContext, TaskGroupContext
-
-        dag = self.kwargs.get("dag") or DagContext.get_current()
-        task_group = self.kwargs.get("task_group") or (TaskGroupContext.get_current(dag) if dag else None)
-        arguments = {**self.kwargs, "python_callable": self.function, "dag": dag, "task_group": task_group}
+    def check_expansion(self, arguments: Mapping[str, Any]) -> None:
         check_mapped_arguments(arguments, mapped={"op_kwargs"})
-        return super()._expand(expand_input, strict=strict)
 
 
 def torch_elastic_task(

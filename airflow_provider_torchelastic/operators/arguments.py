@@ -10,19 +10,15 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
-from airflow.sdk.definitions.mappedoperator import MappedOperator, OperatorPartial
-
+from airflow_provider_torchelastic.compat import CheckedOperatorPartial
 from airflow_provider_torchelastic.core.config import Elastic, TaskConfig, check_task_config
 from airflow_provider_torchelastic.core.pod_options import JobOptions, PodOptions
 from airflow_provider_torchelastic.core.validation import check_image, check_seconds, fail, is_templated
 from airflow_provider_torchelastic.kubernetes.render import check_renderable
 from airflow_provider_torchelastic.kubernetes.status import FINISH_ACTIONS
 from airflow_provider_torchelastic.settings import EXECUTIONS, read_execution_option, read_image
-
-if TYPE_CHECKING:
-    from airflow.sdk.definitions._internal.expandinput import ExpandInput
 
 __all__ = ["CheckedArguments", "check_checkpoint_uri", "check_mapped_arguments", "check_operator_arguments"]
 
@@ -247,23 +243,11 @@ def check_mapped_arguments(kwargs: Mapping[str, Any], *, mapped: Collection[str]
     )
 
 
-def _mapped_names(expand_input: ExpandInput) -> frozenset[str] | None:
-    """The argument names an expansion maps, or None when only the run knows them (an XCom of dicts)."""
-    value = expand_input.value
-    if isinstance(value, Mapping):
-        return frozenset(value)
-    if isinstance(value, list) and all(isinstance(item, Mapping) for item in value):
-        return frozenset(name for item in value for name in item)
-    return None
-
-
-class _CheckedOperatorPartial(OperatorPartial):
-    """What ``TorchElasticOperator.partial(...)`` returns: Airflow's ``OperatorPartial``, whose expansion (``expand``
-    and ``expand_kwargs`` both end here) first checks every argument that is not mapped."""
+class _CheckedOperatorPartial(CheckedOperatorPartial):
+    """What ``TorchElasticOperator.partial(...)`` returns: its expansion first checks every argument that is not
+    mapped (the hook into Airflow's expansion is :mod:`~airflow_provider_torchelastic.compat`'s)."""
 
     __slots__ = ()
 
-    def _expand(self, expand_input: ExpandInput, *, strict: bool) -> MappedOperator:
-        self._expand_called = True  # as Airflow's own: a failed expansion is an error, not also "never mapped"
-        check_mapped_arguments(self.kwargs, mapped=_mapped_names(expand_input))
-        return OperatorPartial._expand(self, expand_input, strict=strict)
+    def check_expansion(self, mapped: frozenset[str] | None) -> None:
+        check_mapped_arguments(self.kwargs, mapped=mapped)

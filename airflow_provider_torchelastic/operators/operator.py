@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from airflow.sdk import BaseOperator
 
+from airflow_provider_torchelastic.compat import mark_expanded
 from airflow_provider_torchelastic.core.config import TaskConfig
 from airflow_provider_torchelastic.core.launch import config_to_launch_spec
 from airflow_provider_torchelastic.core.outcome import Verdict
@@ -145,8 +146,7 @@ class TorchElasticOperator(BaseOperator):
         (a mapped task is built without calling ``__init__`` until it runs)."""
         plain = super().partial(**kwargs)
         checked = _CheckedOperatorPartial(operator_class=plain.operator_class, kwargs=plain.kwargs, params=plain.params)
-        # ``plain`` is replaced, not forgotten by the user: keep it from warning "never mapped" when collected.
-        plain._expand_called = True
+        mark_expanded(plain)  # replaced, not forgotten by the user
         return checked
 
     def resolve_execution(self) -> str:

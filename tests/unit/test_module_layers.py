@@ -14,7 +14,8 @@ What stays here, read from the source (``if TYPE_CHECKING:`` blocks skipped, as 
 - every import a contract ignores exists and is made inside a function, never at module level, and names no
   wildcard: an ignore cannot hide a module-level import;
 - no core module imports a private name from another module;
-- the bottom of the core (validation) imports only the standard library.
+- the bottom of the core (validation) imports only the standard library;
+- only compat.py imports Airflow's private modules and names.
 """
 
 from __future__ import annotations
@@ -171,3 +172,14 @@ def test_no_private_name_is_imported_from_another_module(module: str) -> None:
 def test_validation_is_the_bottom_and_imports_only_the_standard_library() -> None:
     imported = {statement.module.split(".")[0] for statement in _imports("core.validation")}
     assert imported <= set(sys.stdlib_module_names) | {"__future__"}, imported
+
+
+@pytest.mark.parametrize("module", sorted(_modules(PACKAGE) - {f"{PACKAGE}.compat"}))
+def test_only_compat_reaches_airflows_private_api(module: str) -> None:
+    private = [
+        f"{statement.module}:{', '.join(statement.names)} (line {statement.line})"
+        for statement in _imports(module)
+        if statement.module.split(".")[0] == "airflow"
+        and any(part.startswith("_") for part in [*statement.module.split("."), *statement.names])
+    ]
+    assert not private, f"{module} imports Airflow's private API (move it to compat.py): {private}"

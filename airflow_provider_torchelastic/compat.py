@@ -1,0 +1,79 @@
+"""Every private API of Airflow's that the provider relies on, in one place.
+
+Checked against apache-airflow 3.3.1 (task SDK 1.3.1) and cloudpickle 3.1.3. The provider uses no private API of
+cloudpickle: the payload uses only ``dumps``/``loads`` and ``register_pickle_by_value`` (documented since 2.0).
+
+Airflow builds a mapped task without running the operator's ``__init__``, so the parse-time checks of a mapped
+task (``.partial(...).expand(...)``, ``.expand_kwargs``, ``@task.torch_elastic(...).expand``) need a hook in the
+expansion, which Airflow has only as private methods:
+
+- ``OperatorPartial._expand`` and its ``_expand_called`` flag (airflow.sdk.definitions.mappedoperator), which
+  ``expand`` and ``expand_kwargs`` both end in; the flag keeps a partial from warning "never mapped";
+- ``_TaskDecorator._expand`` (airflow.sdk.bases.decorator), the same for ``@task`` decorators;
+- ``DagContext`` and ``TaskGroupContext`` (airflow.sdk.definitions._internal.contextmanager), where such a task
+  finds the DAG and task group it is being added to, as Airflow's own expansion does;
+- ``ExpandInput`` (airflow.sdk.definitions._internal.expandinput), the type of what is mapped.
+
+When an Airflow upgrade moves one of these, this module is what changes; ``tests/unit/test_operator_parse_checks.py``
+and the mapped cases of the decorator's tests fail first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from airflow.sdk.bases.decorator import _TaskDecorator
+from airflow.sdk.definitions.mappedoperator import MappedOperator, OperatorPartial
+
+if TYPE_CHECKING:
+    from airflow.sdk.definitions._internal.expandinput import ExpandInput
+    from airflow.sdk.definitions.xcom_arg import XComArg
+
+__all__ = ["CheckedOperatorPartial", "CheckedTaskDecorator", "ExpandInput", "mark_expanded", "mapped_names"]
+
+
+def mapped_names(expand_input: ExpandInput) -> frozenset[str] | None:
+    """The argument names an expansion maps, or None when only the run knows them (an XCom of dicts)."""
+    value = expand_input.value
+    if isinstance(value, Mapping):
+        return frozenset(value)
+    if isinstance(value, list) and all(isinstance(item, Mapping) for item in value):
+        return frozenset(name for item in value for name in item)
+    return None
+
+
+def mark_expanded(partial: OperatorPartial) -> None:
+    """Keep a partial that was replaced (not forgotten by the user) from warning "never mapped" when collected."""
+    partial._expand_called = True
+
+
+class CheckedOperatorPartial(OperatorPartial):
+    """Airflow's ``OperatorPartial``, whose expansion (``expand`` and ``expand_kwargs`` both end here) first calls
+    :meth:`check_expansion` with the names it maps."""
+
+    __slots__ = ()
+
+    def check_expansion(self, mapped: frozenset[str] | None) -> None:
+        raise NotImplementedError
+
+    def _expand(self, expand_input: ExpandInput, *, strict: bool) -> MappedOperator:
+        self._expand_called = True  # as Airflow's own: a failed expansion is an error, not also "never mapped"
+        self.check_expansion(mapped_names(expand_input))
+        return OperatorPartial._expand(self, expand_input, strict=strict)
+
+
+class CheckedTaskDecorator(_TaskDecorator[Any, Any, Any]):
+    """Airflow's task decorator, whose mapped expansion first calls :meth:`check_expansion` with every operator
+    argument (the DAG and task group included, found as Airflow's expansion finds them)."""
+
+    def check_expansion(self, arguments: Mapping[str, Any]) -> None:
+        raise NotImplementedError
+
+    def _expand(self, expand_input: ExpandInput, *, strict: bool) -> XComArg:
+        from airflow.sdk.definitions._internal.contextmanager import DagContext, TaskGroupContext
+
+        dag = self.kwargs.get("dag") or DagContext.get_current()
+        task_group = self.kwargs.get("task_group") or (TaskGroupContext.get_current(dag) if dag else None)
+        self.check_expansion({**self.kwargs, "python_callable": self.function, "dag": dag, "task_group": task_group})
+        return super()._expand(expand_input, strict=strict)
