@@ -1,7 +1,8 @@
 """Every private API of Airflow's that the provider relies on, in one place.
 
-Checked against apache-airflow 3.3.1 (task SDK 1.3.1) and cloudpickle 3.1.3. The provider uses no private API of
-cloudpickle: the payload uses only ``dumps``/``loads`` and ``register_pickle_by_value`` (documented since 2.0).
+Checked against apache-airflow 3.3.1 (task SDK 1.3.1). cloudpickle's private reconstructors (3.1.3), which the
+payload's unpickler needs, are confined to :mod:`airflow_provider_torchelastic.core.unpickle` instead: the runner
+loads payloads in images without Airflow, so that one cannot live in this glue module.
 
 Airflow builds a mapped task without running the operator's ``__init__``, so the parse-time checks of a mapped
 task (``.partial(...).expand(...)``, ``.expand_kwargs``, ``@task.torch_elastic(...).expand``) need a hook in the

@@ -14,17 +14,16 @@ modules up by that name: ``dataclasses`` resolves string annotations (``from __f
 ``sys.modules[cls.__module__]``, ``typing.get_type_hints`` too, and ``pickle`` finds a class by importing its module
 (``torch.distributed``'s ``*_object`` collectives). So the loader gives each such module a module object in
 ``sys.modules`` whose ``__dict__`` *is* the globals dict that module's functions are rebuilt with (see
-:class:`_Namespaces`): the globals the code was shipped with, plus the module's classes and functions that travelled
-and the globals that cloudpickle leaves behind (read by class bodies, named by string annotations), never the whole
-DAG file. A module that exists or is importable in the worker is never replaced, nor imported.
+:class:`~airflow_provider_torchelastic.core.unpickle.Namespaces`): the globals the code was shipped with, plus the
+module's classes and functions that travelled and the globals that cloudpickle leaves behind (read by class bodies,
+named by string annotations), never the whole DAG file. A module that exists or is importable in the worker is never
+replaced, nor imported.
 """
 
 from __future__ import annotations
 
 import ast
 import dis
-import importlib.machinery
-import importlib.util
 import inspect
 import io
 import json
@@ -41,6 +40,8 @@ from pathlib import Path
 from typing import Any, Final
 
 import cloudpickle
+
+from airflow_provider_torchelastic.core.unpickle import Namespaces, PayloadUnpickler
 
 __all__ = ["FORMAT_VERSION", "Payload", "PayloadError", "PayloadHeader", "dump_payload", "load_payload"]
 
@@ -168,9 +169,9 @@ def load_payload(data: bytes) -> Payload:
             f"note: payload pickled with cloudpickle {header.cloudpickle}, loading with {cloudpickle.__version__}",
             file=sys.stderr,
         )
-    namespaces = _Namespaces()
+    namespaces = Namespaces()
     try:
-        content = _PayloadUnpickler(io.BytesIO(body), namespaces).load()
+        content = PayloadUnpickler(io.BytesIO(body), namespaces).load()
         namespaces.add_extra_globals(content.get("extra_globals") or {})
         namespaces.bind_definitions()
     except (pickle.UnpicklingError, EOFError) as e:
@@ -365,8 +366,9 @@ def _local_code(fn: Any, args: Sequence[Any], kwargs: Mapping[str, Any]) -> _Loc
 # - with ``from __future__ import annotations`` an annotation is a string, resolved later in the module's namespace
 #   by dataclasses (is ``ClassVar[int]`` a ClassVar? then it is no field) and typing.get_type_hints: without the names
 #   a dataclass quietly gets a field where the DAG file has a class variable.
-# The payload carries those names apart, each pickled on its own; the loader adds what it can load (see _Namespaces),
-# and for names that only annotations use, only what loads without importing a module this process has not imported.
+# The payload carries those names apart, each pickled on its own; the loader adds what it can load (see
+# unpickle.Namespaces), and for names that only annotations use, only what loads without importing a module this
+# process has not imported.
 
 _MAX_ANNOTATION_CHARS: Final = 500
 _GLOBAL_OPS: Final = frozenset({"LOAD_GLOBAL", "STORE_GLOBAL", "DELETE_GLOBAL"})
@@ -472,183 +474,3 @@ def _pickle_each(values: Mapping[str, Mapping[str, tuple[Any, bool]]]) -> dict[s
                 continue
             pickled.setdefault(module_name, {})[name] = (data, needed)
     return pickled
-
-
-# --- the shipped code's modules in the worker ---------------------------------------------------------------------
-# cloudpickle rebuilds by-value functions with ``_make_function(code, globals, ...)``, where ``globals`` is one dict
-# per module and pickle (shared by all the functions of that module), holding ``__name__``, ``__file__`` and, once
-# the functions' state is set, the globals they refer to. The loader's unpickler swaps that dict for the ``__dict__``
-# of a module registered in sys.modules under ``__name__``, before the first function of the module exists: the
-# functions, the classes they define and everything that looks the module up by name then see one namespace.
-
-_CLOUDPICKLE: Final = getattr(cloudpickle, "cloudpickle", None)
-_MAKE_FUNCTION: Final = getattr(_CLOUDPICKLE, "_make_function", None)
-_MAKE_CLASS: Final = tuple(
-    f for f in (getattr(_CLOUDPICKLE, name, None) for name in ("_make_skeleton_class", "_make_skeleton_enum")) if f
-)
-_SUBIMPORT: Final = getattr(_CLOUDPICKLE, "subimport", None)
-
-
-class _ShippedModule(types.ModuleType):
-    """A module that exists in this process only because a payload's code came from it (not importable here)."""
-
-
-def _importable(name: str) -> bool:
-    try:
-        return importlib.util.find_spec(name) is not None
-    except Exception:  # a parent package that is missing or fails to import: not importable either
-        return False
-
-
-def _imported_or_standard(module: str) -> bool:
-    return module in sys.modules or module.partition(".")[0] in sys.stdlib_module_names
-
-
-def _new_module(name: str, *, package: bool) -> _ShippedModule:
-    module = _ShippedModule(name)
-    module.__spec__ = importlib.machinery.ModuleSpec(name, None, is_package=package)
-    if package:
-        module.__path__ = []
-    return module
-
-
-class _Namespaces:
-    """The modules of one load: created where the name is free, reused where an earlier payload created them."""
-
-    def __init__(self) -> None:
-        self.modules: dict[str, types.ModuleType] = {}
-        #: Functions and classes rebuilt by value during this load.
-        self.defined: list[Any] = []
-        self._refused: set[str] = set()
-        #: module name -> the globals dict that cloudpickle gave the functions of a module that exists here.
-        self._unregistered: dict[str, dict[str, Any]] = {}
-        self._created: list[tuple[str, types.ModuleType]] = []
-
-    def globals_for(self, shipped: dict[str, Any]) -> dict[str, Any]:
-        name = shipped.get("__name__")
-        module = self._module(name, shipped) if isinstance(name, str) and name else None
-        if module is not None:
-            return module.__dict__
-        if isinstance(name, str):
-            self._unregistered.setdefault(name, shipped)
-        return shipped
-
-    def _namespace(self, name: str) -> dict[str, Any] | None:
-        """Where the functions of module ``name`` look up their globals in this load."""
-        module = self.modules.get(name)
-        return module.__dict__ if module is not None else self._unregistered.get(name)
-
-    def _module(self, name: str, shipped: Mapping[str, Any]) -> types.ModuleType | None:
-        if name in self.modules:
-            return self.modules[name]
-        if name in self._refused:
-            return None
-        existing = sys.modules.get(name)
-        if isinstance(existing, _ShippedModule):
-            module: types.ModuleType = existing
-        elif name in sys.modules or _importable(name):
-            # A real module (an installed package, __main__) or a blocked one (None): never replaced, never imported
-            # for this. The code keeps the globals dict that cloudpickle gives it.
-            self._refused.add(name)
-            return None
-        else:
-            module = _new_module(name, package="__path__" in shipped)
-            self._register(name, module)
-        for key in ("__file__", "__package__", "__path__"):
-            if key in shipped and module.__dict__.get(key) is None:
-                module.__dict__[key] = shipped[key]
-        self.modules[name] = module
-        return module
-
-    def _register(self, name: str, module: types.ModuleType) -> None:
-        sys.modules[name] = module
-        self._created.append((name, module))
-        parent_name, _, child = name.rpartition(".")
-        if not parent_name:
-            return
-        # pickle imports a dotted module through its parents: a parent that exists nowhere gets an empty package.
-        parent = sys.modules.get(parent_name)
-        if parent_name not in sys.modules and not _importable(parent_name):
-            parent = _new_module(parent_name, package=True)
-            self._register(parent_name, parent)
-        if isinstance(parent, _ShippedModule):
-            setattr(parent, child, module)
-
-    def add_extra_globals(self, shipped: Mapping[str, Mapping[str, tuple[bytes, bool]]]) -> None:
-        """Add the globals that cloudpickle left behind to the namespace of their module's functions, where absent."""
-        for module_name, names in shipped.items():
-            namespace = self._namespace(module_name)
-            if namespace is None:
-                continue
-            for name, (data, needed) in names.items():
-                if name in namespace:
-                    continue
-                try:
-                    value = _PayloadUnpickler(io.BytesIO(data), self, guarded=not needed).load()
-                except Exception:  # a module this process lacks (or has not imported, for an annotation's name)
-                    continue
-                namespace.setdefault(name, value)
-
-    def bind_definitions(self) -> None:
-        """Top-level classes and functions that travelled are attributes of their module, as in the DAG file (where
-        the name is free): pickle finds a class by ``module.qualname``."""
-        for obj in self.defined:
-            module = self.modules.get(getattr(obj, "__module__", None) or "")
-            qualname = getattr(obj, "__qualname__", "")
-            if module is not None and isinstance(qualname, str) and qualname.isidentifier():
-                module.__dict__.setdefault(qualname, obj)
-
-    def discard(self) -> None:
-        """Loading failed: take out of sys.modules what this load put there."""
-        for name, module in reversed(self._created):
-            if sys.modules.get(name) is module:
-                del sys.modules[name]
-        self._created.clear()
-
-
-class _PayloadUnpickler(pickle.Unpickler):
-    """cloudpickle's stream, with by-value functions given their module's namespace (see :class:`_Namespaces`).
-
-    ``guarded``: for the annotation names, which are optional: refuse to import a module that this process has not
-    imported yet (other than the standard library), so that an annotation never drags Airflow or a large package into
-    a worker.
-    """
-
-    def __init__(self, file: io.BytesIO, namespaces: _Namespaces, *, guarded: bool = False) -> None:
-        super().__init__(file)
-        self._namespaces = namespaces
-        self._guarded = guarded
-
-    def find_class(self, module: str, name: str) -> Any:
-        if self._guarded and not _imported_or_standard(module):
-            raise pickle.UnpicklingError(f"{module} is not imported in this process")
-        found = super().find_class(module, name)
-        if _MAKE_FUNCTION is not None and found is _MAKE_FUNCTION:
-            return self._make_function
-        if any(found is make for make in _MAKE_CLASS):
-            return self._class_maker(found)
-        if self._guarded and _SUBIMPORT is not None and found is _SUBIMPORT:
-            return self._subimport
-        return found
-
-    def _make_function(self, *args: Any, **kwargs: Any) -> Any:
-        # (code, globals, name, argdefs, closure)
-        if len(args) >= 2 and isinstance(args[1], dict):
-            args = (args[0], self._namespaces.globals_for(args[1]), *args[2:])
-        function = _MAKE_FUNCTION(*args, **kwargs)  # type: ignore[misc]
-        self._namespaces.defined.append(function)
-        return function
-
-    def _class_maker(self, make: Callable[..., Any]) -> Callable[..., Any]:
-        def make_class(*args: Any, **kwargs: Any) -> Any:
-            cls = make(*args, **kwargs)
-            self._namespaces.defined.append(cls)
-            return cls
-
-        return make_class
-
-    @staticmethod
-    def _subimport(name: str) -> Any:
-        if not _imported_or_standard(name):
-            raise pickle.UnpicklingError(f"{name} is not imported in this process")
-        return _SUBIMPORT(name)  # type: ignore[misc]
