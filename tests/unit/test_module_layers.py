@@ -15,7 +15,8 @@ What stays here, read from the source (``if TYPE_CHECKING:`` blocks skipped, as 
   wildcard: an ignore cannot hide a module-level import;
 - no core module imports a private name from another module;
 - the bottom of the core (validation) imports only the standard library;
-- only compat.py imports Airflow's private modules and names.
+- only compat.py imports Airflow's private modules and names;
+- no module is longer than about 500 lines.
 """
 
 from __future__ import annotations
@@ -183,3 +184,13 @@ def test_only_compat_reaches_airflows_private_api(module: str) -> None:
         and any(part.startswith("_") for part in [*statement.module.split("."), *statement.names])
     ]
     assert not private, f"{module} imports Airflow's private API (move it to compat.py): {private}"
+
+
+#: About 500 lines: past that a module holds more than one idea (the runner's agent is the one near the edge).
+MAX_MODULE_LINES = 550
+
+
+@pytest.mark.parametrize("module", sorted(_modules(PACKAGE)))
+def test_no_module_is_longer_than_about_500_lines(module: str) -> None:
+    lines = len(_source(module).read_text().splitlines())
+    assert lines <= MAX_MODULE_LINES, f"{module} has {lines} lines: split it where its parts meet"
