@@ -156,6 +156,14 @@ def get_provider_info() -> dict[str, Any]:
                         "example": "True",
                         "default": "False",
                     },
+                    "result_storage_max_bytes": {
+                        "description": "The most bytes the Airflow side reads of one result in result_storage; a "
+                        "bigger result fails the task (a retry will not help). Bounds the worker's memory.",
+                        "version_added": "0.1.0",
+                        "type": "integer",
+                        "example": "104857600",
+                        "default": "1073741824",
+                    },
                     "report_interval": {
                         "description": "Seconds between two metrics lines of rank 0 (report() in the training "
                         "code): at most one progress line per interval reaches the task log, however often report() "

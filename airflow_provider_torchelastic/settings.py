@@ -21,6 +21,7 @@ from airflow_provider_torchelastic.core.validation import check_image
 
 __all__ = [
     "SECTION",
+    "DEFAULT_RESULT_MAX_BYTES",
     "EXECUTIONS",
     "ResultStorage",
     "Settings",
@@ -32,6 +33,8 @@ __all__ = [
 
 SECTION: Final = "torch_elastic"
 EXECUTIONS: Final = ("kubernetes", "local")
+#: ``[torch_elastic] result_storage_max_bytes`` when unset: 1 GiB, a bound on what one read may hold in memory.
+DEFAULT_RESULT_MAX_BYTES: Final = 1 << 30
 #: The option with the image of tasks that name none themselves (env AIRFLOW__TORCH_ELASTIC__IMAGE).
 IMAGE_OPTION: Final = "image"
 
@@ -87,6 +90,8 @@ class ResultStorage:
     url: str
     conn_id: str | None
     keep: bool
+    #: ``result_storage_max_bytes``: the most the Airflow side reads of one result (a bigger one fails the try).
+    max_bytes: int = DEFAULT_RESULT_MAX_BYTES
 
 
 def read_execution() -> str:
@@ -114,6 +119,19 @@ def _report_interval() -> float | None:
     return value
 
 
+def _max_bytes(option: str, default: int) -> int:
+    raw = _text(option)
+    if not raw:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise AirflowFailException(f"[{SECTION}] {option}: expected bytes >= 1, got {raw!r} (env {_env(option)})")
+    return value
+
+
 def _result_storage() -> ResultStorage | None:
     url = _text("result_storage")
     if not url:
@@ -122,6 +140,7 @@ def _result_storage() -> ResultStorage | None:
         url=url,
         conn_id=_text("result_storage_conn_id") or None,
         keep=_boolean("result_storage_keep", False),
+        max_bytes=_max_bytes("result_storage_max_bytes", DEFAULT_RESULT_MAX_BYTES),
     )
 
 
@@ -146,7 +165,7 @@ class Settings:
     image: str | None
     #: ``checkpoint_root``: the root of every task's checkpoint location.
     checkpoint_root: str | None
-    #: ``result_storage``, ``result_storage_conn_id``, ``result_storage_keep``.
+    #: ``result_storage``, ``result_storage_conn_id``, ``result_storage_keep``, ``result_storage_max_bytes``.
     result_storage: ResultStorage | None
     #: ``report_interval``: seconds between rank 0's metrics lines; None: ``report()``'s default.
     report_interval: float | None

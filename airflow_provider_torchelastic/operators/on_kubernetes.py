@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Final
 from airflow_provider_torchelastic.core.outcome import Verdict
 from airflow_provider_torchelastic.errors import KubeError
 from airflow_provider_torchelastic.kubernetes import submit
-from airflow_provider_torchelastic.kubernetes.render import elide_payload, summarize_for_ui
+from airflow_provider_torchelastic.kubernetes.render import elide_payload, summarize_for_ui, task_context_for
 from airflow_provider_torchelastic.kubernetes.status import JobRef, WaitDecision, WaitPolicy
 from airflow_provider_torchelastic.operators import results
 from airflow_provider_torchelastic.operators.dry_run import identity_of, render_objects, task_context_of
@@ -231,7 +231,9 @@ def _result_of(
     verdict = decision.verdict or Verdict(succeeded=False, detail=decision.progress)
     op.log.info("%s %s/%s ended: %s", ref.kind, ref.namespace, ref.name, decision.progress)
     results.push_job_summary(op.log, context, results.job_summary(ref, decision, verdict, context, tap))
-    return op.result_or_raise(verdict, last_metrics=tap.summary_line(), settings=settings)
+    # Recomputed from the try itself, never taken from the job: the one location its result may be read from.
+    task_context = task_context_for(identity_of(op, context)) if verdict.result_ref is not None else None
+    return op.result_or_raise(verdict, last_metrics=tap.summary_line(), settings=settings, task_context=task_context)
 
 
 def stop(op: TorchElasticOperator, ref: JobRef, kube: SyncKube | None = None) -> None:

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from airflow.sdk import Context
     from airflow.sdk.definitions.mappedoperator import OperatorPartial
 
+    from airflow_provider_torchelastic.core.run_context import TaskContext
     from airflow_provider_torchelastic.kubernetes.client import SyncKube
     from airflow_provider_torchelastic.kubernetes.status import JobRef
     from airflow_provider_torchelastic.local.run import LocalRun
@@ -197,17 +198,29 @@ class TorchElasticOperator(BaseOperator):
             self._local_run = None
         summary = results.local_summary(identity, spec, run, verdict, tap, started)
         results.push_job_summary(self.log, context, summary)
-        return self.result_or_raise(verdict, last_metrics=tap.summary_line(), settings=settings)
+        return self.result_or_raise(
+            verdict, last_metrics=tap.summary_line(), settings=settings, task_context=task_context
+        )
 
-    def result_or_raise(self, verdict: Verdict, *, last_metrics: str = "", settings: Settings | None = None) -> Any:
+    def result_or_raise(
+        self,
+        verdict: Verdict,
+        *,
+        last_metrics: str = "",
+        settings: Settings | None = None,
+        task_context: TaskContext | None = None,
+    ) -> Any:
         """Rank 0's result, or the Airflow exception that says what failed and whether a retry can help.
 
         ``last_metrics`` (``MetricsTap.summary_line()``) ends the task's final log line: the last reported values.
-        ``settings``: the try's, else read now (only result storage is used).
+        ``settings``: the try's, else read now (only result storage is used). ``task_context``: the try's, from which
+        the one location a result in result storage may be read from is recomputed (without it, none may).
         """
         if settings is None:
             settings = Settings.read(execution="local", deferrable=False)  # reads no option it does not use
-        return results.result_or_raise(self.log, verdict, settings.result_storage, last_metrics=last_metrics)
+        return results.result_or_raise(
+            self.log, verdict, settings.result_storage, last_metrics=last_metrics, task_context=task_context
+        )
 
     def render_manifests(self, context: Context | None = None) -> list[dict[str, Any]]:
         """The objects this task would create, in creation order, without touching the network.

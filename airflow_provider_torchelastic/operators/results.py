@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ResultStorage",
+    "expected_result_ref",
     "job_summary",
     "local_summary",
     "push_job_summary",
@@ -45,34 +46,78 @@ def result_url(storage: ResultStorage | None, task_context: TaskContext) -> str 
     return result_location(storage.url, task_context) if storage is not None else None
 
 
+def expected_result_ref(ref: str, storage: ResultStorage | None, task_context: TaskContext | None) -> str:
+    """``ref`` when it is the location this try's result belongs at (recomputed here from the try's own context and
+    ``[torch_elastic] result_storage``), else :class:`TrainingFailedError` naming both.
+
+    The reference comes from the pod (its termination message), so it is the pod's to choose: anything else (a file
+    on the Airflow worker, a link-local URL, another try's object) would be read with the platform's credentials
+    and then deleted. A retry would get the same refusal.
+    """
+    expected = result_url(storage, task_context) if task_context is not None else None
+    if expected is None or ref != expected:
+        where = expected if expected is not None else "none (no [torch_elastic] result_storage for this try)"
+        raise TrainingFailedError(
+            f"Training reported its result at {ref!r}, which is not where this try's result belongs (expected: "
+            f"{where}); refusing to read it (a retry will not help)"
+        )
+    return expected
+
+
 def read_stored_result(url: str, storage: ResultStorage | None) -> Any:
     """Rank 0's value written to result storage: JSON, read with Airflow's ``ObjectStoragePath`` (the connection
     ``[torch_elastic] result_storage_conn_id`` holds the credentials), then deleted unless
-    ``[torch_elastic] result_storage_keep``. Never unpickled."""
+    ``[torch_elastic] result_storage_keep``. Never unpickled; at most ``[torch_elastic] result_storage_max_bytes``
+    are read (beyond, :class:`TrainingFailedError`: the same result is as large on a retry). ``url`` must already be
+    checked (:func:`expected_result_ref`)."""
     from airflow.sdk import ObjectStoragePath
 
     from airflow_provider_torchelastic.core.outcome import decode_result
+    from airflow_provider_torchelastic.settings import DEFAULT_RESULT_MAX_BYTES
 
     conn_id = storage.conn_id if storage is not None else None
+    limit = storage.max_bytes if storage is not None else DEFAULT_RESULT_MAX_BYTES
     path = ObjectStoragePath(url if "://" in url else f"file://{url}", conn_id=conn_id)
-    value = decode_result(path.read_bytes())
+    with path.open("rb") as f:
+        # One byte more than allowed says it is too large without reading all of it.
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise TrainingFailedError(
+            f"Training succeeded but rank 0's result at {url} is larger than [torch_elastic] result_storage_max_bytes "
+            f"({limit} bytes); raise the option or return a smaller value (a retry will not help)"
+        )
+    value = decode_result(data)
     if storage is None or not storage.keep:
         path.unlink(missing_ok=True)
     return value
 
 
-def result_or_raise(log: Log, verdict: Verdict, storage: ResultStorage | None, *, last_metrics: str = "") -> Any:
-    """The body of ``TorchElasticOperator.result_or_raise`` (its docstring says what it promises)."""
+def result_or_raise(
+    log: Log,
+    verdict: Verdict,
+    storage: ResultStorage | None,
+    *,
+    last_metrics: str = "",
+    task_context: TaskContext | None = None,
+) -> Any:
+    """The body of ``TorchElasticOperator.result_or_raise`` (its docstring says what it promises).
+
+    ``task_context``: the try's, from which the only acceptable result reference is recomputed; without it a
+    verdict that carries a reference fails.
+    """
     suffix = f"; {last_metrics}" if last_metrics else ""
     if verdict.succeeded and verdict.result_ref is not None:
+        url = expected_result_ref(verdict.result_ref, storage, task_context)
         try:
-            value = read_stored_result(verdict.result_ref, storage)
+            value = read_stored_result(url, storage)
+        except TrainingFailedError:  # too large: as large on a retry
+            raise
         except Exception as e:  # the store or its connection failed: the training is done, but its value is not
             raise TrainingRecoverableError(
-                f"Training succeeded but rank 0's result could not be read from {verdict.result_ref} "
+                f"Training succeeded but rank 0's result could not be read from {url} "
                 f"(result storage, connection [torch_elastic] result_storage_conn_id): {type(e).__name__}: {e}"
             ) from e
-        log.info("Training succeeded; rank 0's result read from %s%s", verdict.result_ref, suffix)
+        log.info("Training succeeded; rank 0's result read from %s%s", url, suffix)
         return value
     if verdict.succeeded:
         log.info("Training succeeded; rank 0's result: %r%s", verdict.result, suffix)
