@@ -220,8 +220,10 @@ def test_a_rank_dying_in_the_collective_after_its_peer_raised_is_not_the_cause(
         tmp_path, rank_1_raises_rank_0_dies_in_the_next_collective, (kind,), start_method=start_method, extra=SLOW_POLL
     )
     print(f"runner took {time.monotonic() - started:.1f} s")
-    # Rank 0 did fail, as a victim (a lost connection), not only stopped by its agent.
-    assert "[rank0]:rank 0 saw: " in run.output and "Connection closed by peer" in run.output, run.describe()
+    # Rank 0 did fail, as a victim (a lost connection), not only stopped by its agent. gloo words it "closed by peer"
+    # when the peer's socket closed first and "reset by peer" when rank 1 died with it open (under load, either).
+    lost = ("Connection closed by peer", "Connection reset by peer")
+    assert "[rank0]:rank 0 saw: " in run.output and any(m in run.output for m in lost), run.describe()
     failure = run.outcome.failure  # type: ignore[union-attr]
     assert failure is not None and failure.rank == 1, run.describe()
     if kind == "recoverable":
