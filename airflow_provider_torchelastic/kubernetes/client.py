@@ -151,9 +151,11 @@ class SyncKube:
 
     def snapshot(self, ref: JobRef) -> Snapshot:
         job = self.get(ref.kind, ref.name, ref.namespace)
-        selector = kinds.get(ref.kind).pod_selector(ref.name)
+        kind = kinds.get(ref.kind)
+        selector = kind.pod_selector(ref.name)
         pods = self.list_pods(ref.namespace, selector) if selector is not None and job else []
-        return Snapshot(job=job, pods=pods, now=time.time())
+        # The label found them; only the job's controller ownerReference makes them the job's.
+        return Snapshot(job=job, pods=kind.controlled_pods(job, pods), now=time.time())
 
     def read_log(self, pod: str, namespace: str, since_seconds: int | None, tail_lines: int | None = None) -> str:
         call = _log_call(self._core, pod, namespace, since_seconds, tail_lines)
@@ -285,9 +287,10 @@ class AsyncKube:
 
     async def snapshot(self, ref: JobRef) -> Snapshot:
         job = await self.get(ref.kind, ref.name, ref.namespace)
-        selector = kinds.get(ref.kind).pod_selector(ref.name)
+        kind = kinds.get(ref.kind)
+        selector = kind.pod_selector(ref.name)
         pods = await self.list_pods(ref.namespace, selector) if selector is not None and job else []
-        return Snapshot(job=job, pods=pods, now=time.time())
+        return Snapshot(job=job, pods=kind.controlled_pods(job, pods), now=time.time())
 
     async def read_log(self, pod: str, namespace: str, since_seconds: int | None, tail_lines: int | None = None) -> str:
         body = await self._body(_log_call(self._core, pod, namespace, since_seconds, tail_lines))

@@ -32,7 +32,7 @@ import hashlib
 import json
 import random
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -152,14 +152,16 @@ class JobCache:
     def snapshot(self, ref: JobRef) -> Snapshot:
         job = self.objects.get(ref.kind, {}).get(ref.name)
         descriptor = kinds.get(ref.kind)
-        pods: list[dict[str, Any]] = []
+        pods: Sequence[Mapping[str, Any]] = ()
         if job is not None and descriptor.pod_owner_label is not None:
             label = descriptor.pod_owner_label
-            pods = [
+            labelled = [
                 p
                 for p in self.objects.get("Pod", {}).values()
                 if (p.get("metadata", {}).get("labels") or {}).get(label) == ref.name
             ]
+            # The label files a pod under a job; only the job's controller ownerReference makes it the job's.
+            pods = descriptor.controlled_pods(job, labelled)
         return Snapshot(job=job, pods=pods, now=time.time())
 
     def want(self, ref: JobRef) -> None:

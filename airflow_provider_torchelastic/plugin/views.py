@@ -139,7 +139,10 @@ def group_live_jobs(
             if selector is None:
                 jobs.append(LiveJob(kind=kind, obj=obj, pods=(obj,)))
                 continue
-            mine = [p for p in pods if _selector_matches(selector, p.get("metadata", {}).get("labels") or {})]
+            labelled = [p for p in pods if _selector_matches(selector, p.get("metadata", {}).get("labels") or {})]
+            # A pod with the labels but another controller (or none) is not this job's: its logs and its state stay
+            # out of the job's row and of its log view.
+            mine = descriptor.controlled_pods(obj, labelled)
             jobs.append(LiveJob(kind=kind, obj=obj, pods=tuple(sorted(mine, key=_pod_order))))
     return jobs
 

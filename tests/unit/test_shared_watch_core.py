@@ -37,11 +37,14 @@ def test_the_stream_key_is_a_deterministic_fingerprint_without_secrets() -> None
 
 def pod(name: str, job: str | None = None, phase: str = "Running", rv: int = 1) -> dict[str, Any]:
     labels = {"training.kubeflow.org/job-name": job} if job else {}
-    return {"metadata": {"name": name, "labels": labels, "resourceVersion": str(rv)}, "status": {"phase": phase}}
+    # Controlled by the job it names (the training operator's controller ownerReference, by the job's uid).
+    owners = [{"kind": "PyTorchJob", "name": job, "uid": f"uid-{job}", "controller": True}] if job else []
+    meta = {"name": name, "labels": labels, "resourceVersion": str(rv), "ownerReferences": owners}
+    return {"metadata": meta, "status": {"phase": phase}}
 
 
 def job(name: str, rv: int = 1) -> dict[str, Any]:
-    return {"metadata": {"name": name, "resourceVersion": str(rv)}, "status": {}}
+    return {"metadata": {"name": name, "uid": f"uid-{name}", "resourceVersion": str(rv)}, "status": {}}
 
 
 def cache() -> JobCache:

@@ -25,6 +25,8 @@ def _live_pytorchjob(*, failed_rank1: bool = False, **identity: Any) -> views.Li
     """A rendered 2-node elastic PyTorchJob as the API returns it running, with its two pods."""
     job = workload(render(Elastic(nnodes="2:2", nproc_per_node=1), **identity))
     job["metadata"]["creationTimestamp"] = CREATED
+    job["metadata"]["uid"] = "uid-of-the-job"
+    controller = {"kind": "PyTorchJob", "name": job["metadata"]["name"], "uid": "uid-of-the-job", "controller": True}
     job["status"] = {"conditions": [{"type": "Running", "status": "True", "lastTransitionTime": CREATED}]}
     name = job["metadata"]["name"]
     template = job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]
@@ -43,7 +45,8 @@ def _live_pytorchjob(*, failed_rank1: bool = False, **identity: Any) -> views.Li
             "training.kubeflow.org/replica-type": "worker",
             "training.kubeflow.org/replica-index": str(index),
         }
-        pod = {"metadata": {"name": f"{name}-worker-{index}", "namespace": "ml", "labels": labels}, "status": running}
+        meta = {"name": f"{name}-worker-{index}", "namespace": "ml", "labels": labels, "ownerReferences": [controller]}
+        pod = {"metadata": meta, "status": running}
         pods.append({**pod, "spec": {"nodeName": f"node-{index}", "containers": template["spec"]["containers"]}})
     [grouped] = views.group_live_jobs({"PyTorchJob": [job], "Pod": []}, [*reversed(pods), _stranger_pod()])
     return grouped

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from airflow_provider_torchelastic.core.config import TaskConfig
+from airflow_provider_torchelastic.kubernetes.ownership import controlled_pods
 from airflow_provider_torchelastic.kubernetes.pod_template import RenderInputs
 from airflow_provider_torchelastic.kubernetes.status import JobRef, Snapshot, WaitDecision, WaitPolicy
 
@@ -48,6 +49,11 @@ class JobKind:
     #: The pod label whose value is the job's name (what :attr:`pod_selector` selects on), so that a watch of all
     #: pods can file each pod under its job without a request; ``None`` when the object is its own only pod.
     pod_owner_label: str | None = None
+    #: The kinds of the controllers from a pod up to the job (nearest first, this kind last), which a pod's
+    #: ``controller: true`` ownerReferences must follow, by uid, to be the job's (:mod:`..ownership`). ``()``: the
+    #: object is its own only pod. None (the default): one hop, the pod's controller is the job itself. A
+    #: TrainJob's would be ``("Job", "JobSet", "TrainJob")``.
+    pod_controllers: tuple[str, ...] | None = None
     #: How many pods the job asks for, read from its spec (the UI's pod count before they all exist); ``None``
     #: where the spec does not say (the pods are counted instead).
     replica_count: Callable[[Mapping[str, Any]], int | None] = _no_replica_count
@@ -63,6 +69,18 @@ class JobKind:
     @property
     def is_core(self) -> bool:
         return not self.group
+
+    @property
+    def controller_chain(self) -> tuple[str, ...]:
+        """:attr:`pod_controllers`, with its default filled in."""
+        return self.pod_controllers if self.pod_controllers is not None else (self.kind,)
+
+    def controlled_pods(
+        self, job: Mapping[str, Any] | None, pods: Sequence[Mapping[str, Any]]
+    ) -> list[Mapping[str, Any]]:
+        """The pods (found by label) that ``job`` controls: labels are anyone's to set, ownerReferences by uid
+        tell this job's pods from a foreign controller's, or from a pod made to look like rank 0."""
+        return controlled_pods(job, pods, self.controller_chain)
 
     def owner_reference(self, *, owner_name: str, owner_uid: str) -> JsonDict:
         """The merge-patch body that makes an object (the payload ConfigMap) a dependent of this kind's job.

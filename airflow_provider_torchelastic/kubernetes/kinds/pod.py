@@ -141,6 +141,7 @@ KIND: Final = JobKind(
     accepts=accepts,
     render=render_pod,
     pod_selector=lambda name: None,
+    pod_controllers=(),
     decide=decide_pod,
     is_finished=pod_finished,
     replica_count=lambda job: 1,

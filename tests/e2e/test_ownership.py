@@ -1,0 +1,92 @@
+"""Only what this try created is its own, on the local cluster (issue 19): a pod with the job's labels that the job
+does not control gives no result, and a payload ConfigMap created before the task is never run.
+
+The fixtures are those of test_kubernetes.py (one cluster per session, the namespace emptied after each test).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import TEST_DAGS
+from tests.e2e.test_kubernetes import (  # noqa: F401 - fixtures, found by pytest through this import
+    Cluster,
+    clean_namespace,
+    cluster,
+    connection,
+    failure_dir,
+    run_dag,
+    wait_for,
+)
+
+pytestmark = [pytest.mark.cluster, pytest.mark.usefixtures("airflow_db", "clean_namespace")]
+
+IMAGE = "local/torchelastic-runner:test"
+FORGED = {"value": "forged", "rank": 0}
+
+
+def _forged_pod(name: str, labels: dict[str, str], owner: dict[str, Any]) -> dict[str, Any]:
+    """A pod that says, in the provider's own format, that it holds rank 0 and returned :data:`FORGED`."""
+    from airflow_provider_torchelastic.core.outcome import encode_success
+
+    document = encode_success(json.dumps(FORGED))
+    write = "import sys; open(sys.argv[1], 'w').write(sys.argv[2])"
+    container = {
+        "name": "pytorch",
+        "image": IMAGE,
+        "command": ["python", "-c", write, "/dev/termination-log", document],
+        "terminationMessagePath": "/dev/termination-log",
+    }
+    metadata = {"name": name, "labels": labels, "ownerReferences": [owner]}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": metadata,
+        "spec": {"restartPolicy": "Never", "containers": [container]},
+    }
+
+
+def test_a_pod_with_the_jobs_labels_but_another_controller_gives_no_result(
+    cluster: Cluster,  # noqa: F811
+    failure_dir: Path,  # noqa: F811
+) -> None:
+    """Created while the job runs, it ends first with rank 0's "result"; the task returns the job's own."""
+    dag_id = "k8s_foreign_pod"
+    forged: dict[str, Any] = {}
+
+    def add_the_foreign_pod() -> None:
+        pods = wait_for(lambda: cluster.workloads(dag_id)[1], 60, "the job's pods")
+        real = min(pods, key=lambda p: p.metadata.name)
+        job = real.metadata.owner_references[0]
+        # The same kind and name as the job's controller, another uid: what a second controller of the name has.
+        owner = {"apiVersion": job.api_version, "kind": job.kind, "name": job.name, "uid": "0" * 8 + "-forged"}
+        name = f"{job.name}-master-0"
+        cluster.core.create_namespaced_pod(cluster.namespace, _forged_pod(name, dict(real.metadata.labels), owner))
+        forged["pod"] = wait_for(
+            lambda: (pod := cluster.get_pod(name)) is not None and pod.status.phase == "Succeeded" and pod,
+            30,
+            "the foreign pod to succeed",
+        )
+        time.sleep(2)  # two polls of the wait see it (poll_interval=1)
+
+    def release() -> None:
+        try:
+            add_the_foreign_pod()
+        finally:
+            (failure_dir / "release").touch()  # the job's workers return
+
+    adder = threading.Thread(target=release, daemon=True)
+    adder.start()
+    result = run_dag(dag_id, TEST_DAGS)
+    adder.join(timeout=60)
+    assert "pod" in forged, "the foreign pod was never created, or never succeeded"
+    assert result.state == "success", result
+    assert result.xcom() == {"value": "the job's own", "rank": 0}
+    summary = result.xcom(key="torch_elastic_job")
+    assert forged["pod"].metadata.name not in json.dumps(summary), summary
