@@ -110,8 +110,12 @@ def runner_command(
     nnodes: str | None = None,
     python: str = "python",
     result_url: str | None = None,
+    payload_sha256: str | None = None,
 ) -> list[str]:
     """The runner's command line. ``nnodes`` is omitted where ``PET_NNODES`` supplies it (a PyTorchJob).
+
+    ``payload_sha256``: the digest of the payload this try wrote; the runner refuses any other payload before
+    unpickling it (a ConfigMap of the payload's name may have been written by someone else).
 
     ``result_url``: where the node holding rank 0 writes a value too large for its result file
     (``[torch_elastic] result_storage``); a URL only, never credentials (those come from the workers' environment).
@@ -121,6 +125,8 @@ def runner_command(
     args += ["--max-result-bytes", str(max_result_bytes)]
     if result_url is not None:
         args += ["--result-url", result_url]
+    if payload_sha256 is not None:
+        args += ["--payload-sha256", payload_sha256]
     if nnodes is not None:
         args += ["--nnodes", nnodes]
     args += [

@@ -337,6 +337,8 @@ class RenderInputs:
     worker_env: Sequence[JsonDict] = ()
     #: Where a result too large for the termination message goes, or None.
     result_url: str | None = None
+    #: The sha256 (hex) of the payload this try wrote: the runner refuses any other (``--payload-sha256``).
+    payload_sha256: str | None = None
 
 
 def job_metadata(inputs: RenderInputs) -> JsonDict:

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import base64
 import copy
+import hashlib
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -153,6 +154,8 @@ def render_manifests(
             *([{"name": METRICS_INTERVAL_ENV, "value": f"{report_interval:g}"}] if report_interval is not None else []),
         ],
         result_url=result_url,
+        # The pods run only the payload this try wrote, whoever wrote the ConfigMap they mount.
+        payload_sha256=hashlib.sha256(payload).hexdigest(),
     )
     workload = (renderer or kinds.for_config(config).render)(inputs)
     return [configmap, workload]

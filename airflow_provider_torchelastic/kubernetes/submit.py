@@ -1,17 +1,20 @@
 """Creating a try's objects on the cluster, or re-attaching to the job the same try created before a worker crash.
 
-Knows no Airflow: the operator hands in the client, the job this try remembers (from its ``task_state_store``) and
-a way to remember the job before it is created, and maps what goes wrong here (a ``KubeError``, a
-:class:`Refusal`) to its own exceptions.
+Knows no Airflow: the operator hands in the client, the job and token this try remembers (from its
+``task_state_store``) and a way to remember the job before it is created, and maps what goes wrong here (a
+``KubeError``, a :class:`Refusal`) to its own exceptions.
 """
 
 from __future__ import annotations
 
 import functools
+import hmac
+import secrets
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, Literal
 
+from airflow_provider_torchelastic.core.naming import LABEL_PREFIX
 from airflow_provider_torchelastic.errors import KubeError
 from airflow_provider_torchelastic.kubernetes import kinds
 from airflow_provider_torchelastic.kubernetes.render import payload_configmap_owner_reference
@@ -22,15 +25,23 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CLUSTER_SOURCES",
+    "TOKEN_ANNOTATION",
     "Refusal",
+    "RememberedTry",
     "chosen_cluster_sources",
     "create_or_reattach",
+    "new_token",
+    "ownership",
     "refusal",
     "remembered_job",
+    "remembered_try",
     "state_record",
     "warn_if_it_may_queue_forever",
+    "with_token",
 ]
 
+#: The annotation on the payload ConfigMap and the job that carries the token of the try that created them.
+TOKEN_ANNOTATION: Final = f"{LABEL_PREFIX}/try-token"
 #: The connection's ways to reach a cluster; the cncf.kubernetes hook accepts exactly one of them.
 CLUSTER_SOURCES: Final = ("in_cluster", "kube_config_path", "kube_config")
 
@@ -42,17 +53,82 @@ def chosen_cluster_sources(extras: Mapping[str, Any]) -> list[str]:
     return [key for key in CLUSTER_SOURCES if extras.get(key) or extras.get(f"extra__kubernetes__{key}")]
 
 
-def state_record(ref: JobRef, try_number: int) -> dict[str, Any]:
-    """What the task state store keeps of the job a try creates."""
-    return {**asdict(ref), "try_number": try_number}
+def new_token() -> str:
+    """A fresh random token for one try: what marks the objects it creates as its own (a job name is a hash that
+    anyone can compute, so a name alone proves nothing)."""
+    return secrets.token_hex(16)
+
+
+def state_record(ref: JobRef, try_number: int, *, token: str, uid: str | None = None) -> dict[str, Any]:
+    """What the task state store keeps of the job a try creates: its name, the try's token and, once created, its
+    uid."""
+    return {**asdict(ref), "try_number": try_number, "token": token, "uid": uid}
+
+
+@dataclass(frozen=True, kw_only=True)
+class RememberedTry:
+    """What the state store says this try created: the job, the try's token, and the job's uid once known."""
+
+    ref: JobRef
+    token: str
+    uid: str | None = None
+
+
+def remembered_try(saved: object, try_number: int) -> RememberedTry | None:
+    """The record of *this* try (its values survive retries: a new try gets a new job and a new token); None for
+    another try's, or for a record without a token (written before tokens: nothing it names can be proven ours)."""
+    if not isinstance(saved, dict) or saved.get("try_number") != try_number:
+        return None
+    token, uid = saved.get("token"), saved.get("uid")
+    if not isinstance(token, str) or not token:
+        return None
+    ref = JobRef(kind=str(saved["kind"]), name=str(saved["name"]), namespace=str(saved["namespace"]))
+    return RememberedTry(ref=ref, token=token, uid=uid if isinstance(uid, str) and uid else None)
 
 
 def remembered_job(saved: object, try_number: int) -> JobRef | None:
-    """The job the state store remembers for this try. Its values survive retries, so only the record of *this*
-    try counts: a new try must get a new job."""
-    if isinstance(saved, dict) and saved.get("try_number") == try_number:
-        return JobRef(kind=str(saved["kind"]), name=str(saved["name"]), namespace=str(saved["namespace"]))
-    return None
+    """The job the state store remembers for this try (:func:`remembered_try`'s)."""
+    remembered = remembered_try(saved, try_number)
+    return remembered.ref if remembered is not None else None
+
+
+def with_token(manifest: Mapping[str, Any], token: str) -> dict[str, Any]:
+    """``manifest`` with the try's token as the annotation :data:`TOKEN_ANNOTATION` (the rendered one unchanged)."""
+    metadata = dict(manifest.get("metadata") or {})
+    metadata["annotations"] = {**(metadata.get("annotations") or {}), TOKEN_ANNOTATION: token}
+    return {**manifest, "metadata": metadata}
+
+
+Ownership = Literal["absent", "ours", "foreign"]
+
+
+def ownership(existing: Mapping[str, Any] | None, *, token: str, uid: str | None) -> Ownership:
+    """Whether an object found under this try's name is this try's: it carries the try's token, or it has the uid
+    this try recorded when it created it. Pure: the decision every re-attach takes."""
+    if existing is None:
+        return "absent"
+    metadata = existing.get("metadata")
+    metadata = metadata if isinstance(metadata, Mapping) else {}
+    annotations = metadata.get("annotations")
+    carried = annotations.get(TOKEN_ANNOTATION) if isinstance(annotations, Mapping) else None
+    if token and isinstance(carried, str) and hmac.compare_digest(carried.encode(), token.encode()):
+        return "ours"
+    if uid is not None and metadata.get("uid") == uid:
+        return "ours"
+    return "foreign"
+
+
+def _not_ours(kind: str, namespace: str, name: str, *, payload: str | None = None) -> Refusal:
+    what = f"{kind} {namespace}/{name} exists but was not created by this try (it lacks this try's {TOKEN_ANNOTATION} "
+    what += "annotation and uid)"
+    if payload is not None:
+        what = f"ConfigMap {namespace}/{payload} exists and is not this try's, and {what}"
+    return Refusal(
+        message=f"{what}: refusing to re-attach to it or to run anything it holds. A job name is computed from the "
+        "dag, task, run and try, so someone who can create objects in this namespace may have created it; delete it "
+        "if it is stale and find out who did (a retry will not help)",
+        recoverable=False,
+    )
 
 
 def create_or_reattach(
@@ -61,17 +137,23 @@ def create_or_reattach(
     configmap: dict[str, Any],
     workload: dict[str, Any],
     *,
+    token: str,
     remembered: JobRef | None,
-    remember: Callable[[JobRef], None] | None,
+    remembered_uid: str | None = None,
+    remember: Callable[[JobRef, str | None], None] | None,
     info: Log,
     warning: Log,
-) -> JobRef:
-    """Create the ConfigMap and the job, or re-attach to the job this try already created; returns the job.
+) -> JobRef | Refusal:
+    """Create the ConfigMap and the job, or re-attach to the job this try already created; returns the job, or the
+    :class:`Refusal` that says which object is in the way and why.
 
-    ``remembered`` is the job this try's earlier attempt recorded (its name may have been computed differently: a
-    provider upgrade between a worker crash and the resumed try); the deterministic ``ref`` covers everything
-    else. ``remember`` records the job before it is created, so that a crash between the two still finds it. Each
-    API call is retried while the API is unavailable; what still fails raises ``KubeError``.
+    Only objects that carry ``token`` (this try's, from its state store) or have the uid it recorded are this try's:
+    a job of the try's name that is not fails the task; a payload ConfigMap that is not is deleted and written
+    again (no job of this try can own it: that job would have been found first). ``remembered`` is the job this
+    try's earlier attempt recorded (its name may have been computed differently: a provider upgrade between a
+    worker crash and the resumed try); the deterministic ``ref`` covers everything else. ``remember(job, uid)``
+    records the job before it is created (uid None), so that a crash between the two still finds it, and its uid
+    once created. Each API call is retried while the API is unavailable; what still fails raises ``KubeError``.
     """
     from airflow_provider_torchelastic.kubernetes.client import retry_sync
 
@@ -79,7 +161,10 @@ def create_or_reattach(
         return retry_sync(functools.partial(fn, *args), warning)
 
     for candidate in [*([remembered] if remembered is not None else []), ref]:
-        if call(kube.get, candidate.kind, candidate.name, candidate.namespace) is not None:
+        found = ownership(
+            call(kube.get, candidate.kind, candidate.name, candidate.namespace), token=token, uid=remembered_uid
+        )
+        if found == "ours":
             info(
                 "Re-attaching to %s %s/%s created earlier by this try",
                 candidate.kind,
@@ -87,27 +172,52 @@ def create_or_reattach(
                 candidate.name,
             )
             return candidate
+        if found == "foreign":
+            return _not_ours(candidate.kind, candidate.namespace, candidate.name)
     if remember is not None:
-        remember(ref)
+        remember(ref, None)
     name = configmap["metadata"]["name"]
     try:
-        call(kube.create, configmap)
+        call(kube.create, with_token(configmap, token))
     except KubeError as e:
         if not e.conflict:
             raise
-        # Left by this try's earlier attempt that crashed before creating its job. The ConfigMap is immutable
-        # and holds the same function and arguments (same try, same rendered templates): use it.
-        info("Payload ConfigMap %s/%s exists already; using it", ref.namespace, name)
+        # Not necessarily this try's: its name is anyone's to compute. Never used as it is (this try's payload may
+        # differ byte for byte, and the pods check its digest): replaced, unless a job of this name appeared.
+        found = ownership(call(kube.get, ref.kind, ref.name, ref.namespace), token=token, uid=remembered_uid)
+        if found == "ours":  # a concurrent attempt of this try created both meanwhile
+            info("%s %s/%s was created by this try meanwhile; re-attaching", ref.kind, ref.namespace, ref.name)
+            return ref
+        if found == "foreign":
+            return _not_ours(ref.kind, ref.namespace, ref.name, payload=name)
+        warning("Payload ConfigMap %s/%s exists but is not this try's: replacing it", ref.namespace, name)
+        call(kube.delete, "ConfigMap", name, ref.namespace)
+        try:
+            call(kube.create, with_token(configmap, token))
+        except KubeError as again:
+            if not again.conflict:
+                raise
+            return Refusal(
+                message=f"ConfigMap {ref.namespace}/{name} (this try's payload) was created again by someone else "
+                "while this try replaced it: refusing to run its pods with it (a retry will not help)",
+                recoverable=False,
+            )
     try:
-        created = call(kube.create, workload)
+        created = call(kube.create, with_token(workload, token))
     except KubeError as e:
         if not e.conflict:
             raise
-        # A retried create whose first attempt went through, or a concurrent run of the same try.
-        info("%s %s/%s already exists; re-attaching", ref.kind, ref.namespace, ref.name)
-        return ref
+        # A retried create whose first attempt went through, a concurrent run of the same try, or someone else's.
+        if ownership(call(kube.get, ref.kind, ref.name, ref.namespace), token=token, uid=remembered_uid) == "ours":
+            info("%s %s/%s already exists; re-attaching", ref.kind, ref.namespace, ref.name)
+            return ref
+        call(kube.delete, "ConfigMap", name, ref.namespace)  # this try's own, which no job of it will use
+        return _not_ours(ref.kind, ref.namespace, ref.name)
     info("Created %s %s/%s", ref.kind, ref.namespace, ref.name)
-    owner = payload_configmap_owner_reference(owner_name=ref.name, owner_uid=created["metadata"]["uid"], kind=ref.kind)
+    uid = created["metadata"]["uid"]
+    if remember is not None:
+        remember(ref, uid)
+    owner = payload_configmap_owner_reference(owner_name=ref.name, owner_uid=uid, kind=ref.kind)
     call(kube.patch_configmap, name, ref.namespace, owner)
     return ref
 

@@ -8,6 +8,7 @@ passes a line logger and maps the :class:`~airflow_provider_torchelastic.core.ou
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import signal
 import socket
@@ -70,9 +71,15 @@ def _clean_env(task_context: TaskContext | None = None) -> dict[str, str]:
 
 
 def node_commands(
-    spec: LaunchSpec, *, workdir: Path, python: str = sys.executable, result_url: str | None = None
+    spec: LaunchSpec,
+    *,
+    workdir: Path,
+    python: str = sys.executable,
+    result_url: str | None = None,
+    payload_sha256: str | None = None,
 ) -> list[list[str]]:
-    """One runner command line per node. Node 0 hosts the rendezvous store, so none of them races for it."""
+    """One runner command line per node. Node 0 hosts the rendezvous store, so none of them races for it.
+    ``payload_sha256``: the digest of the payload written to ``workdir``, checked by each runner, as in pods."""
     payload = str(workdir / "payload.bin")
     nodes = spec.max_nodes
     if nodes == 1:
@@ -84,6 +91,7 @@ def node_commands(
                 nnodes="1",
                 python=python,
                 result_url=result_url,
+                payload_sha256=payload_sha256,
             )
         ]
     endpoint = f"127.0.0.1:{_free_port()}"
@@ -98,6 +106,7 @@ def node_commands(
             nnodes=spec.nnodes,
             python=python,
             result_url=result_url,
+            payload_sha256=payload_sha256,
         )
         command += ["--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--rdzv-id", run_id]
         commands.append(command)
@@ -191,7 +200,8 @@ def run_locally(
     with tempfile.TemporaryDirectory(prefix="torchelastic-local-") as tmp:
         workdir = Path(tmp)
         (workdir / "payload.bin").write_bytes(payload)
-        commands = node_commands(spec, workdir=workdir, python=python, result_url=result_url)
+        digest = hashlib.sha256(payload).hexdigest()
+        commands = node_commands(spec, workdir=workdir, python=python, result_url=result_url, payload_sha256=digest)
         env = {**_clean_env(task_context), **(extra_env or {})}
         pumps: list[threading.Thread] = []
         try:

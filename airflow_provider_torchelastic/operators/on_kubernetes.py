@@ -84,23 +84,31 @@ def _submit(
     workload: dict[str, Any],
     context: Context,
 ) -> JobRef:
-    """Create the ConfigMap and the job, or re-attach to the job this try already created; returns the job."""
+    """Create the ConfigMap and the job, or re-attach to the job this try already created; returns the job.
+
+    The try's token lives in the task state store, next to the job it names: a worker that crashed and runs the
+    same try again finds both, and re-attaches only to what carries that token (or the uid it recorded).
+    """
     store = context.get("task_state_store")
     try_number = context["ti"].try_number
+    remembered = submit.remembered_try(store.get(STATE_KEY) if store is not None else None, try_number)
+    token = remembered.token if remembered is not None else submit.new_token()
 
     remember = None
     if store is not None:
 
-        def remember(job: JobRef) -> None:
-            store.set(STATE_KEY, submit.state_record(job, try_number))
+        def remember(job: JobRef, uid: str | None) -> None:
+            store.set(STATE_KEY, submit.state_record(job, try_number, token=token, uid=uid))
 
     try:
-        return submit.create_or_reattach(
+        answer = submit.create_or_reattach(
             kube,
             ref,
             configmap,
             workload,
-            remembered=submit.remembered_job(store.get(STATE_KEY) if store is not None else None, try_number),
+            token=token,
+            remembered=remembered.ref if remembered is not None else None,
+            remembered_uid=remembered.uid if remembered is not None else None,
             remember=remember,
             info=op.log.info,
             warning=op.log.warning,
@@ -110,6 +118,10 @@ def _submit(
         # The payload ConfigMap may exist already: leave nothing behind (a retry creates everything anew).
         op._stop(ref, kube)
         raise error from e
+    if isinstance(answer, submit.Refusal):
+        # Someone else's object holds this try's name: left as it is (it is not this try's to delete).
+        raise TrainingFailedError(answer.message)
+    return answer
 
 
 def execute_on_kubernetes(op: TorchElasticOperator, context: Context, payload: bytes, settings: Settings) -> Any:

@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
+import hmac
 import json
 import logging
 import os
+import re
 import shutil
 import socket
 import sys
@@ -53,6 +56,7 @@ _NO_ERROR_FILE: Final = "<N/A>"
 #: Prefix of every worker output line; ``${rank}`` is the global rank (local ranks repeat across nodes).
 LOG_LINE_PREFIX: Final = "[rank${rank}]:"
 STANDALONE_ENDPOINT: Final = "localhost:0"
+_SHA256_HEX: Final = re.compile(r"[0-9a-f]{64}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -62,6 +66,8 @@ class RunnerSettings:
     max_result_bytes: int | None
     #: Where a result too large for ``result_file`` goes (``[torch_elastic] result_storage``), or None.
     result_url: str | None = None
+    #: The sha256 (hex) of the payload the try wrote, from the manifest; a payload with another digest is refused.
+    payload_sha256: str | None = None
     min_nodes: int
     max_nodes: int
     nproc_per_node: str
@@ -130,6 +136,11 @@ def _build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
         help="where the node holding rank 0 writes a result larger than --max-result-bytes (a path or fsspec URL; "
         "credentials come from the environment); the outcome document then carries this reference",
     )
+    parser.add_argument(
+        "--payload-sha256",
+        default=None,
+        help="the sha256 (hex) of the payload this try wrote; any other payload is refused before it is unpickled",
+    )
     parser.add_argument("--nnodes", default=env_default("NNODES", "1"), help="N or MIN:MAX (env PET_NNODES)")
     parser.add_argument("--nproc-per-node", default=env_default("NPROC_PER_NODE", "1"), help="N, auto, cpu or gpu")
     parser.add_argument("--start-method", default=env.get("PET_START_METHOD", "spawn"), choices=["spawn", "fork"])
@@ -169,6 +180,9 @@ def parse_settings(argv: Sequence[str] | None, env: Mapping[str, str]) -> Runner
         # One node: torchrun's --standalone. Port 0 lets the OS pick, so parallel runs never collide.
         backend, endpoint, run_id = "c10d", STANDALONE_ENDPOINT, run_id or str(uuid.uuid4())
 
+    digest = args.payload_sha256
+    if digest is not None and not _SHA256_HEX.fullmatch(digest):
+        raise RunnerUsageError(f"--payload-sha256: expected 64 lowercase hex digits, got {digest!r}")
     if args.max_result_bytes is not None and args.max_result_bytes < 1:
         raise RunnerUsageError(f"--max-result-bytes: expected a positive int, got {args.max_result_bytes}")
     if args.monitor_interval <= 0:
@@ -180,6 +194,7 @@ def parse_settings(argv: Sequence[str] | None, env: Mapping[str, str]) -> Runner
         result_file=args.result_file,
         max_result_bytes=args.max_result_bytes,
         result_url=args.result_url or None,
+        payload_sha256=digest,
         min_nodes=min_nodes,
         max_nodes=max_nodes,
         nproc_per_node=str(args.nproc_per_node),
@@ -400,10 +415,22 @@ def _runner_failure(exc: BaseException, *, rank: int) -> WorkerFailure:
     )
 
 
+def check_digest(data: bytes, expected: str | None, where: str) -> None:
+    """Refuse a payload whose sha256 is not the manifest's (None: no flag, an older Airflow side): whoever could
+    write the payload's ConfigMap must not choose what this pod unpickles."""
+    actual = hashlib.sha256(data).hexdigest()
+    if expected is not None and not hmac.compare_digest(actual, expected):
+        raise RunnerUsageError(
+            f"the payload at {where} is not the one this try wrote (sha256 {actual}, expected {expected} from "
+            "--payload-sha256): refusing to load it; was the payload ConfigMap replaced by someone else?"
+        )
+
+
 def run(settings: RunnerSettings) -> int:
     """Launch this node's workers and report the outcome; returns the process exit code."""
     try:
         data = Path(settings.payload).read_bytes()
+        check_digest(data, settings.payload_sha256, settings.payload)
         header, _ = read_header(data)
         check_compatible(header)
         nproc = resolve_nproc_per_node(settings.nproc_per_node)

@@ -90,3 +90,38 @@ def test_a_pod_with_the_jobs_labels_but_another_controller_gives_no_result(
     assert result.xcom() == {"value": "the job's own", "rank": 0}
     summary = result.xcom(key="torch_elastic_job")
     assert forged["pod"].metadata.name not in json.dumps(summary), summary
+
+
+def test_a_payload_configmap_created_before_the_task_is_never_run(cluster: Cluster) -> None:  # noqa: F811
+    """Someone computes the job name (a hash of dag, task, run and try) and creates ``<job>-payload`` with their own
+    function first: the task replaces it and returns its own result; the attacker's function never runs."""
+    import datetime
+    import random
+
+    from airflow_provider_torchelastic.core.naming import RunIdentity, job_name
+    from airflow_provider_torchelastic.core.payload import dump_payload
+    from airflow_provider_torchelastic.kubernetes.render import render_manifests
+    from airflow_provider_torchelastic.kubernetes.submit import TOKEN_ANNOTATION
+    from tests.e2e.test_kubernetes import load_dag, read_run
+
+    dag_id = "k8s_squatted_payload"
+    dag = load_dag(dag_id, TEST_DAGS)
+    task = dag.task_dict["train"]
+    # A run_id known in advance, as anyone who can guess the next run's date knows it.
+    when = datetime.datetime(2030, 1, 1, tzinfo=datetime.UTC) + datetime.timedelta(seconds=random.randrange(10**8))
+    run_id = f"manual__{when.isoformat()}"
+    identity = RunIdentity(dag_id=dag_id, task_id="train", run_id=run_id, try_number=1)
+    attacker = dump_payload(task.python_callable, (), {"seconds": 0, "value": "the attacker's"})
+    squatter, _ = render_manifests(
+        task.task_config, identity=identity, namespace=cluster.namespace, image=IMAGE, payload=attacker
+    )
+    assert squatter["metadata"]["name"] == f"{job_name(identity)}-payload"
+    cluster.core.create_namespaced_config_map(cluster.namespace, squatter)
+
+    dag_run = dag.test(logical_date=when, run_after=when)
+    assert dag_run.run_id == run_id
+    result = read_run(dag_id, run_id)
+    assert result.state == "success", result
+    assert result.xcom() == {"value": "the real payload", "rank": 0}
+    left = cluster.get_configmap(squatter["metadata"]["name"])  # deleted with the job, or this try's own
+    assert left is None or (left.metadata.annotations or {}).get(TOKEN_ANNOTATION), left

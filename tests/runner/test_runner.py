@@ -281,3 +281,48 @@ def test_sigterm_while_training_exits_143_without_a_failure_report(tmp_path: Pat
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
+
+
+def _never_unpickled() -> None:  # pragma: no cover - the point is that it never runs
+    raise AssertionError("unpickled")
+
+
+class _Tripwire:
+    """Unpickling it writes a file: proof that a payload was loaded."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __reduce__(self) -> tuple[object, tuple[str, str]]:
+        return (Path.write_text, (Path(self.path), "unpickled"))
+
+
+def test_a_payload_with_another_digest_is_refused_before_it_is_unpickled(tmp_path: Path) -> None:
+    import hashlib
+
+    tripwire = tmp_path / "unpickled"
+    written = dump_payload(world_size)
+    other = dump_payload(_never_unpickled, (_Tripwire(str(tripwire)),))
+    digest = hashlib.sha256(written).hexdigest()
+    run = run_runner(tmp_path, payload=other, nproc=1, extra=["--payload-sha256", digest])
+    assert run.returncode == EXIT_USAGE, run.describe()
+    assert not tripwire.exists()
+    failure = run.outcome.failure  # type: ignore[union-attr]
+    assert failure is not None and failure.rank == -1 and failure.exception == "RunnerUsageError", run.describe()
+    assert "is not the one this try wrote" in failure.message and digest in failure.message
+    assert hashlib.sha256(other).hexdigest() in failure.message
+
+
+def test_the_payload_with_the_right_digest_runs(tmp_path: Path) -> None:
+    import hashlib
+
+    data = dump_payload(world_size)
+    run = run_runner(tmp_path, payload=data, nproc=1, extra=["--payload-sha256", hashlib.sha256(data).hexdigest()])
+    assert run.returncode == EXIT_OK, run.describe()
+    assert run.outcome is not None and run.outcome.result == 1
+
+
+def test_a_malformed_digest_is_a_usage_error(tmp_path: Path) -> None:
+    run = run_runner(tmp_path, world_size, nproc=1, extra=["--payload-sha256", "not-hex"])
+    assert run.returncode == EXIT_USAGE, run.describe()
+    assert "--payload-sha256: expected 64 lowercase hex digits" in run.output

@@ -70,6 +70,7 @@ def render_pod(inputs: RenderInputs) -> JsonDict:
         max_result_bytes=MAX_RESULT_BYTES,
         nnodes="1",
         result_url=inputs.result_url,
+        payload_sha256=inputs.payload_sha256,
     )
     template = render_pod_template(
         PodSettings(

@@ -132,6 +132,7 @@ def render_pytorchjob(inputs: RenderInputs) -> JsonDict:
         result_file=RESULT_FILE,
         max_result_bytes=MAX_RESULT_BYTES,
         result_url=inputs.result_url,
+        payload_sha256=inputs.payload_sha256,
     )
     spec: JsonDict = {}
     if isinstance(config, Elastic):
