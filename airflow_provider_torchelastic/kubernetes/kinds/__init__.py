@@ -41,9 +41,8 @@ def registered() -> tuple[JobKind, ...]:
         if not isinstance(kind, JobKind):
             raise TypeError(f"{where}: expected a JobKind(...), got {kind!r}")
         if kind.kind in built_in or kind.kind in plugged:
-            raise ValueError(
-                f"{where}: the kind {kind.kind!r} is taken (built-in kinds: {', '.join(sorted(built_in))})"
-            )
+            taken = ", ".join(sorted(built_in | set(plugged)))
+            raise ValueError(f"{where}: the kind {kind.kind!r} is taken (kinds so far: {taken})")
         plugged[kind.kind] = kind
     return (*(plugged[name] for name in sorted(plugged)), *BUILT_IN)
 
