@@ -160,10 +160,11 @@ def create_or_reattach(
     def call(fn: Callable[..., Any], *args: Any) -> Any:
         return retry_sync(functools.partial(fn, *args), warning)
 
+    def whose(job: JobRef) -> Ownership:
+        return ownership(call(kube.get, job.kind, job.name, job.namespace), token=token, uid=remembered_uid)
+
     for candidate in [*([remembered] if remembered is not None else []), ref]:
-        found = ownership(
-            call(kube.get, candidate.kind, candidate.name, candidate.namespace), token=token, uid=remembered_uid
-        )
+        found = whose(candidate)
         if found == "ours":
             info(
                 "Re-attaching to %s %s/%s created earlier by this try",
@@ -184,7 +185,7 @@ def create_or_reattach(
             raise
         # Not necessarily this try's: its name is anyone's to compute. Never used as it is (this try's payload may
         # differ byte for byte, and the pods check its digest): replaced, unless a job of this name appeared.
-        found = ownership(call(kube.get, ref.kind, ref.name, ref.namespace), token=token, uid=remembered_uid)
+        found = whose(ref)
         if found == "ours":  # a concurrent attempt of this try created both meanwhile
             info("%s %s/%s was created by this try meanwhile; re-attaching", ref.kind, ref.namespace, ref.name)
             return ref
@@ -208,7 +209,7 @@ def create_or_reattach(
         if not e.conflict:
             raise
         # A retried create whose first attempt went through, a concurrent run of the same try, or someone else's.
-        if ownership(call(kube.get, ref.kind, ref.name, ref.namespace), token=token, uid=remembered_uid) == "ours":
+        if whose(ref) == "ours":
             info("%s %s/%s already exists; re-attaching", ref.kind, ref.namespace, ref.name)
             return ref
         call(kube.delete, "ConfigMap", name, ref.namespace)  # this try's own, which no job of it will use
