@@ -45,6 +45,21 @@ def airflow_db() -> Iterator[None]:
     yield
 
 
+#: The session fixtures that start the one local cluster and the one Airflow deployment (tests/cluster,
+#: tests/airflow_services): every test that needs one runs in the same pytest worker, so each starts once.
+_SHARED_SERVICES = frozenset({"kube_cluster", "kube_apiserver_binary", "runner_env_python", "airflow_services"})
+SERVICES_GROUP = "cluster-and-deployment"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Under pytest-xdist (``-n 2 --dist loadgroup``, scripts/test.sh), keep the tests of the shared services in one
+    group: one worker runs them, one after the other, while the other worker takes everything else. Without xdist
+    the mark does nothing."""
+    for item in items:
+        if _SHARED_SERVICES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.xdist_group(SERVICES_GROUP))
+
+
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     """Write every skip and its reason where ``TORCHELASTIC_SKIP_REPORT`` says: ``.ci/run`` fails on any skip that
     ``scripts/check_skips.py`` does not list as expected, so a tier cannot vanish from CI unnoticed."""
