@@ -30,6 +30,10 @@ os.environ.update(
     AIRFLOW__CORE__UNIT_TEST_MODE="True",
     AIRFLOW__CORE__DAGS_FOLDER=str(TEST_DAGS),
     AIRFLOW__DATABASE__SQL_ALCHEMY_CONN=f"sqlite:///{_home}/airflow.db",
+    # dag.test() runs a trigger in the worker's own process: there is no scheduler whose late processing of the
+    # deferral the hold guards against, so it would only slow the tests down. The Airflow deployment tier
+    # (tests/airflow_services, a real scheduler) keeps the default, and one test sets the hold itself.
+    AIRFLOW__TORCH_ELASTIC__EARLY_EVENT_HOLD="0",
 )
 
 if (REPO_ROOT / "tests" / "cluster" / "pytest_plugin.py").exists():
@@ -51,6 +55,7 @@ _SHARED_SERVICES = frozenset({"kube_cluster", "kube_apiserver_binary", "runner_e
 SERVICES_GROUP = "cluster-and-deployment"
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which turns the mark into the group of the test's id
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Under pytest-xdist (``-n 2 --dist loadgroup``, scripts/test.sh), keep the tests of the shared services in one
     group: one worker runs them, one after the other, while the other worker takes everything else. Without xdist
