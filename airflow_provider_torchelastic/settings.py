@@ -21,6 +21,7 @@ from airflow_provider_torchelastic.core.validation import check_image
 
 __all__ = [
     "SECTION",
+    "DEFAULT_EARLY_EVENT_HOLD",
     "DEFAULT_RESULT_MAX_BYTES",
     "EXECUTIONS",
     "ResultStorage",
@@ -35,6 +36,9 @@ SECTION: Final = "torch_elastic"
 EXECUTIONS: Final = ("kubernetes", "local")
 #: ``[torch_elastic] result_storage_max_bytes`` when unset: 1 GiB, a bound on what one read may hold in memory.
 DEFAULT_RESULT_MAX_BYTES: Final = 1 << 30
+#: ``[torch_elastic] early_event_hold`` when unset: seconds after the deferral before the trigger may fire (see
+#: :attr:`Settings.early_event_hold`).
+DEFAULT_EARLY_EVENT_HOLD: Final = 10.0
 #: The option with the image of tasks that name none themselves (env AIRFLOW__TORCH_ELASTIC__IMAGE).
 IMAGE_OPTION: Final = "image"
 
@@ -104,8 +108,9 @@ def read_execution() -> str:
     return value
 
 
-def _report_interval() -> float | None:
-    raw = _text("report_interval")
+def _seconds(option: str) -> float | None:
+    """A ``seconds >= 0`` option; None when unset."""
+    raw = _text(option)
     if not raw:
         return None
     try:
@@ -113,9 +118,7 @@ def _report_interval() -> float | None:
     except ValueError:
         value = -1.0
     if not 0 <= value < float("inf"):
-        raise AirflowFailException(
-            f"[{SECTION}] report_interval: expected seconds >= 0, got {raw!r} (env {_env('report_interval')})"
-        )
+        raise AirflowFailException(f"[{SECTION}] {option}: expected seconds >= 0, got {raw!r} (env {_env(option)})")
     return value
 
 
@@ -144,6 +147,11 @@ def _result_storage() -> ResultStorage | None:
     )
 
 
+def _early_event_hold() -> float:
+    value = _seconds("early_event_hold")
+    return DEFAULT_EARLY_EVENT_HOLD if value is None else value
+
+
 def _configured_image() -> str | None:
     try:
         return read_image()
@@ -169,6 +177,11 @@ class Settings:
     result_storage: ResultStorage | None
     #: ``report_interval``: seconds between rank 0's metrics lines; None: ``report()``'s default.
     report_interval: float | None
+    #: ``early_event_hold``: a deferred task's trigger fires no sooner than this many seconds after the deferral.
+    #: Airflow 3.3 can fail a resumed try whose trigger fired before the scheduler processed the executor's report
+    #: of the deferral (apache/airflow#67287, #72716): a job that ends within seconds of its submission would lose
+    #: its try. 0 turns the hold off (an Airflow with those fixed). Read for deferrable tasks only.
+    early_event_hold: float = DEFAULT_EARLY_EVENT_HOLD
 
     @classmethod
     def read(cls, *, execution: str | None = None, deferrable: bool | None = None) -> Settings:
@@ -187,5 +200,6 @@ class Settings:
             image=_configured_image() if execution == "kubernetes" else None,
             checkpoint_root=_text("checkpoint_root") or None,
             result_storage=_result_storage(),
-            report_interval=_report_interval(),
+            report_interval=_seconds("report_interval"),
+            early_event_hold=_early_event_hold() if deferrable else DEFAULT_EARLY_EVENT_HOLD,
         )

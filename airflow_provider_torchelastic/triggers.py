@@ -14,10 +14,12 @@ every event written before these classes existed (the format is the same).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import functools
-from collections.abc import AsyncIterator, Mapping
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Final, TypeAlias
 
@@ -34,6 +36,7 @@ __all__ = [
     "WaitFailed",
     "WatchArgs",
     "event_from_payload",
+    "event_hold",
 ]
 
 #: ``payload["status"]``: the job ended (:class:`JobEnded`), or waiting failed (:class:`WaitFailed`).
@@ -117,6 +120,11 @@ class WatchArgs:
     finish_action: str = "delete_succeeded"
     #: Seconds the job may wait for capacity (``scheduling_timeout``); None: until the deadline.
     scheduling_timeout: float | None = None
+    #: Unix time of the deferral, and the seconds after it before the event may fire (``[torch_elastic]
+    #: early_event_hold``): a trigger that fires while the scheduler has not yet processed the deferral can lose the
+    #: try (:func:`event_hold`). None (rows written before these existed): no hold.
+    deferred_at: float | None = None
+    early_event_hold: float = 0.0
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -161,6 +169,22 @@ class WatchArgs:
 
 #: The trigger's arguments: the fields of :class:`WatchArgs`, which is what a trigger row holds (``serialize()``).
 _KNOWN_ARGS: Final = frozenset(f.name for f in fields(WatchArgs))
+#: Fields added after the first release: left out of a row at their default.
+_ADDED_LATER: Final = ("deferred_at", "early_event_hold")
+_DEFAULTS: Final = {f.name: f.default for f in fields(WatchArgs) if f.name in _ADDED_LATER}
+
+
+def event_hold(deferred_at: float | None, hold: float, now: float) -> float:
+    """Seconds to hold a ready event back: until ``hold`` seconds after the deferral, never more than ``hold`` (a
+    triggerer whose clock runs behind the worker's must not wait longer).
+
+    Why: Airflow 3.3's scheduler checks an executor's report of a try against the try's state. A trigger that fired
+    before the scheduler processed the report of the deferral finds the try QUEUED or RUNNING again, and the
+    scheduler then fails it for a state mismatch (apache/airflow#67287, #72716; only SCHEDULED is guarded).
+    """
+    if deferred_at is None or hold <= 0:
+        return 0.0
+    return max(0.0, min(hold, deferred_at + hold - now))
 
 
 def _watch_args(kwargs: Mapping[str, Any]) -> WatchArgs:
@@ -214,7 +238,12 @@ class TorchElasticJobTrigger(BaseEventTrigger):
         return cls(**asdict(args))
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
-        return f"{type(self).__module__}.{type(self).__qualname__}", asdict(self.args)
+        kwargs = asdict(self.args)
+        # A row written before a field existed serializes back as it was: the field is left out at its default.
+        for name in _ADDED_LATER:
+            if kwargs[name] == _DEFAULTS[name]:
+                del kwargs[name]
+        return f"{type(self).__module__}.{type(self).__qualname__}", kwargs
 
     def _hook(self) -> Any:
         return _hook(self.args)
@@ -272,19 +301,33 @@ class TorchElasticJobTrigger(BaseEventTrigger):
                     return AsyncKube(await stack.enter_async_context(self._hook().get_conn()))
 
                 flow = wait_for_job(args.ref, args.policy)
+                hold: Callable[[float], Awaitable[None]] = asyncio.sleep
                 if updates is None:
                     decision = await drive_async(flow, await direct(), tap)
                 else:
                     source = SharedSource(updates, direct, tap)
                     sleep = functools.partial(source.sleep_until_changed, args.ref)
                     decision = await drive_async(flow, source, tap, sleep=sleep)
+                    hold = source.hold  # keeps taking the subscription's updates: a stalled subscriber overflows
+                self._finished = True
+                await self._hold_early_event(hold)
         except Exception as e:  # not reached through the wait core (e.g. no usable connection): the worker says so
             self.log.exception("Waiting for %s %s failed", args.kind, args.name)
+            await self._hold_early_event(asyncio.sleep)
             yield TriggerEvent(WaitFailed(f"{type(e).__name__}: {e}").to_payload())
             return
-        self._finished = True
         decision = dataclasses.replace(decision, metrics=tap.to_json())
         yield TriggerEvent(JobEnded(decision).to_payload())
+
+    async def _hold_early_event(self, hold: Callable[[float], Awaitable[None]]) -> None:
+        seconds = event_hold(self.args.deferred_at, self.args.early_event_hold, time.time())
+        if seconds > 0:
+            self._emit(
+                f"{self.args.kind} {self.args.name} ended within {self.args.early_event_hold:g} s of the deferral: "
+                f"holding the event {seconds:.1f} s, until the scheduler has seen the deferral ([torch_elastic] "
+                "early_event_hold)"
+            )
+            await hold(seconds)
 
     async def on_kill(self) -> None:
         """A user marked the deferred task failed or cleared it: the job must not keep the GPUs.

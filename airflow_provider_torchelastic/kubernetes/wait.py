@@ -49,6 +49,7 @@ __all__ = [
     "drive_async",
     "drive_sync",
     "stop_job",
+    "until_first_pause",
     "wait_for_job",
 ]
 
@@ -206,6 +207,24 @@ def wait_for_job(ref: JobRef, policy: WaitPolicy) -> Generator[Request, Any, Wai
                 # Wake up for a deadline rather than up to one poll interval after it.
                 pause = max(0.0, min(pause, due - snapshot.now))
         yield Sleep(pause)
+
+
+def until_first_pause(flow: Generator[Request, Any, Any]) -> Generator[Request, Any, Any]:
+    """``flow`` up to its first :class:`Sleep`: what it returns, or None when it asked to pause (it is then closed).
+
+    The operator's last look before it defers: one pass of :func:`wait_for_job`, which decides a job that has
+    already ended and otherwise leaves the waiting to the trigger.
+    """
+    answer: Any = None
+    while True:
+        try:
+            request = flow.send(answer)
+        except StopIteration as stop:
+            return stop.value
+        if isinstance(request, Sleep):
+            flow.close()
+            return None
+        answer = yield request
 
 
 def stop_job(ref: JobRef) -> Generator[Request, Any, bool]:

@@ -397,6 +397,17 @@ class SharedSource:
         snapshot: Snapshot = await direct.snapshot(ref)
         return snapshot
 
+    async def hold(self, seconds: float) -> None:
+        """Sleep ``seconds`` while still taking the subscription's updates: a subscriber that stops reading fills
+        its queue, and the triggerer fails a subscriber whose queue overflows."""
+        deadline = time.monotonic() + seconds
+        # Ticks arrive every TICK_SECONDS; a stream that fails now only shortens the hold (the decision is made).
+        with contextlib.suppress(Exception):
+            while self._direct is None and time.monotonic() < deadline:
+                await anext(self._updates)
+        if (left := deadline - time.monotonic()) > 0:
+            await asyncio.sleep(left)
+
     async def sleep_until_changed(self, ref: JobRef, seconds: float) -> None:
         """Sleep up to ``seconds``, waking up as soon as the stream reports a change of the job or its pods."""
         deadline = time.monotonic() + seconds

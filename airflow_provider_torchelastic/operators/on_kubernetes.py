@@ -9,7 +9,7 @@ from __future__ import annotations
 import datetime
 import json
 import time
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, NoReturn
 
 from airflow_provider_torchelastic.core.outcome import Verdict
 from airflow_provider_torchelastic.errors import KubeError
@@ -157,33 +157,58 @@ def execute_on_kubernetes(op: TorchElasticOperator, context: Context, payload: b
     ti.xcom_push(key=XCOM_JOB_KIND, value=ref.kind)
     ti.xcom_push(key=XCOM_MANIFESTS, value=elided)
 
-    if settings.deferrable:
-        _defer(op, kubernetes_hook, ref, context)
     from airflow_provider_torchelastic.core.tap import MetricsTap
 
     # Rank 0's metrics lines (in its pod's log) become progress lines; the tap keeps them for the job summary.
     tap = MetricsTap(op.log.info)
-    policy = WaitPolicy(
+    policy = _policy(op, context)
+    # The wait core enforces execution_timeout, deletes the job when it cannot be observed, and applies
+    # on_finish_action; anything else that ends the wait (SIGTERM, a bug) must not leave the job running.
+    try:
+        if settings.deferrable:
+            decision = _look_before_deferring(ref, policy, kube, tap)
+        else:
+            decision = drive_sync(wait_for_job(ref, policy), kube, tap)
+    except BaseException:
+        op.log.warning("Waiting for %s %s/%s was interrupted", ref.kind, ref.namespace, ref.name)
+        op._stop(ref, kube)
+        op._job = None
+        raise
+    if decision is None:
+        _defer(op, kubernetes_hook, ref, context, settings)
+    op._job = None
+    if settings.deferrable:
+        op.log.info("%s %s/%s had ended before the task deferred: finished here", ref.kind, ref.namespace, ref.name)
+    return _result_of(op, ref, decision, context, tap, settings)
+
+
+def _look_before_deferring(ref: JobRef, policy: WaitPolicy, kube: SyncKube, tap: MetricsTap) -> WaitDecision | None:
+    """One pass of the wait core before deferring: the decision when the job has already ended, else None.
+
+    A job that ended before the deferral was recorded (a fast one, or one a re-run of the same try re-attached to)
+    is finished here, in the worker: a trigger firing at once is what can lose the try (see
+    :func:`..triggers.event_hold`). The pass is the wait's own first step (its progress line, its logs, its
+    clean-up), so a job that ended is decided exactly as the trigger would have decided it.
+    """
+    from airflow_provider_torchelastic.kubernetes.wait import drive_sync, until_first_pause, wait_for_job
+
+    decision: WaitDecision | None = drive_sync(until_first_pause(wait_for_job(ref, policy)), kube, tap)
+    return decision
+
+
+def _policy(op: TorchElasticOperator, context: Context) -> WaitPolicy:
+    return WaitPolicy(
         poll_interval=op.poll_interval,
         pending_grace_seconds=op.pending_grace_seconds,
         deadline=_deadline(op, context),
         finish_action=op.on_finish_action,
         scheduling_timeout=op.scheduling_timeout,
     )
-    # Waiting here: the wait core enforces execution_timeout, deletes the job when it cannot be observed, and
-    # applies on_finish_action; anything else that ends the wait (SIGTERM, a bug) must not leave the job running.
-    try:
-        decision = drive_sync(wait_for_job(ref, policy), kube, tap)
-    except BaseException:
-        op.log.warning("Waiting for %s %s/%s was interrupted", ref.kind, ref.namespace, ref.name)
-        op._stop(ref, kube)
-        raise
-    finally:
-        op._job = None
-    return _result_of(op, ref, decision, context, tap, settings)
 
 
-def _defer(op: TorchElasticOperator, kubernetes_hook: Any, ref: JobRef, context: Context) -> None:
+def _defer(
+    op: TorchElasticOperator, kubernetes_hook: Any, ref: JobRef, context: Context, settings: Settings
+) -> NoReturn:
     from airflow_provider_torchelastic.triggers import TorchElasticJobTrigger, WatchArgs
 
     try:
@@ -201,6 +226,8 @@ def _defer(op: TorchElasticOperator, kubernetes_hook: Any, ref: JobRef, context:
         deadline=_deadline(op, context),
         finish_action=op.on_finish_action,
         scheduling_timeout=op.scheduling_timeout,
+        deferred_at=time.time(),
+        early_event_hold=settings.early_event_hold,
     )
     # The trigger enforces the deadline (and deletes the job); Airflow's own timeout is only a backstop after it.
     backstop = None

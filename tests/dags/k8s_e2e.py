@@ -182,6 +182,19 @@ with _dag("k8s_worker_crash"):
         **FAST,
     )
 
+# (j') the same, with a job that ends before the same try runs again, deferrable: the try must finish in the worker
+# (the test flips deferrable, as a worker whose configuration defers would).
+with _dag("k8s_ended_before_defer"):
+    TorchElasticOperator(
+        task_id="train",
+        python_callable=sleep_then_return,
+        op_kwargs={"seconds": 0, "value": "ended before the deferral"},
+        task_config=small(),
+        deferrable=False,
+        on_finish_action="keep",
+        **FAST,
+    )
+
 # RBAC and API faults: the cheapest task (one pod, one worker) that still takes a few seconds.
 with _dag("k8s_minimal"):
     TorchElasticOperator(

@@ -561,6 +561,68 @@ def test_worker_crash_after_creation_reattaches_within_the_same_try(
     assert cluster.workloads(dag_id)[1][0].metadata.uid == created.metadata.uid
 
 
+def test_a_job_that_ended_before_the_deferral_is_finished_in_the_worker_and_a_trigger_holds_an_early_event(
+    cluster: Cluster, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 19, item 8: a trigger that fires before the scheduler processed the deferral can lose the try, so a
+    job that has ended by the time the task would defer is decided in the worker, and a trigger holds an event
+    that is ready within ``early_event_hold`` of the deferral."""
+
+    from airflow.models.taskinstance import TaskInstance
+    from airflow.sdk.definitions.dag import _run_task
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    from airflow_provider_torchelastic.triggers import TorchElasticJobTrigger
+
+    dag_id = "k8s_ended_before_defer"
+    proc = start_dag_subprocess(dag_id, tmp_path / "worker.log")
+    try:
+        pods = wait_for(lambda: cluster.workloads(dag_id)[1], 180, "the pod")
+    finally:
+        proc.kill()  # the worker dies right after creating the job
+        proc.wait(timeout=30)
+    name = pods[0].metadata.name
+    wait_for(lambda: cluster.workloads(dag_id)[1][0].status.phase == "Succeeded", 120, "the pod to succeed")
+    with create_session() as session:
+        ti = session.scalars(select(TaskInstance).where(TaskInstance.dag_id == dag_id)).one()
+        session.expunge(ti)
+    task = load_dag(dag_id).task_dict["train"]
+    task.deferrable = True  # the same try again, on a worker that defers
+    capfd.readouterr()
+    _run_task(ti=ti, task=task, run_triggerer=True)
+    out = "".join(capfd.readouterr())
+    assert f"Pod {cluster.namespace}/{name} had ended before the task deferred: finished here" in out
+    assert "Deferring" not in out
+    result = read_run(dag_id, ti.run_id)
+    assert result.tasks == {("train", -1): ("success", 1)}
+    assert result.xcom() == {"value": "ended before the deferral", "rank": 0}
+
+    # A trigger of a job that ended already (the same, kept) holds its event until early_event_hold has passed.
+    hold = 3.0
+    trigger = TorchElasticJobTrigger(
+        kind="Pod",
+        name=name,
+        namespace=cluster.namespace,
+        kubernetes_conn_id="kubernetes_default",
+        finish_action="keep",
+        deferred_at=time.time(),
+        early_event_hold=hold,
+    )
+
+    async def first_event() -> tuple[dict[str, Any], float]:
+        started = time.monotonic()
+        async for event in trigger.run():
+            return dict(event.payload), time.monotonic() - started
+        raise AssertionError("no event")
+
+    capfd.readouterr()
+    payload, waited = asyncio.run(first_event())
+    assert payload["status"] == "done" and payload["phase"] == "succeeded", payload
+    assert waited >= hold - 0.5, f"the event came {waited:.1f} s after the deferral, before the {hold} s hold"
+    assert "holding the event" in "".join(capfd.readouterr())
+
+
 # --- RBAC and API faults ---------------------------------------------------------------------------------------------
 
 

@@ -29,6 +29,7 @@ from airflow_provider_torchelastic.triggers import (
     WaitFailed,
     WatchArgs,
     event_from_payload,
+    event_hold,
 )
 
 # What the code before typed events wrote, frozen here as it was: a trigger row (classpath and kwargs, the
@@ -145,6 +146,57 @@ def test_a_trigger_that_cannot_start_waiting_fires_wait_failed(monkeypatch: pyte
     assert event_from_payload(payload) == WaitFailed("RuntimeError: no cluster settings")
 
 
+def test_an_early_event_is_held_until_the_hold_after_the_deferral_and_never_longer() -> None:
+    assert event_hold(None, 10.0, 1000.0) == 0.0  # a row written before the hold existed
+    assert event_hold(1000.0, 0.0, 1000.0) == 0.0  # turned off
+    assert event_hold(1000.0, 10.0, 1003.0) == 7.0
+    assert event_hold(1000.0, 10.0, 1030.0) == 0.0  # a job that ran longer than the hold is not held
+    # The triggerer's clock runs a minute behind the worker's: still no more than the hold itself.
+    assert event_hold(1000.0, 10.0, 940.0) == 10.0
+
+
+def test_a_wait_failed_event_is_held_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_hook(self: TorchElasticJobTrigger) -> Any:
+        raise RuntimeError("no cluster settings")
+
+    slept: list[float] = []
+
+    async def fake_sleep(seconds: float) -> None:
+        slept.append(seconds)
+
+    monkeypatch.setattr(TorchElasticJobTrigger, "_hook", no_hook)
+    monkeypatch.setattr(asyncio, "sleep", fake_sleep)
+    now = datetime.datetime.now().timestamp()
+    trigger = TorchElasticJobTrigger(kind="Pod", name="x", namespace="ml", deferred_at=now, early_event_hold=10.0)
+
+    async def first_payload() -> dict[str, Any]:
+        async for event in trigger.run():
+            return dict(event.payload)
+        raise AssertionError("no event")
+
+    assert asyncio.run(first_payload())["status"] == "error"
+    assert len(slept) == 1 and 9.0 < slept[0] <= 10.0, slept
+
+
+def test_a_held_trigger_keeps_taking_its_shared_subscription() -> None:
+    from airflow_provider_torchelastic.kubernetes.watch import SharedSource
+
+    taken: list[int] = []
+
+    async def ticks() -> Any:
+        for i in range(1000):
+            taken.append(i)
+            await asyncio.sleep(0.01)
+            yield i
+
+    async def no_direct() -> Any:
+        raise AssertionError("a hold needs no client of its own")
+
+    source = SharedSource(ticks(), no_direct, lambda line: None)
+    asyncio.run(source.hold(0.3))
+    assert len(taken) >= 10, "a held subscriber that stops reading would fill its queue"
+
+
 # --- execute_complete reads the events of both the code before and this one -----------------------------------------
 
 
@@ -245,3 +297,19 @@ def test_the_triggerer_fails_a_row_with_an_unknown_argument_naming_it() -> None:
 
     [(trigger_id, error)] = asyncio.run(inflate())
     assert trigger_id == 1 and isinstance(error, TypeError) and "unknown argument 'bogus'" in str(error)
+
+
+def test_early_event_hold_is_read_for_deferrable_tasks_and_checked(monkeypatch: pytest.MonkeyPatch) -> None:
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from airflow_provider_torchelastic.settings import DEFAULT_EARLY_EVENT_HOLD, Settings
+
+    monkeypatch.delenv("AIRFLOW__TORCH_ELASTIC__EARLY_EVENT_HOLD", raising=False)
+    assert Settings.read(execution="kubernetes", deferrable=True).early_event_hold == DEFAULT_EARLY_EVENT_HOLD == 10
+    monkeypatch.setenv("AIRFLOW__TORCH_ELASTIC__EARLY_EVENT_HOLD", "2.5")
+    assert Settings.read(execution="kubernetes", deferrable=True).early_event_hold == 2.5
+    monkeypatch.setenv("AIRFLOW__TORCH_ELASTIC__EARLY_EVENT_HOLD", "soon")
+    with pytest.raises(AirflowFailException, match=r"\[torch_elastic\] early_event_hold: expected seconds >= 0, got"):
+        Settings.read(execution="kubernetes", deferrable=True)
+    # A task that waits in the worker never reads it: a wrong value there cannot fail it.
+    assert Settings.read(execution="kubernetes", deferrable=False).early_event_hold == DEFAULT_EARLY_EVENT_HOLD

@@ -22,7 +22,13 @@ from airflow_provider_torchelastic.kubernetes import kinds
 from airflow_provider_torchelastic.kubernetes.client import retry_sync
 from airflow_provider_torchelastic.kubernetes.render import render_manifests
 from airflow_provider_torchelastic.kubernetes.status import JobRef, Phase, Snapshot, WaitDecision, WaitPolicy
-from airflow_provider_torchelastic.kubernetes.wait import drive_async, drive_sync, stop_job, wait_for_job
+from airflow_provider_torchelastic.kubernetes.wait import (
+    drive_async,
+    drive_sync,
+    stop_job,
+    until_first_pause,
+    wait_for_job,
+)
 from tests import fake_kind
 
 T0 = 1_800_000_000.0
@@ -124,6 +130,17 @@ def test_a_failed_delete_is_reported_not_raised() -> None:
     decision, lines = run_sync(wait_for_job(POD, WaitPolicy(poll_interval=1)), source)
     assert decision.phase is Phase.FAILED
     assert any("Could not delete Pod ml/train-abc" in line and "no delete" in line for line in lines)
+
+
+def test_the_look_before_deferring_decides_an_ended_job_and_leaves_a_running_one_to_the_trigger() -> None:
+    done = pod("Succeeded", exit_code=0, message=encode_success("1"))
+    source = FakeSource([done])
+    decision, _ = run_sync(until_first_pause(wait_for_job(POD, WaitPolicy(poll_interval=1))), source)
+    assert decision.phase is Phase.SUCCEEDED and decision.verdict.result == 1
+    assert source.deleted == [POD], "on_finish_action applies as in the wait"
+    running = FakeSource([pod(), done])
+    decision, _ = run_sync(until_first_pause(wait_for_job(POD, WaitPolicy(poll_interval=1))), running)
+    assert decision is None and running.deleted == [], "a job still running is left to the trigger"
 
 
 def test_the_async_driver_makes_the_same_decisions() -> None:
