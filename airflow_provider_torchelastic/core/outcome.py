@@ -214,9 +214,11 @@ def decode_outcome(text: str | bytes | None) -> NodeOutcome | None:
     if not text:
         return None
     doc = loads_untrusted(text, max_bytes=MAX_DOCUMENT_BYTES, parse_constant=_NON_FINITE.__getitem__)
-    if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
+    # Without a boolean verdict, or a failure without its record, the document says nothing: the pod's exit code
+    # decides (a forged envelope must not turn a pod killed from outside into a permanent failure).
+    if not isinstance(doc, dict) or doc.get("schema") != SCHEMA or not isinstance(doc.get("succeeded"), bool):
         return None
-    if doc.get("succeeded") is True:
+    if doc["succeeded"]:
         ref = doc.get("result_ref")
         return NodeOutcome(
             succeeded=True,
@@ -225,7 +227,9 @@ def decode_outcome(text: str | bytes | None) -> NodeOutcome | None:
             result_ref=ref if isinstance(ref, str) and ref else None,
         )
     raw = doc.get("failure")
-    return NodeOutcome(succeeded=False, failure=_failure_from_json(raw if isinstance(raw, dict) else {}))
+    if not isinstance(raw, dict):
+        return None
+    return NodeOutcome(succeeded=False, failure=_failure_from_json(raw))
 
 
 #: A node's document is at most a termination message (4096 bytes); a local result file is written by the same

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from datetime import timedelta
 
@@ -11,6 +12,7 @@ import pendulum
 from airflow.sdk import DAG
 
 from airflow_provider_torchelastic import Elastic, TorchElasticOperator
+from airflow_provider_torchelastic.core.outcome import SCHEMA
 from tests.dag_support import record_failure
 
 START = pendulum.datetime(2026, 1, 1, tz="UTC")
@@ -67,4 +69,74 @@ with _dag("k8s_squatted_payload"):
         task_config=Elastic(nproc_per_node=1, monitor_interval=0.5),
         deferrable=False,
         **FAST,
+    )
+
+
+# --- hostile output of a pod (issue 19, item 4): what rank 0 prints, and a termination message it forges -------------
+
+
+def print_hostile_lines() -> dict:
+    """Metrics lines that are not what the wire format promises, bytes that are not UTF-8, a 3 MiB line."""
+    import os
+    import sys
+
+    for line in [
+        'TORCHELASTIC_METRICS {"last": [1]}',
+        'TORCHELASTIC_METRICS {"step": "z", "last": {"loss": "NaN", "x": {}}, "points": {"loss": [[1, "a"], 2]}}',
+        'TORCHELASTIC_METRICS {"a": ' + "[" * 5000 + "]" * 5000 + "}",
+        "TORCHELASTIC_METRICS {" + "x" * (2 * 1024 * 1024) + "}",
+    ]:
+        print(line, flush=True)
+    sys.stdout.buffer.write(b"\xff\xfe not UTF-8 \xc3\n" + b"y" * (3 * 1024 * 1024) + b"\n")
+    sys.stdout.flush()
+    return {"value": "survived its own output", "rank": int(os.environ["RANK"])}
+
+
+def forge_termination_message(message: str, print_it: bool) -> None:
+    """Write ``message`` where the runner writes the pod's outcome (or print it as the log's last line, left for
+    FallbackToLogsOnError), then kill the runner so that it cannot write the real one: the pod's termination
+    message is then whatever the training code left."""
+    import os
+    import signal
+    import time
+
+    agent = os.getppid()
+    with open(f"/proc/{agent}/cmdline", "rb") as f:
+        argv = f.read().split(b"\0")
+    path = argv[argv.index(b"--result-file") + 1].decode()
+    if print_it:
+        print(message, flush=True)
+    else:
+        with open(path, "w") as f:
+            f.write(message)
+    os.kill(agent, signal.SIGKILL)
+    time.sleep(60)
+
+
+with _dag("k8s_hostile_pod"):
+    one_pod = {"task_config": Elastic(nproc_per_node=1, monitor_interval=0.5), "deferrable": False, **FAST}
+    TorchElasticOperator(task_id="metrics", python_callable=print_hostile_lines, **one_pod)
+    TorchElasticOperator(
+        task_id="nested_message",
+        python_callable=forge_termination_message,
+        op_kwargs={"message": "[" * 999, "print_it": False},
+        **one_pod,
+    )
+    TorchElasticOperator(
+        task_id="nested_log_tail",
+        python_callable=forge_termination_message,
+        op_kwargs={"message": '{"ok": true, "result": ' + "[" * 999, "print_it": True},
+        **one_pod,
+    )
+    TorchElasticOperator(
+        task_id="forged_document",
+        python_callable=forge_termination_message,
+        # The provider's own envelope, with every field of the wrong type.
+        op_kwargs={
+            "message": json.dumps(
+                {"schema": SCHEMA, "succeeded": "no", "holds_rank0": [], "failure": {"exception": 5, "rank": "0"}}
+            ),
+            "print_it": False,
+        },
+        **one_pod,
     )

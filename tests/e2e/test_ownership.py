@@ -125,3 +125,26 @@ def test_a_payload_configmap_created_before_the_task_is_never_run(cluster: Clust
     assert result.xcom() == {"value": "the real payload", "rank": 0}
     left = cluster.get_configmap(squatter["metadata"]["name"])  # deleted with the job, or this try's own
     assert left is None or (left.metadata.annotations or {}).get(TOKEN_ANNOTATION), left
+
+
+def test_whatever_a_pod_prints_or_leaves_as_its_termination_message_the_task_ends_cleanly(
+    cluster: Cluster,  # noqa: F811
+    failure_dir: Path,  # noqa: F811
+) -> None:
+    """Issue 19, item 4, on Kubernetes: hostile metrics lines in rank 0's log, and termination messages that the
+    training code forged (nested 999 deep, in the file and as the log tail FallbackToLogsOnError takes, and the
+    provider's envelope with fields of the wrong type) give a result or a failure that names the pod, never a
+    parser's exception."""
+    result = run_dag("k8s_hostile_pod", TEST_DAGS)
+    assert result.tasks[("metrics", -1)] == ("success", 1), result
+    assert result.xcom("metrics") == {"value": "survived its own output", "rank": 0}
+    for task_id in ("nested_message", "nested_log_tail", "forged_document"):
+        assert result.tasks[(task_id, -1)] == ("failed", 1), (task_id, result)
+        failure = (failure_dir / f"k8s_hostile_pod.{task_id}.try1.txt").read_text()
+        assert failure.startswith("airflow_provider_torchelastic.operators.Training"), failure
+        job = result.xcom(task_id, key="job_name")
+        # Killed from outside, for all the pod's forged text says: a retry may help.
+        assert f"{job} exited with code 137 without a failure report" in failure, failure
+        assert "TrainingRecoverableError" in failure, failure
+        for crash in ("RecursionError", "AttributeError", "KeyError", "TypeError", "JSONDecodeError"):
+            assert crash not in failure, failure
