@@ -6,7 +6,8 @@ One word for "a retry may help": **recoverable**. Every exception the package de
     Exception
     ├── RecoverableError                (here) raised by training code: a retry of the task may help
     ├── KubeError                       (here) a Kubernetes API call failed; .status, .reason, .recoverable
-    │                                   (429, 5xx, a lost connection: repeating the call may succeed)
+    │                                   (429, 5xx, a lost connection: repeating the call may succeed) and
+    │                                   .retry_after (when the server said how long to wait first)
     ├── StreamUnavailable               (kubernetes.watch) the shared watch may not list or watch (401/403); its
     │                                   triggers poll the API on their own instead
     ├── PreflightError                  (preflight) the preflight could not start: the connection is unusable
@@ -72,13 +73,24 @@ class KubeError(Exception):
     exception; callers test ``status``/``reason``, never the message text.
     """
 
-    def __init__(self, status: int, reason: str, message: str, *, details: Mapping[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        reason: str,
+        message: str,
+        *,
+        details: Mapping[str, Any] | None = None,
+        retry_after: float | None = None,
+    ) -> None:
         super().__init__(f"{status} {reason}: {message}".strip())
         self.status = status
         self.reason = reason
         self.message = message
         #: The Kubernetes Status document's ``details`` (the group, kind and name it is about), when it had one.
         self.details: Mapping[str, Any] | None = details
+        #: Seconds the server asked the client to wait before trying again (its ``Retry-After`` header: API Priority
+        #: and Fairness sends one with a 429, an overloaded server or a proxy with a 503); None when it did not say.
+        self.retry_after = retry_after
 
     @property
     def denied_by_admission(self) -> bool:

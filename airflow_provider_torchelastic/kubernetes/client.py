@@ -1,11 +1,12 @@
 """Thin Kubernetes I/O: create, get, list, read logs, delete; sync and async twins that decide nothing.
 
 Both clients are :class:`~wait.JobSource` implementations (a direct poll of the API); which API path a kind of job
-lives at comes from its descriptor (:mod:`kinds`).
+lives at comes from its descriptor (:mod:`kinds`). The UI plugin's reads (its job and pod lists, log tails) go
+through :class:`SyncKube` too.
 
 Objects travel as the API's own JSON dicts (what :mod:`render` produces and :mod:`status` reads). API errors are
-translated once, here, into :class:`KubeError` carrying the HTTP status and the Status reason, chained ``from``
-the client's exception; callers test ``status``/``reason``, never message text.
+translated once, here, into :class:`KubeError` carrying the HTTP status, the Status reason and the server's
+``Retry-After``, chained ``from`` the client's exception; callers test ``status``/``reason``, never message text.
 
 The kubernetes clients are imported lazily: importing this module must stay cheap for the DAG parse path.
 """
@@ -13,7 +14,9 @@ The kubernetes clients are imported lazily: importing this module must stay chea
 from __future__ import annotations
 
 import asyncio
+import email.utils
 import json
+import math
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any, Final, TypeVar
@@ -34,6 +37,7 @@ T = TypeVar("T")
 
 
 def _from_api_exception(exc: Any) -> KubeError:
+    """The one translation of a client's ``ApiException`` (sync or async) into :class:`KubeError`."""
     status = int(getattr(exc, "status", 0) or 0)
     body = getattr(exc, "body", None)
     reason, message = str(getattr(exc, "reason", "") or ""), ""
@@ -46,7 +50,29 @@ def _from_api_exception(exc: Any) -> KubeError:
             details = dict(found) if isinstance(found, dict) else None
         except (ValueError, TypeError, AttributeError):
             message = str(body)[:500]
-    return KubeError(status, reason, message, details=details)
+    retry_after = _retry_after_seconds(getattr(exc, "headers", None), time.time())
+    return KubeError(status, reason, message, details=details, retry_after=retry_after)
+
+
+def _retry_after_seconds(headers: Any, now: float) -> float | None:
+    """The ``Retry-After`` header in seconds from ``now``: delay-seconds (what the API server sends) or an HTTP-date
+    (what a proxy in front of it may send); None when absent or unreadable, 0 for a moment already past.
+
+    ``headers`` is whatever mapping the client keeps them in (urllib3's ``HTTPHeaderDict``, aiohttp's
+    ``CIMultiDictProxy``, a plain dict); the name is matched without regard to case, as HTTP says.
+    """
+    found = (str(value) for key, value in (headers or {}).items() if str(key).lower() == "retry-after")
+    value = next(found, "").strip()
+    if not value:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        try:
+            seconds = email.utils.parsedate_to_datetime(value).timestamp() - now
+        except (TypeError, ValueError, IndexError):
+            return None
+    return max(0.0, seconds) if math.isfinite(seconds) else None
 
 
 # --- which API call does what: built once, without I/O, for both clients ------------------------------------------
@@ -85,13 +111,20 @@ def _delete_call(core: Any, custom: Any, kind: str, name: str, namespace: str) -
     return custom.delete_namespaced_custom_object, (*_custom_path(kind, namespace), name), {"body": body}
 
 
-def _log_call(core: Any, pod: str, namespace: str, since_seconds: int | None, tail_lines: int | None = None) -> _Call:
-    kwargs: dict[str, Any] = {"container": TRAINING_CONTAINER, "timestamps": True}
-    if since_seconds is not None:
-        kwargs["since_seconds"] = since_seconds
-    if tail_lines is not None:
-        kwargs["tail_lines"] = tail_lines
-    return core.read_namespaced_pod_log, (pod, namespace), kwargs
+def _log_call(
+    core: Any,
+    pod: str,
+    namespace: str,
+    since_seconds: int | None,
+    tail_lines: int | None = None,
+    *,
+    limit_bytes: int | None = None,
+    timestamps: bool = True,
+) -> _Call:
+    # None leaves a parameter to the server's default (for timestamps: without).
+    options = {"since_seconds": since_seconds, "tail_lines": tail_lines, "limit_bytes": limit_bytes}
+    kwargs = {name: value for name, value in {**options, "timestamps": timestamps or None}.items() if value is not None}
+    return core.read_namespaced_pod_log, (pod, namespace), {"container": TRAINING_CONTAINER, **kwargs}
 
 
 def _collection_call(core: Any, custom: Any, kind: str, namespace: str, **kwargs: Any) -> _Call:
@@ -106,14 +139,18 @@ def _list_pods_call(core: Any, namespace: str, label_selector: str) -> _Call:
 
 
 class SyncKube:
-    """Blocking calls through the ``kubernetes`` client of a cncf.kubernetes ``KubernetesHook``."""
+    """Blocking calls through the ``kubernetes`` client of a cncf.kubernetes ``KubernetesHook``.
 
-    def __init__(self, api_client: Any) -> None:
+    ``request_timeout`` (seconds) bounds each call: the UI's page views wait less than a task does.
+    """
+
+    def __init__(self, api_client: Any, *, request_timeout: float = _REQUEST_TIMEOUT) -> None:
         from kubernetes import client
 
         self._core = client.CoreV1Api(api_client)
         self._custom = client.CustomObjectsApi(api_client)
         self._api_client = api_client
+        self._request_timeout = request_timeout
 
     def _body(self, call: _Call) -> bytes:
         """The raw response body. Raw, because kubernetes 36.0.x returns the *repr* of bytes for logs otherwise
@@ -123,7 +160,7 @@ class SyncKube:
 
         fn, args, kwargs = call
         try:
-            response = fn(*args, _request_timeout=_REQUEST_TIMEOUT, _preload_content=False, **kwargs)
+            response = fn(*args, _request_timeout=self._request_timeout, _preload_content=False, **kwargs)
             return bytes(response.data)
         except ApiException as e:
             raise _from_api_exception(e) from e
@@ -149,6 +186,12 @@ class SyncKube:
         doc = _json(self._body(_list_pods_call(self._core, namespace, label_selector)))
         return list(doc.get("items", []))
 
+    def list_kind(self, kind: str, namespace: str, label_selector: str) -> list[dict[str, Any]]:
+        """Every object of ``kind`` in ``namespace`` that ``label_selector`` selects. A read of the current state
+        (no ``resourceVersion``), unlike :meth:`AsyncKube.list_objects`, which starts a watch from the cache."""
+        call = _collection_call(self._core, self._custom, kind, namespace, label_selector=label_selector)
+        return list(_json(self._body(call)).get("items") or [])
+
     def snapshot(self, ref: JobRef) -> Snapshot:
         job = self.get(ref.kind, ref.name, ref.namespace)
         kind = kinds.get(ref.kind)
@@ -157,8 +200,21 @@ class SyncKube:
         # The label found them; only the job's controller ownerReference makes them the job's.
         return Snapshot(job=job, pods=kind.controlled_pods(job, pods), now=time.time())
 
-    def read_log(self, pod: str, namespace: str, since_seconds: int | None, tail_lines: int | None = None) -> str:
-        call = _log_call(self._core, pod, namespace, since_seconds, tail_lines)
+    def read_log(
+        self,
+        pod: str,
+        namespace: str,
+        since_seconds: int | None,
+        tail_lines: int | None = None,
+        *,
+        limit_bytes: int | None = None,
+        timestamps: bool = True,
+    ) -> str:
+        """The training container's log; ``limit_bytes`` bounds what one read may cost, and ``timestamps=False``
+        leaves the lines as the container wrote them (what a person reads)."""
+        call = _log_call(
+            self._core, pod, namespace, since_seconds, tail_lines, limit_bytes=limit_bytes, timestamps=timestamps
+        )
         return self._body(call).decode("utf-8", errors="replace")
 
     def delete(self, kind: str, name: str, namespace: str) -> bool:
@@ -269,7 +325,7 @@ class AsyncKube:
             raise KubeError(0, type(e).__name__, str(e)) from e
         if not 200 <= response.status <= 299:
             error = ApiException(status=response.status, reason=response.reason)
-            error.body = body.decode("utf-8", errors="replace")
+            error.body, error.headers = body.decode("utf-8", errors="replace"), response.headers
             raise _from_api_exception(error) from error
         return bytes(body)
 
@@ -339,6 +395,7 @@ class AsyncKube:
             if not 200 <= response.status <= 299:
                 error = ApiException(status=response.status, reason=response.reason)
                 error.body = (await response.read()).decode("utf-8", errors="replace")
+                error.headers = response.headers
                 raise _from_api_exception(error) from error
             # Chunks, not readline(): aiohttp refuses lines above 64 KiB, and a job with large templates is one.
             buffer = b""
@@ -384,20 +441,36 @@ def _json(body: bytes) -> dict[str, Any]:
 
 #: Consecutive recoverable failures of one call tolerated before giving up (about 5 minutes of backoff).
 MAX_RECOVERABLE_FAILURES: Final = 12
+#: The longest wait between two tries, seconds: the backoff's ceiling, and the most of a server's ``Retry-After``
+#: honoured (a proxy's "come back in an hour" must not hold a task that long without a word).
+LONGEST_WAIT: Final = 30.0
+
+# 1, 2, 4, 8, 16, 30, 30... seconds, jittered so that many triggers do not retry in step.
+_backoff: Final = tenacity.wait_random_exponential(multiplier=1, max=LONGEST_WAIT)
+
+
+def _wait(state: tenacity.RetryCallState) -> float:
+    """How long to wait before the next try: what the server asked for (``Retry-After``), else our own backoff."""
+    error = state.outcome.exception() if state.outcome is not None else None
+    if isinstance(error, KubeError) and error.retry_after is not None:
+        # The server knows its load (API Priority and Fairness computes the 429's Retry-After): trying sooner is
+        # refused again, and waiting the full backoff when it says "1 s" leaves a task idle for nothing.
+        return min(error.retry_after, LONGEST_WAIT)
+    return float(_backoff(state))
 
 
 def _retrying(log: Callable[[str], None]) -> dict[str, Any]:
-    """tenacity settings shared by both loops: repeat only recoverable API errors, with bounded jittered backoff."""
+    """tenacity settings shared by both loops: repeat only recoverable API errors, waiting as :func:`_wait` says."""
 
     def before_sleep(state: tenacity.RetryCallState) -> None:
         error = state.outcome.exception() if state.outcome is not None else None
         delay = state.next_action.sleep if state.next_action is not None else 0.0
-        log(f"Kubernetes API error ({error}); retrying in {delay:.0f} s")
+        asked = " as the server asked" if isinstance(error, KubeError) and error.retry_after is not None else ""
+        log(f"Kubernetes API error ({error}); retrying in {delay:.0f} s{asked}")
 
     return {
         "retry": tenacity.retry_if_exception(lambda e: isinstance(e, KubeError) and e.recoverable),
-        # 1, 2, 4, 8, 16, 30, 30... seconds, jittered so that many triggers do not retry in step.
-        "wait": tenacity.wait_random_exponential(multiplier=1, max=30),
+        "wait": _wait,
         "stop": tenacity.stop_after_attempt(MAX_RECOVERABLE_FAILURES + 1),
         "before_sleep": before_sleep,
         "reraise": True,
@@ -405,7 +478,11 @@ def _retrying(log: Callable[[str], None]) -> dict[str, Any]:
 
 
 def retry_sync(call: Callable[[], T], log: Callable[[str], None], sleep: Callable[[float], None] = time.sleep) -> T:
-    """``call()``, repeated while the API answers 429/5xx or the connection fails; other errors raise at once."""
+    """``call()``, repeated while the API answers 429/5xx or the connection fails; other errors raise at once.
+
+    Between tries it waits the server's ``Retry-After`` when the answer had one (capped at :data:`LONGEST_WAIT`),
+    else a jittered exponential backoff.
+    """
     return tenacity.Retrying(sleep=sleep, **_retrying(log))(call)
 
 

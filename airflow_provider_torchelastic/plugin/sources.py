@@ -4,21 +4,23 @@ database. Decides nothing (:mod:`.views` does).
 Cost per page view is bounded whatever the number of jobs: one list per kind and one pod list per namespace, kept
 for ``LIST_TTL`` seconds and shared by every request; one log read per pod, kept for ``LOG_TTL`` seconds, only for
 the job a person opened (and for the rank-0 pod of the running jobs of one list page, for their sparklines).
+Every Kubernetes read goes through :class:`~airflow_provider_torchelastic.kubernetes.client.SyncKube`, the
+provider's one client and error boundary (no retries: a page view shows what it got, and the next one reads again).
 The kubernetes client and Airflow's ORM are imported on first use, never when the plugin is loaded.
 """
 
 from __future__ import annotations
 
-import json
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from airflow_provider_torchelastic.core.naming import LABEL_MANAGED_BY, MANAGED_BY, TRAINING_CONTAINER
+from airflow_provider_torchelastic.core.naming import LABEL_MANAGED_BY, MANAGED_BY
 from airflow_provider_torchelastic.errors import KubeError
 from airflow_provider_torchelastic.kubernetes import kinds
+from airflow_provider_torchelastic.kubernetes.client import SyncKube
 from airflow_provider_torchelastic.plugin.views import SUMMARY_XCOM_KEY, Identity, LiveJob, group_live_jobs
 
 __all__ = ["KubeJobs", "Summaries", "SummaryQuery", "active_job_namespaces"]
@@ -34,6 +36,7 @@ LOG_TAIL_BYTES: Final = 64 * 1024
 LOG_PODS: Final = 8
 #: The most summaries one request reads from the database (a bound on a page's database cost).
 MAX_SUMMARIES: Final = 500
+#: Seconds one API call of a page view may take (a task's calls may take longer).
 _REQUEST_TIMEOUT: Final = 30
 _MANAGED: Final = f"{LABEL_MANAGED_BY}={MANAGED_BY}"
 
@@ -51,55 +54,38 @@ class KubeJobs:
         self.conn_id = conn_id
         self._clock = clock
         self._lock = threading.Lock()
-        self._api_client: Any = None
+        self._kube_client: SyncKube | None = None
         self._default_namespace: str | None = None
         self._listings: dict[str, _Listing] = {}
         self._logs: dict[tuple[str, str], tuple[float, str]] = {}
         #: API calls made (lists and log reads), for tests and for the bound above.
         self.calls = 0
 
-    def _client(self) -> Any:
-        if self._api_client is None:
+    def _kube(self) -> SyncKube:
+        if self._kube_client is None:
             from airflow.providers.cncf.kubernetes.hooks.kubernetes import KubernetesHook
 
             hook = KubernetesHook(conn_id=self.conn_id)
-            self._api_client = hook.get_conn()
+            self._kube_client = SyncKube(hook.get_conn(), request_timeout=_REQUEST_TIMEOUT)
             self._default_namespace = hook.get_namespace() or "default"
-        return self._api_client
+        return self._kube_client
 
     @property
     def default_namespace(self) -> str:
-        self._client()
+        self._kube()
         return self._default_namespace or "default"
 
-    def _get(self, path: str, query: Mapping[str, Any]) -> bytes:
-        from kubernetes.client.exceptions import ApiException
-        from urllib3.exceptions import HTTPError
-
-        client = self._client()
-        self.calls += 1
-        try:
-            response = client.call_api(
-                path,
-                "GET",
-                query_params=list(query.items()),
-                header_params={"Accept": "application/json, */*"},
-                auth_settings=["BearerToken"],
-                _preload_content=False,
-                _request_timeout=_REQUEST_TIMEOUT,
-            )
-        except ApiException as e:
-            raise KubeError(int(e.status or 0), str(e.reason or ""), str(e.body or "")[:300]) from e
-        except (HTTPError, OSError) as e:
-            raise KubeError(0, type(e).__name__, str(e)) from e
-        data = response[0].data if isinstance(response, tuple) else response.data
-        return bytes(data)
-
     def _list(self, kind: str, namespace: str) -> list[dict[str, Any]]:
-        descriptor = kinds.get(kind)
-        base = f"/apis/{descriptor.group}/{descriptor.version}" if descriptor.group else f"/api/{descriptor.version}"
-        doc = json.loads(self._get(f"{base}/namespaces/{namespace}/{descriptor.plural}", {"labelSelector": _MANAGED}))
-        return list(doc.get("items") or [])
+        kube = self._kube()
+        self.calls += 1
+        return kube.list_kind(kind, namespace, _MANAGED)
+
+    def read_log_tail(self, namespace: str, pod: str) -> str:
+        """The last lines of the pod's training container log, read now; raises :class:`KubeError`."""
+        kube = self._kube()
+        self.calls += 1
+        # Without timestamps: the page shows the lines as the container wrote them.
+        return kube.read_log(pod, namespace, None, LOG_TAIL_LINES, limit_bytes=LOG_TAIL_BYTES, timestamps=False)
 
     def jobs(self, namespace: str) -> tuple[LiveJob, ...]:
         """The namespace's jobs with their pods: one list per kind plus one pod list, cached ``LIST_TTL`` seconds.
@@ -142,11 +128,7 @@ class KubeJobs:
             if cached is not None and self._clock() - cached[0] < LOG_TTL:
                 return cached[1]
         try:
-            body = self._get(
-                f"/api/v1/namespaces/{namespace}/pods/{pod}/log",
-                {"container": TRAINING_CONTAINER, "tailLines": LOG_TAIL_LINES, "limitBytes": LOG_TAIL_BYTES},
-            )
-            text = body.decode("utf-8", errors="replace")
+            text = self.read_log_tail(namespace, pod)
         except KubeError:
             # A pod still starting (or deleted meanwhile) has no log yet: show none rather than fail the page.
             text = ""

@@ -83,7 +83,7 @@ def test_the_documented_read_only_role_is_enough_for_the_pages(kube_cluster, mon
                     time.sleep(0.2)
             # pods/log is granted: a pod that does not exist is a 404, not a 403.
             with pytest.raises(KubeError) as missing:
-                KubeJobs(conn_id)._get(f"/api/v1/namespaces/{namespace}/pods/no-such-pod/log", {})
+                KubeJobs(conn_id).read_log_tail(namespace, "no-such-pod")
             assert missing.value.status == 404
         finally:
             rbac.delete_namespaced_role_binding(name, namespace)

@@ -200,3 +200,76 @@ def test_a_live_job_that_kubernetes_cannot_give_is_an_unavailable_error_not_a_cr
     service = JobsService(KubeJobs("torch_elastic_no_such_connection"), NoSummaries())  # type: ignore[arg-type]
     with pytest.raises(KubernetesUnavailable, match="torch_elastic_no_such_connection"):
         service.job("ml", "some-job", lambda dag_id: True)
+
+
+# --- the pages' Kubernetes reads go through the provider's one client ----------------------------------------------
+
+
+def _ui_connection(monkeypatch: pytest.MonkeyPatch, kubeconfig: Any, namespace: str = "ml") -> str:
+    import json
+
+    conn_id = "torch_elastic_ui_fake_api"
+    extra = {"kube_config_path": str(kubeconfig), "namespace": namespace}
+    monkeypatch.setenv(f"AIRFLOW_CONN_{conn_id.upper()}", json.dumps({"conn_type": "kubernetes", "extra": extra}))
+    return conn_id
+
+
+def test_the_pages_list_jobs_and_read_log_tails_through_the_providers_client(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One pod list and one list per kind (the managed-by label), a log tail bounded in lines and bytes and without
+    timestamps, and a kind whose API is not served (404, the API server's plain-text answer) listing no jobs."""
+    from airflow_provider_torchelastic.plugin import sources
+    from airflow_provider_torchelastic.plugin.sources import KubeJobs
+    from tests.unit.fake_kube_api import Answer, fake_api, items
+
+    live = _live_pytorchjob()
+    pods_path, jobs_path = "/api/v1/namespaces/ml/pods", "/apis/kubeflow.org/v1/namespaces/ml/pytorchjobs"
+    pod = live.pods[0]["metadata"]["name"]
+
+    def answer(method: str, path: str, query: Any) -> Answer:
+        if path == pods_path:
+            return items(*live.pods)
+        if path == jobs_path:
+            return items(live.obj)
+        if path == f"{pods_path}/{pod}/log":
+            return Answer(200, b"[rank0]:hello\n", {"Content-Type": "text/plain"})
+        return Answer(404, b"404 page not found\n", {"Content-Type": "text/plain"})
+
+    with fake_api(answer) as api:
+        kube = KubeJobs(_ui_connection(monkeypatch, api.kubeconfig(tmp_path)))
+        assert kube.default_namespace == "ml"
+        [job] = kube.jobs("ml")
+        assert (job.kind, job.name, len(job.pods)) == ("PyTorchJob", live.name, 2)
+        assert kube.calls == len(sources._kinds())
+        assert kube.log_tail("ml", pod) == "[rank0]:hello\n"
+        assert kube.log_tail("ml", "gone") == ""  # a 404: no log yet, not a failed page
+    selector = {"labelSelector": "app.kubernetes.io/managed-by=airflow-provider-torchelastic"}
+    lists = [request for request in api.requests if not request.path.endswith("/log")]
+    assert {request.path for request in lists} >= {pods_path, jobs_path}
+    assert all(request.query == selector for request in lists), lists
+    [log] = [request for request in api.requests if request.path == f"{pods_path}/{pod}/log"]
+    assert log.query == {
+        "container": "pytorch",
+        "tailLines": str(sources.LOG_TAIL_LINES),
+        "limitBytes": str(sources.LOG_TAIL_BYTES),
+    }
+
+
+def test_an_api_refusal_reaches_the_pages_as_the_clients_kube_error(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Translated once, by kubernetes.client's boundary: the status and the Status reason, not the raw body."""
+    from airflow_provider_torchelastic.errors import KubeError
+    from airflow_provider_torchelastic.plugin.sources import KubeJobs
+    from tests.unit.fake_kube_api import Answer, fake_api, status_answer
+
+    def answer(method: str, path: str, query: Any) -> Answer:
+        return status_answer(403, "Forbidden", 'pods is forbidden: User "u" cannot list resource "pods"')
+
+    with fake_api(answer) as api:
+        kube = KubeJobs(_ui_connection(monkeypatch, api.kubeconfig(tmp_path)))
+        with pytest.raises(KubeError) as refused:
+            kube.jobs("ml")
+    assert (refused.value.status, refused.value.reason, kube.calls) == (403, "Forbidden", 1)
+    assert refused.value.__cause__ is not None  # chained from the kubernetes client's ApiException
