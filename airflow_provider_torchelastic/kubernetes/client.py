@@ -450,13 +450,16 @@ _backoff: Final = tenacity.wait_random_exponential(multiplier=1, max=LONGEST_WAI
 
 
 def _wait(state: tenacity.RetryCallState) -> float:
-    """How long to wait before the next try: what the server asked for (``Retry-After``), else our own backoff."""
+    """How long to wait before the next try: our own backoff, and never sooner than the server asked for
+    (``Retry-After``, capped at :data:`LONGEST_WAIT`)."""
     error = state.outcome.exception() if state.outcome is not None else None
+    backoff = float(_backoff(state))
     if isinstance(error, KubeError) and error.retry_after is not None:
         # The server knows its load (API Priority and Fairness computes the 429's Retry-After): trying sooner is
-        # refused again, and waiting the full backoff when it says "1 s" leaves a task idle for nothing.
-        return min(error.retry_after, LONGEST_WAIT)
-    return float(_backoff(state))
+        # refused again. Not shorter than the backoff either: the API server says "1 s" to every throttled request,
+        # and the retries would then give up after a dozen seconds of throttling instead of minutes.
+        return max(min(error.retry_after, LONGEST_WAIT), backoff)
+    return backoff
 
 
 def _retrying(log: Callable[[str], None]) -> dict[str, Any]:
