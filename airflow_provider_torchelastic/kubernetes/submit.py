@@ -26,16 +26,19 @@ if TYPE_CHECKING:
 __all__ = [
     "CLUSTER_SOURCES",
     "TOKEN_ANNOTATION",
+    "EarlierTry",
     "Refusal",
     "RememberedTry",
     "chosen_cluster_sources",
     "create_or_reattach",
+    "earlier_try",
     "new_token",
     "ownership",
     "refusal",
     "remembered_job",
     "remembered_try",
     "state_record",
+    "stop_earlier_try",
     "warn_if_it_may_queue_forever",
     "with_token",
 ]
@@ -84,6 +87,50 @@ def remembered_try(saved: object, try_number: int) -> RememberedTry | None:
         return None
     ref = JobRef(kind=str(saved["kind"]), name=str(saved["name"]), namespace=str(saved["namespace"]))
     return RememberedTry(ref=ref, token=token, uid=uid if isinstance(uid, str) and uid else None)
+
+
+@dataclass(frozen=True, kw_only=True)
+class EarlierTry:
+    """An earlier try's record in the state store (the store's rows are shared by every try of a task instance)."""
+
+    try_number: int
+    remembered: RememberedTry
+
+
+def earlier_try(saved: object, try_number: int) -> EarlierTry | None:
+    """The record of a try before ``try_number`` (with its token: nothing else can be proven that try's), else None."""
+    if not isinstance(saved, dict):
+        return None
+    earlier = saved.get("try_number")
+    if not isinstance(earlier, int) or isinstance(earlier, bool) or not 0 <= earlier < try_number:
+        return None
+    remembered = remembered_try(saved, earlier)
+    return EarlierTry(try_number=earlier, remembered=remembered) if remembered is not None else None
+
+
+def stop_earlier_try(kube: SyncKube, earlier: EarlierTry, *, info: Log, warning: Log) -> bool:
+    """Delete the job an earlier try of this task instance created, if it still runs; whether it was deleted.
+
+    A new try means the earlier one is over (Airflow runs one try at a time), yet its job can outlive it: a worker
+    killed while it waited (SIGKILL, a lost node), or a deferred try that was cleared before a triggerer picked its
+    trigger up (Airflow then deletes the trigger row, and nothing calls ``on_kill``). Only that try's own job is
+    touched (its token or its recorded uid); a finished one stays as ``on_finish_action`` left it.
+    """
+    from airflow_provider_torchelastic.kubernetes.client import retry_sync
+
+    ref, token, uid = earlier.remembered.ref, earlier.remembered.token, earlier.remembered.uid
+    job = retry_sync(functools.partial(kube.get, ref.kind, ref.name, ref.namespace), warning)
+    if job is None or ownership(job, token=token, uid=uid) != "ours" or kinds.get(ref.kind).is_finished(job):
+        return False
+    info(
+        "%s %s/%s of try %d is still running, but its try is over: deleting it",
+        ref.kind,
+        ref.namespace,
+        ref.name,
+        earlier.try_number,
+    )
+    retry_sync(functools.partial(kube.delete_job, ref), warning)
+    return True
 
 
 def remembered_job(saved: object, try_number: int) -> JobRef | None:

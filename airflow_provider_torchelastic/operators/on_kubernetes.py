@@ -91,8 +91,15 @@ def _submit(
     """
     store = context.get("task_state_store")
     try_number = context["ti"].try_number
-    remembered = submit.remembered_try(store.get(STATE_KEY) if store is not None else None, try_number)
+    saved = store.get(STATE_KEY) if store is not None else None
+    remembered = submit.remembered_try(saved, try_number)
     token = remembered.token if remembered is not None else submit.new_token()
+    earlier = submit.earlier_try(saved, try_number)
+    if earlier is not None:
+        try:
+            submit.stop_earlier_try(kube, earlier, info=op.log.info, warning=op.log.warning)
+        except KubeError as e:  # this try's own job matters more: say so, and go on
+            op.log.warning("Could not stop the job of try %d: %s", earlier.try_number, e)
 
     remember = None
     if store is not None:

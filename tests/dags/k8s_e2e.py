@@ -195,6 +195,29 @@ with _dag("k8s_ended_before_defer"):
         **FAST,
     )
 
+
+def sleep_on_the_first_try(value: str) -> dict:
+    """Outlives any test on try 1 (its worker is killed meanwhile); returns at once on the next."""
+    import time
+
+    from airflow_provider_torchelastic import context
+
+    if context.current().try_number == 1:
+        time.sleep(600)
+    return {"value": value, "rank": int(os.environ["RANK"])}
+
+
+# (j'') the worker dies while it waits for try 1's job; the next try must not leave that job running.
+with _dag("k8s_worker_lost", retries=1):
+    TorchElasticOperator(
+        task_id="train",
+        python_callable=sleep_on_the_first_try,
+        op_kwargs={"value": "try 2"},
+        task_config=small(),
+        deferrable=False,
+        **FAST,
+    )
+
 # RBAC and API faults: the cheapest task (one pod, one worker) that still takes a few seconds.
 with _dag("k8s_minimal"):
     TorchElasticOperator(

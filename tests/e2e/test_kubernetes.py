@@ -623,6 +623,46 @@ def test_a_job_that_ended_before_the_deferral_is_finished_in_the_worker_and_a_tr
     assert "holding the event" in "".join(capfd.readouterr())
 
 
+def test_the_next_try_deletes_the_job_that_a_killed_worker_left_running(
+    cluster: Cluster, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 19, item 7: a worker killed with -9 while it waits leaves try 1's job running (nothing of the try is
+    left to stop it); the next try of the task instance, which finds try 1's record in the task state store, deletes
+    it before it creates its own."""
+    from airflow.models.taskinstance import TaskInstance
+    from airflow.sdk.definitions.dag import _run_task
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    dag_id = "k8s_worker_lost"
+    proc = start_dag_subprocess(dag_id, tmp_path / "worker.log")
+    try:
+        wait_for(
+            lambda: (pods := cluster.workloads(dag_id)[1]) and pods[0].status.phase == "Running", 180, "try 1's pod"
+        )
+    finally:
+        proc.kill()  # SIGKILL: the worker cannot delete its job on the way out
+        proc.wait(timeout=30)
+    first = cluster.workloads(dag_id)[1][0]
+    time.sleep(2)
+    assert cluster.get_pod(first.metadata.name) is not None, "try 1's job outlives its worker"
+    # What the scheduler does once it finds the worker gone: the task instance gets its next try.
+    with create_session() as session:
+        ti = session.scalars(select(TaskInstance).where(TaskInstance.dag_id == dag_id)).one()
+        ti.try_number, ti.state = 2, "scheduled"
+        session.commit()
+        session.refresh(ti)
+        session.expunge(ti)
+    capfd.readouterr()
+    _run_task(ti=ti, task=load_dag(dag_id).task_dict["train"], run_triggerer=True)
+    out = "".join(capfd.readouterr())
+    assert f"Pod {cluster.namespace}/{first.metadata.name} of try 1 is still running, but its try is over" in out
+    result = read_run(dag_id, ti.run_id)
+    assert result.tasks == {("train", -1): ("success", 2)}
+    assert result.xcom() == {"value": "try 2", "rank": 0}
+    wait_for(lambda: cluster.get_pod(first.metadata.name) is None, 60, "try 1's pod to be deleted")
+
+
 # --- RBAC and API faults ---------------------------------------------------------------------------------------------
 
 

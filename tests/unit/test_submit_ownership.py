@@ -179,3 +179,50 @@ def test_a_job_created_by_someone_else_meanwhile_is_refused() -> None:
     assert isinstance(answer, submit.Refusal) and "PyTorchJob ml/te-job" in answer.message
     assert ("ConfigMap", "te-job-payload") not in kube.objects  # this try's own payload is not left behind
     assert kube.objects[("PyTorchJob", "te-job")]["metadata"]["annotations"][submit.TOKEN_ANNOTATION] == "b" * 32
+
+
+# --- a new try stops the job an earlier try left running (issue 19, item 7) ------------------------------------------
+
+
+class KubeWithJobs(FakeKube):
+    def delete_job(self, ref: JobRef) -> bool:
+        existed = self.delete(ref.kind, ref.name, ref.namespace)
+        self.delete("ConfigMap", f"{ref.name}-payload", ref.namespace)
+        return existed
+
+
+def finished(job: dict[str, Any]) -> dict[str, Any]:
+    return {**job, "status": {"conditions": [{"type": "Succeeded", "status": "True"}]}}
+
+
+def test_only_an_earlier_tries_record_with_a_token_names_an_earlier_try() -> None:
+    record = submit.state_record(REF, 1, token=TOKEN, uid="u-1")
+    earlier = submit.earlier_try(record, 2)
+    assert earlier == submit.EarlierTry(try_number=1, remembered=submit.RememberedTry(ref=REF, token=TOKEN, uid="u-1"))
+    assert submit.earlier_try(record, 1) is None, "the same try re-attaches, it does not stop its own job"
+    assert submit.earlier_try(submit.state_record(REF, 3, token=TOKEN), 2) is None
+    assert submit.earlier_try({**record, "token": None}, 2) is None
+    assert submit.earlier_try({**record, "try_number": True}, 2) is None
+    assert submit.earlier_try("garbage", 2) is None
+
+
+@pytest.mark.parametrize(
+    ("job", "deleted"),
+    [
+        (obj("PyTorchJob", "te-job", token=TOKEN, uid="u-1"), True),
+        (obj("PyTorchJob", "te-job", uid="u-1"), True),  # its recorded uid is enough
+        (finished(obj("PyTorchJob", "te-job", token=TOKEN, uid="u-1")), False),  # kept by on_finish_action
+        (obj("PyTorchJob", "te-job", token="b" * 32, uid="u-2"), False),  # someone else's of that name
+        (None, False),
+    ],
+)
+def test_a_new_try_deletes_the_earlier_tries_job_only_while_it_runs_and_only_if_it_is_that_tries(
+    job: dict[str, Any] | None, deleted: bool
+) -> None:
+    kube = KubeWithJobs(*([job] if job is not None else []))
+    earlier = submit.earlier_try(submit.state_record(REF, 1, token=TOKEN, uid="u-1"), 2)
+    assert earlier is not None
+    lines: list[str] = []
+    assert submit.stop_earlier_try(kube, earlier, info=lambda *a: lines.append(a[0] % a[1:]), warning=print) is deleted
+    assert (("delete", "PyTorchJob", "te-job") in kube.calls) is deleted
+    assert any("of try 1 is still running, but its try is over" in line for line in lines) is deleted
