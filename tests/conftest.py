@@ -75,7 +75,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """Under pytest-xdist (``-n 2 --dist loadgroup``, scripts/test.sh), keep the tests of the shared services in one
     group: one worker runs them, one after the other, while the other worker takes everything else. Without xdist
     this does nothing."""
-    if not config.getvalue("loadgroup"):
+    if not getattr(config.option, "loadgroup", False):  # set on xdist workers only
         return
     for item in items:
         if _SHARED_SERVICES.intersection(getattr(item, "fixturenames", ())):

@@ -29,7 +29,7 @@ from airflow_provider_torchelastic.kubernetes import kinds
 from airflow_provider_torchelastic.kubernetes.pod_template import payload_configmap_name
 from airflow_provider_torchelastic.kubernetes.status import JobRef, Snapshot
 
-__all__ = ["AsyncKube", "KubeError", "SyncKube", "retry_async", "retry_sync"]
+__all__ = ["AsyncKube", "KubeError", "SyncKube", "retry_async", "retry_sync", "sync_kube_from_config"]
 
 _REQUEST_TIMEOUT: Final = 60  # seconds: a half-open connection must not hang a poll forever
 
@@ -136,6 +136,19 @@ def _collection_call(core: Any, custom: Any, kind: str, namespace: str, **kwargs
 
 def _list_pods_call(core: Any, namespace: str, label_selector: str) -> _Call:
     return core.list_namespaced_pod, (namespace,), {"label_selector": label_selector}
+
+
+def sync_kube_from_config(kubeconfig: str | None = None, context: str | None = None) -> SyncKube:
+    """A client outside Airflow (the sweep's command line): ``kubeconfig``, else in-cluster, else ~/.kube/config."""
+    from kubernetes import client, config
+
+    if kubeconfig is None and context is None:
+        try:
+            config.load_incluster_config()
+            return SyncKube(client.ApiClient())
+        except config.ConfigException:
+            pass
+    return SyncKube(config.new_client_from_config(config_file=kubeconfig, context=context))
 
 
 class SyncKube:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Final, NoReturn
 
 from airflow_provider_torchelastic.core.outcome import Verdict
 from airflow_provider_torchelastic.errors import KubeError
-from airflow_provider_torchelastic.kubernetes import submit
+from airflow_provider_torchelastic.kubernetes import submit, sweep
 from airflow_provider_torchelastic.kubernetes.render import elide_payload, summarize_for_ui, task_context_for
 from airflow_provider_torchelastic.kubernetes.status import JobRef, WaitDecision, WaitPolicy
 from airflow_provider_torchelastic.operators import results
@@ -100,6 +100,14 @@ def _submit(
             submit.stop_earlier_try(kube, earlier, info=op.log.info, warning=op.log.warning)
         except KubeError as e:  # this try's own job matters more: say so, and go on
             op.log.warning("Could not stop the job of try %d: %s", earlier.try_number, e)
+
+    # The backstop for jobs that outlived their try (sweep's docstring says why this one): this try's job carries
+    # its deadline, and each submission deletes the namespace's jobs that still run well past theirs.
+    workload = sweep.with_deadline(workload, _deadline(op, context))
+    try:
+        sweep.sweep_namespace(kube, ref.namespace, info=op.log.info, warning=op.log.warning)
+    except KubeError as e:  # a Role without list, say: this try's own job matters more
+        op.log.warning("Could not sweep %s for jobs past their task's deadline: %s", ref.namespace, e)
 
     remember = None
     if store is not None:

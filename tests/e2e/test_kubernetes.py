@@ -663,6 +663,62 @@ def test_the_next_try_deletes_the_job_that_a_killed_worker_left_running(
     wait_for(lambda: cluster.get_pod(first.metadata.name) is None, 60, "try 1's pod to be deleted")
 
 
+def _sleeping_pod(name: str, labels: dict[str, str], *, done: bool = False) -> dict[str, Any]:
+    command = ["python", "-c", "pass" if done else "import time; time.sleep(600)"]
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": labels},
+        "spec": {"restartPolicy": "Never", "containers": [{"name": "pytorch", "image": "x:1", "command": command}]},
+    }
+
+
+def test_jobs_running_past_their_tasks_deadline_are_swept_by_the_next_submission_and_the_command_line(
+    cluster: Cluster, kube_cluster, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 19, item 7: the backstop for a job whose task instance is over without anyone left to delete it (a
+    deferred try marked failed before a triggerer picked it up, say). Decided from the job alone: the next task that
+    submits in the namespace deletes it, and so does the command line, which needs no Airflow process."""
+    from airflow_provider_torchelastic.core.naming import LABEL_MANAGED_BY, MANAGED_BY
+    from airflow_provider_torchelastic.kubernetes.sweep import GRACE_SECONDS, NOT_AFTER_LABEL
+
+    managed = {LABEL_MANAGED_BY: MANAGED_BY}
+    long_ago = str(int(time.time() - GRACE_SECONDS - 600))
+    soon = str(int(time.time() + 3600))
+    pods = {
+        "overdue": _sleeping_pod("overdue", {**managed, NOT_AFTER_LABEL: long_ago}),
+        "within": _sleeping_pod("within", {**managed, NOT_AFTER_LABEL: soon}),
+        "finished": _sleeping_pod("finished", {**managed, NOT_AFTER_LABEL: long_ago}, done=True),
+        "not-ours": _sleeping_pod("not-ours", {NOT_AFTER_LABEL: long_ago}),
+    }
+    for pod in pods.values():
+        cluster.core.create_namespaced_pod(cluster.namespace, pod)
+    wait_for(lambda: (pod := cluster.get_pod("finished")) and pod.status.phase == "Succeeded", 120, "a finished pod")
+    capfd.readouterr()
+    result = run_dag("k8s_minimal")
+    assert result.state == "success", result
+    out = "".join(capfd.readouterr())
+    assert f"Pod {cluster.namespace}/overdue is still running" in out and "past its task's deadline" in out, out
+    wait_for(lambda: cluster.get_pod("overdue") is None, 60, "the overdue pod to be deleted")
+    assert all(cluster.get_pod(name) is not None for name in ("within", "finished", "not-ours"))
+
+    # The command line, as a CronJob would run it: in a process that imports no Airflow.
+    cluster.core.create_namespaced_pod(cluster.namespace, _sleeping_pod("late", {**managed, NOT_AFTER_LABEL: long_ago}))
+    check = (
+        "import sys\n"
+        "from airflow_provider_torchelastic.kubernetes import sweep\n"
+        "code = sweep.main(sys.argv[1:])\n"
+        "assert not [m for m in sys.modules if m == 'airflow' or m.startswith('airflow.')], 'imported Airflow'\n"
+        "sys.exit(code)\n"
+    )
+    argv = [sys.executable, "-c", check, "--kubeconfig", str(kube_cluster.kubeconfig), "--namespace", cluster.namespace]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": ""})
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"Pod {cluster.namespace}/late is still running" in done.stdout and "1 job(s) deleted" in done.stdout
+    wait_for(lambda: cluster.get_pod("late") is None, 60, "the late pod to be deleted")
+    assert all(cluster.get_pod(name) is not None for name in ("within", "finished", "not-ours"))
+
+
 # --- RBAC and API faults ---------------------------------------------------------------------------------------------
 
 
