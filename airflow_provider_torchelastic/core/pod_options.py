@@ -113,6 +113,12 @@ class PodOptions:
     volumes: Sequence[Any] = ()
     volume_mounts: Sequence[Any] = ()
     service_account_name: str | None = None
+    #: Whether the pods mount their service account's API token. None (the default): not mounted unless a service
+    #: account is named (here or as the pod template's ``serviceAccountName``; that account's own
+    #: ``automountServiceAccountToken`` then decides) or the pod template sets ``automountServiceAccountToken``.
+    #: Training code rarely calls the Kubernetes API, and the namespace's ``default`` account's token would only
+    #: widen what code running in a pod can do. True or False: set on every pod, whatever the account.
+    automount_service_account_token: bool | None = None
     #: Labels on every object the task creates (job, pods, ConfigMap), e.g. ``{"kueue.x-k8s.io/queue-name": "q"}``.
     labels: Mapping[str, str] = field(default_factory=dict)
     annotations: Mapping[str, str] = field(default_factory=dict)
@@ -127,6 +133,9 @@ class PodOptions:
         owner = "PodOptions"
         if self.image_pull_policy is not None and self.image_pull_policy not in IMAGE_PULL_POLICIES:
             raise fail(owner, "image_pull_policy", self.image_pull_policy, "one of 'Always', 'IfNotPresent', 'Never'")
+        automount = self.automount_service_account_token
+        if automount is not None and not isinstance(automount, bool):
+            raise fail(owner, "automount_service_account_token", automount, "True, False or None", TypeError)
         normalized: dict[str, Any] = {
             "image_pull_secrets": check_pull_secrets(owner, self.image_pull_secrets),
             "env": check_env(owner, self.env),

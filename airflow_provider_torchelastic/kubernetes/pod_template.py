@@ -59,6 +59,7 @@ RESULT_FILE: Final = "/dev/termination-log"
 MAX_RESULT_BYTES: Final = 4096
 SHM_VOLUME: Final = "dshm"
 SHM_PATH: Final = "/dev/shm"
+AUTOMOUNT_TOKEN: Final = "automountServiceAccountToken"
 
 #: The API server rejects a ConfigMap whose keys and values together exceed 1 MiB (``MaxConfigMapSize``).
 MAX_CONFIGMAP_BYTES: Final = 1024 * 1024
@@ -312,9 +313,29 @@ def render_pod_template(settings: PodSettings) -> JsonDict:
         set_field(f"{where}.spec", spec, "serviceAccountName", options.service_account_name, "PodOptions")
     if options.priority_class_name is not None:
         set_field(f"{where}.spec", spec, "priorityClassName", options.priority_class_name, "PodOptions")
+    _set_token_automount(where, spec, options)
     if not metadata:
         del template["metadata"]
     return template
+
+
+def _set_token_automount(where: str, spec: JsonDict, options: PodOptions) -> None:
+    """No service account token in the pods unless the user asked for one.
+
+    Without ``automountServiceAccountToken`` every pod gets a token of the namespace's ``default`` account, and with
+    it whatever that account was granted, which training code does not need and code that reaches a pod can use.
+    Where the user named a service account, that account's own ``automountServiceAccountToken`` decides; an explicit
+    choice (``PodOptions.automount_service_account_token``, or the field in the pod template) is kept.
+    """
+    swhere = f"{where}.spec"
+    if AUTOMOUNT_TOKEN in spec and not isinstance(spec[AUTOMOUNT_TOKEN], bool):
+        raise invalid(f"{swhere}.{AUTOMOUNT_TOKEN}", spec[AUTOMOUNT_TOKEN], "true or false")
+    chosen = options.automount_service_account_token
+    if chosen is not None:
+        set_field(swhere, spec, AUTOMOUNT_TOKEN, chosen, "PodOptions.automount_service_account_token")
+    # serviceAccount is the deprecated spelling of serviceAccountName; the API server still honours it.
+    elif AUTOMOUNT_TOKEN not in spec and not (spec.get("serviceAccountName") or spec.get("serviceAccount")):
+        spec[AUTOMOUNT_TOKEN] = False
 
 
 # -------------------------------------------------------------------------------------------------------- renderers

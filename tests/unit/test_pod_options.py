@@ -109,6 +109,9 @@ def test_gpu_quantities_are_normalized_to_strings() -> None:
         ({"volume_mounts": [{"name": "a", "mountPath": "rel"}]}, ValueError, "mountPath"),
         ({"volume_mounts": [{"name": "a", "mountPath": "/a", "readonly": True}]}, ValueError, "readonly"),
         ({"service_account_name": "Trainer"}, ValueError, "service_account_name"),
+        # "false" is truthy: a string here would mount the token its author meant to keep out
+        ({"automount_service_account_token": "false"}, TypeError, r"automount_service_account_token.*'false'"),
+        ({"automount_service_account_token": 0}, TypeError, "automount_service_account_token"),
         ({"priority_class_name": ""}, ValueError, "priority_class_name"),
         ({"labels": {"team": "a/b"}}, ValueError, "labels"),
         ({"labels": {"app.kubernetes.io/managed-by": "me"}}, ValueError, "managed-by"),
@@ -195,6 +198,14 @@ def test_merge_rules() -> None:
     assert merge_pod_options(None, None) == PodOptions()
     assert merge_pod_options(base, None) is base and merge_pod_options(None, replica) is replica
     assert replica.shm_size is UNSET
+
+
+def test_token_automount_merges_as_a_scalar() -> None:
+    assert PodOptions().automount_service_account_token is None
+    on = PodOptions(automount_service_account_token=True)
+    assert merge_pod_options(on, PodOptions()).automount_service_account_token is True
+    off = PodOptions(automount_service_account_token=False)
+    assert merge_pod_options(on, off).automount_service_account_token is False
 
 
 def test_replicas_take_pod_options() -> None:
