@@ -15,6 +15,10 @@ expansion, which Airflow has only as private methods:
   finds the DAG and task group it is being added to, as Airflow's own expansion does;
 - ``ExpandInput`` (airflow.sdk.definitions._internal.expandinput), the type of what is mapped.
 
+Masking by Airflow's secrets-masker rules (:mod:`.operators.masking`) needs ``redact`` and
+``should_hide_value_for_key`` of ``airflow.sdk._shared.secrets_masker``, the masker instance the task SDK's own log
+uses (``airflow.sdk.log.mask_secret``, which is public, registers into the same one).
+
 When an Airflow upgrade moves one of these, this module is what changes; ``tests/unit/test_operator_parse_checks.py``
 and the mapped cases of the decorator's tests fail first.
 """
@@ -31,7 +35,31 @@ if TYPE_CHECKING:
     from airflow.sdk.definitions._internal.expandinput import ExpandInput
     from airflow.sdk.definitions.xcom_arg import XComArg
 
-__all__ = ["CheckedOperatorPartial", "CheckedTaskDecorator", "ExpandInput", "mark_expanded", "mapped_names"]
+__all__ = [
+    "CheckedOperatorPartial",
+    "CheckedTaskDecorator",
+    "ExpandInput",
+    "is_sensitive_name",
+    "mapped_names",
+    "mark_expanded",
+    "redact",
+]
+
+
+def redact(value: Any) -> Any:
+    """``value`` with every secret the task's masker knows replaced by ``***`` (strings, and dicts and lists
+    walked), and the values of keys with sensitive names hidden: the rule Airflow's task log applies."""
+    from airflow.sdk._shared.secrets_masker import redact as _redact
+
+    return _redact(value)
+
+
+def is_sensitive_name(name: str) -> bool:
+    """Whether Airflow hides the value of a variable, connection extra or env entry called ``name``
+    (``[core] sensitive_var_conn_names`` and the built-in names: password, token, secret, api_key...)."""
+    from airflow.sdk._shared.secrets_masker import should_hide_value_for_key
+
+    return bool(should_hide_value_for_key(name))
 
 
 def mapped_names(expand_input: ExpandInput) -> frozenset[str] | None:

@@ -19,12 +19,13 @@ import contextlib
 import dataclasses
 import functools
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Final, TypeAlias
 
 from airflow.triggers.base import BaseEventTrigger, TriggerEvent
 
+from airflow_provider_torchelastic.core.redaction import redact_value, redacting
 from airflow_provider_torchelastic.kubernetes.status import JobRef, WaitDecision, WaitPolicy
 
 __all__ = [
@@ -125,9 +126,13 @@ class WatchArgs:
     #: try (:func:`event_hold`). None (rows written before these existed): no hold.
     deferred_at: float | None = None
     early_event_hold: float = 0.0
+    #: The try's secret values (its sensitive env entries): the triggerer's log lines and the event never show them
+    #: (the worker's masker does not run here). A trigger row's kwargs are encrypted in the metadata database.
+    mask: Sequence[str] = ()
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "mask", tuple(self.mask))  # a list once read back from a trigger row
         # One source of cluster settings. The cncf.kubernetes hook reads a connection (kubernetes_conn_id) *and* an
         # explicit config_dict, then refuses the pair only when the wait starts ("mutually exclusive"): say so when
         # the trigger is built (at submit), naming what to drop.
@@ -170,7 +175,7 @@ class WatchArgs:
 #: The trigger's arguments: the fields of :class:`WatchArgs`, which is what a trigger row holds (``serialize()``).
 _KNOWN_ARGS: Final = frozenset(f.name for f in fields(WatchArgs))
 #: Fields added after the first release: left out of a row at their default.
-_ADDED_LATER: Final = ("deferred_at", "early_event_hold")
+_ADDED_LATER: Final = ("deferred_at", "early_event_hold", "mask")
 _DEFAULTS: Final = {f.name: f.default for f in fields(WatchArgs) if f.name in _ADDED_LATER}
 
 
@@ -185,6 +190,19 @@ def event_hold(deferred_at: float | None, hold: float, now: float) -> float:
     if deferred_at is None or hold <= 0:
         return 0.0
     return max(0.0, min(hold, deferred_at + hold - now))
+
+
+def _redacted_event(payload: dict[str, Any], secrets: Sequence[str]) -> dict[str, Any]:
+    """The event with the try's secrets out of its texts (progress, messages, pods' log tails and termination
+    messages); rank 0's result stays as the training code returned it."""
+    if not secrets:
+        return payload
+    verdict = payload.get("verdict")
+    result = verdict.get("result") if isinstance(verdict, dict) else None
+    redacted: dict[str, Any] = redact_value(payload, secrets)
+    if isinstance(redacted.get("verdict"), dict) and "result" in redacted["verdict"]:
+        redacted["verdict"]["result"] = result
+    return redacted
 
 
 def _watch_args(kwargs: Mapping[str, Any]) -> WatchArgs:
@@ -294,6 +312,7 @@ class TorchElasticJobTrigger(BaseEventTrigger):
         # Rank 0's metrics lines become progress lines here too; what the tap kept travels in the event, so that
         # execute_complete ends the task log with the last values and saves them in the job summary.
         tap = MetricsTap(self._emit)
+        log = redacting(tap, args.mask)  # before the tap keeps a line for the summary
         try:
             async with contextlib.AsyncExitStack() as stack:
 
@@ -303,11 +322,11 @@ class TorchElasticJobTrigger(BaseEventTrigger):
                 flow = wait_for_job(args.ref, args.policy)
                 hold: Callable[[float], Awaitable[None]] = asyncio.sleep
                 if updates is None:
-                    decision = await drive_async(flow, await direct(), tap)
+                    decision = await drive_async(flow, await direct(), log)
                 else:
-                    source = SharedSource(updates, direct, tap)
+                    source = SharedSource(updates, direct, log)
                     sleep = functools.partial(source.sleep_until_changed, args.ref)
-                    decision = await drive_async(flow, source, tap, sleep=sleep)
+                    decision = await drive_async(flow, source, log, sleep=sleep)
                     hold = source.hold  # keeps taking the subscription's updates: a stalled subscriber overflows
                 self._finished = True
                 await self._hold_early_event(hold)
@@ -317,7 +336,7 @@ class TorchElasticJobTrigger(BaseEventTrigger):
             yield TriggerEvent(WaitFailed(f"{type(e).__name__}: {e}").to_payload())
             return
         decision = dataclasses.replace(decision, metrics=tap.to_json())
-        yield TriggerEvent(JobEnded(decision).to_payload())
+        yield TriggerEvent(_redacted_event(JobEnded(decision).to_payload(), args.mask))
 
     async def _hold_early_event(self, hold: Callable[[float], Awaitable[None]]) -> None:
         seconds = event_hold(self.args.deferred_at, self.args.early_event_hold, time.time())

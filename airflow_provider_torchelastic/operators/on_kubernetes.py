@@ -9,9 +9,11 @@ from __future__ import annotations
 import datetime
 import json
 import time
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Final, NoReturn
 
 from airflow_provider_torchelastic.core.outcome import Verdict
+from airflow_provider_torchelastic.core.redaction import redacting
 from airflow_provider_torchelastic.errors import KubeError
 from airflow_provider_torchelastic.kubernetes import submit, sweep
 from airflow_provider_torchelastic.kubernetes.render import elide_payload, summarize_for_ui, task_context_for
@@ -20,6 +22,7 @@ from airflow_provider_torchelastic.operators import results
 from airflow_provider_torchelastic.operators.dry_run import identity_of, render_objects, task_context_of
 from airflow_provider_torchelastic.operators.exceptions import TrainingFailedError, TrainingRecoverableError
 from airflow_provider_torchelastic.operators.links import XCOM_JOB_KIND, XCOM_JOB_NAME, XCOM_JOB_NAMESPACE
+from airflow_provider_torchelastic.operators.masking import mask_manifests, sensitive_values
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -157,9 +160,11 @@ def execute_on_kubernetes(op: TorchElasticOperator, context: Context, payload: b
         raise TrainingFailedError(f"Cannot build the Kubernetes objects for this task: {e}") from e
     configmap, workload = manifests
     ref = JobRef(kind=workload["kind"], name=workload["metadata"]["name"], namespace=namespace)
-    op.rendered_job = summarize_for_ui(manifests)
-    elided = [elide_payload(manifest) for manifest in manifests]
-    op.log.info("Manifests to submit (payload elided):\n%s", json.dumps(elided, indent=2))
+    # What the log, the XCom and the rendered-template view show: no payload bytes, no secret.
+    secrets = sensitive_values(manifests)
+    elided = mask_manifests([elide_payload(manifest) for manifest in manifests], secrets)
+    op.rendered_job = summarize_for_ui(elided)
+    op.log.info("Manifests to submit (payload elided, secrets masked):\n%s", json.dumps(elided, indent=2))
     kube = SyncKube(kubernetes_hook.api_client)
     ref = _submit(op, kube, ref, configmap, workload, context)
     op._job = ref
@@ -176,28 +181,31 @@ def execute_on_kubernetes(op: TorchElasticOperator, context: Context, payload: b
 
     # Rank 0's metrics lines (in its pod's log) become progress lines; the tap keeps them for the job summary.
     tap = MetricsTap(op.log.info)
+    log = redacting(tap, secrets)  # the pods' log lines and messages, before the tap keeps them for the summary
     policy = _policy(op, context)
     # The wait core enforces execution_timeout, deletes the job when it cannot be observed, and applies
     # on_finish_action; anything else that ends the wait (SIGTERM, a bug) must not leave the job running.
     try:
         if settings.deferrable:
-            decision = _look_before_deferring(ref, policy, kube, tap)
+            decision = _look_before_deferring(ref, policy, kube, log)
         else:
-            decision = drive_sync(wait_for_job(ref, policy), kube, tap)
+            decision = drive_sync(wait_for_job(ref, policy), kube, log)
     except BaseException:
         op.log.warning("Waiting for %s %s/%s was interrupted", ref.kind, ref.namespace, ref.name)
         op._stop(ref, kube)
         op._job = None
         raise
     if decision is None:
-        _defer(op, kubernetes_hook, ref, context, settings)
+        _defer(op, kubernetes_hook, ref, context, settings, secrets)
     op._job = None
     if settings.deferrable:
         op.log.info("%s %s/%s had ended before the task deferred: finished here", ref.kind, ref.namespace, ref.name)
-    return _result_of(op, ref, decision, context, tap, settings)
+    return _result_of(op, ref, decision, context, tap, settings, secrets)
 
 
-def _look_before_deferring(ref: JobRef, policy: WaitPolicy, kube: SyncKube, tap: MetricsTap) -> WaitDecision | None:
+def _look_before_deferring(
+    ref: JobRef, policy: WaitPolicy, kube: SyncKube, log: Callable[[str], None]
+) -> WaitDecision | None:
     """One pass of the wait core before deferring: the decision when the job has already ended, else None.
 
     A job that ended before the deferral was recorded (a fast one, or one a re-run of the same try re-attached to)
@@ -207,7 +215,7 @@ def _look_before_deferring(ref: JobRef, policy: WaitPolicy, kube: SyncKube, tap:
     """
     from airflow_provider_torchelastic.kubernetes.wait import drive_sync, until_first_pause, wait_for_job
 
-    decision: WaitDecision | None = drive_sync(until_first_pause(wait_for_job(ref, policy)), kube, tap)
+    decision: WaitDecision | None = drive_sync(until_first_pause(wait_for_job(ref, policy)), kube, log)
     return decision
 
 
@@ -222,7 +230,12 @@ def _policy(op: TorchElasticOperator, context: Context) -> WaitPolicy:
 
 
 def _defer(
-    op: TorchElasticOperator, kubernetes_hook: Any, ref: JobRef, context: Context, settings: Settings
+    op: TorchElasticOperator,
+    kubernetes_hook: Any,
+    ref: JobRef,
+    context: Context,
+    settings: Settings,
+    secrets: Sequence[str],
 ) -> NoReturn:
     from airflow_provider_torchelastic.triggers import TorchElasticJobTrigger, WatchArgs
 
@@ -243,6 +256,7 @@ def _defer(
         scheduling_timeout=op.scheduling_timeout,
         deferred_at=time.time(),
         early_event_hold=settings.early_event_hold,
+        mask=tuple(secrets),
     )
     # The trigger enforces the deadline (and deletes the job); Airflow's own timeout is only a backstop after it.
     backstop = None
@@ -280,11 +294,18 @@ def resume(op: TorchElasticOperator, context: Context, event: dict[str, Any], se
 
 
 def _result_of(
-    op: TorchElasticOperator, ref: JobRef, decision: WaitDecision, context: Context, tap: MetricsTap, settings: Settings
+    op: TorchElasticOperator,
+    ref: JobRef,
+    decision: WaitDecision,
+    context: Context,
+    tap: MetricsTap,
+    settings: Settings,
+    secrets: Sequence[str] = (),
 ) -> Any:
     verdict = decision.verdict or Verdict(succeeded=False, detail=decision.progress)
     op.log.info("%s %s/%s ended: %s", ref.kind, ref.namespace, ref.name, decision.progress)
-    results.push_job_summary(op.log, context, results.job_summary(ref, decision, verdict, context, tap))
+    summary = results.job_summary(ref, decision, verdict, context, tap)
+    results.push_job_summary(op.log, context, summary, secrets=secrets)
     # Recomputed from the try itself, never taken from the job: the one location its result may be read from.
     task_context = task_context_for(identity_of(op, context)) if verdict.result_ref is not None else None
     return op.result_or_raise(verdict, last_metrics=tap.summary_line(), settings=settings, task_context=task_context)

@@ -4,6 +4,7 @@ storage) or the exception that says whether a retry can help, and the job summar
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from airflow_provider_torchelastic.core.outcome import Verdict
@@ -131,12 +132,15 @@ def result_or_raise(
     raise TrainingFailedError(f"Training failed, a retry will not help: {verdict.detail}")
 
 
-def push_job_summary(log: Log, context: Context, summary: JobSummary) -> None:
-    """Save the job summary (the UI's record of a finished job) as the XCom ``torch_elastic_job``."""
+def push_job_summary(log: Log, context: Context, summary: JobSummary, *, secrets: Sequence[str] = ()) -> None:
+    """Save the job summary (the UI's record of a finished job) as the XCom ``torch_elastic_job``, with ``secrets``
+    and everything the task's masker knows redacted."""
     from airflow_provider_torchelastic.core.summary import XCOM_KEY
+    from airflow_provider_torchelastic.operators.masking import mask_summary
 
     try:
-        context["ti"].xcom_push(key=XCOM_KEY, value=summary.to_dict())
+        # Log tails and messages come from the pods: nothing the task's masker knows may reach the UI through them.
+        context["ti"].xcom_push(key=XCOM_KEY, value=mask_summary(summary.to_dict(), secrets))
     except Exception as e:  # the training's outcome stands; only the UI's record of it is missing
         log.warning("Could not save the job summary (XCom %r): %s", XCOM_KEY, e)
 

@@ -218,6 +218,26 @@ with _dag("k8s_worker_lost", retries=1):
         **FAST,
     )
 
+#: A sensitive env value (issue 20, item 2): it must reach the pod and nothing anyone else reads.
+SENSITIVE_VALUE = "s3cr3t-e2e-value-7f41"
+
+
+def print_the_token() -> dict:
+    token = os.environ.get("API_TOKEN", "")
+    print(f"the token is {token}", flush=True)
+    return {"token_arrived": token == SENSITIVE_VALUE, "rank": int(os.environ["RANK"])}
+
+
+with _dag("k8s_sensitive_env"):
+    TorchElasticOperator(
+        task_id="train",
+        python_callable=print_the_token,
+        task_config=small(),
+        deferrable=False,
+        pod_options=PodOptions(env={"API_TOKEN": SENSITIVE_VALUE}),
+        **FAST,
+    )
+
 # RBAC and API faults: the cheapest task (one pod, one worker) that still takes a few seconds.
 with _dag("k8s_minimal"):
     TorchElasticOperator(

@@ -719,6 +719,26 @@ def test_jobs_running_past_their_tasks_deadline_are_swept_by_the_next_submission
     assert all(cluster.get_pod(name) is not None for name in ("within", "finished", "not-ours"))
 
 
+def test_a_sensitive_env_value_reaches_the_pod_and_no_log_xcom_or_rendered_field(
+    cluster: Cluster, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 20, item 2: ``PodOptions(env={"API_TOKEN": ...})`` is masked by Airflow's rules in the task log (the
+    manifests and the pod's own log lines), the ``manifests`` XCom, the job summary and ``rendered_job``."""
+    from tests.dags.k8s_e2e import SENSITIVE_VALUE
+
+    capfd.readouterr()
+    result = run_dag("k8s_sensitive_env")
+    out = "".join(capfd.readouterr())
+    assert result.state == "success", result
+    assert result.xcom() == {"token_arrived": True, "rank": 0}
+    assert "the token is ***" in out, "the pod's log line reaches the task log, masked"
+    assert SENSITIVE_VALUE not in out
+    for key, value in result.xcoms.items():
+        assert SENSITIVE_VALUE not in json.dumps(value), key
+    assert '"value": "***"' in json.dumps(result.xcom(key="manifests"))
+    assert SENSITIVE_VALUE not in json.dumps(rendered_fields("k8s_sensitive_env", result.run_id))
+
+
 # --- RBAC and API faults ---------------------------------------------------------------------------------------------
 
 
