@@ -83,6 +83,10 @@ def _service() -> Any:
     return _SERVICE
 
 
+def _viewer(user: Any) -> access.UserAccess:
+    return access.UserAccess(user, conn_id=_service().kube.conn_id)
+
+
 _SERVICE: Any = None
 
 
@@ -137,6 +141,10 @@ def create_app() -> FastAPI:
     app = FastAPI(
         title="Torch Elastic training jobs",
         description="Training jobs run by airflow-provider-torchelastic, for the Airflow UI plugin pages.",
+        # Off: they would answer without authentication, and the docs pages load their scripts from a CDN.
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,
     )
 
     @app.get("/api/jobs")
@@ -154,7 +162,7 @@ def create_app() -> FastAPI:
             raise HTTPException(422, f"phase: expected one of {', '.join(PHASES)}, got {phase!r}")
 
         jobs: dict[str, Any] = _service().list_jobs(
-            lambda dag_ids: access.readable_dag_ids(dag_ids, user),
+            _viewer(user),
             dag_id=dag_id,
             phase=phase,
             run_id=run_id,
@@ -167,13 +175,20 @@ def create_app() -> FastAPI:
 
     @app.get("/api/jobs/{namespace}/{name}")
     def get_job(namespace: str, name: str, user: User) -> dict[str, Any]:
-        from airflow_provider_torchelastic.plugin.service import KubernetesUnavailable
+        from airflow_provider_torchelastic.plugin.service import GENERIC_KUBE_ERROR, KubernetesUnavailable
+        from airflow_provider_torchelastic.plugin.views import LOCAL_NAMESPACE, is_namespace, is_object_name
 
+        if not (is_object_name(name) and (namespace == LOCAL_NAMESPACE or is_namespace(namespace))):
+            # Decided before anything is read: such a segment (`..`, a query string) never reaches an API path.
+            raise HTTPException(404, "no training job: expected a namespace (a DNS-1123 label) and a job name")
+        viewer = _viewer(user)
         try:
-            job = _service().job(namespace, name, lambda dag_id: access.can_read_dag(dag_id, user))
+            job = _service().job(namespace, name, viewer)
         except KubernetesUnavailable as e:
             # A finished job would have come from its summary: this one is live, and the cluster cannot be read.
-            raise HTTPException(503, f"cannot read {namespace}/{name} from Kubernetes: {e}") from e
+            log.warning("torch_elastic UI: cannot read %s/%s from Kubernetes: %s", namespace, name, e)
+            why = str(e) if viewer.sees_kubernetes_errors() else GENERIC_KUBE_ERROR
+            raise HTTPException(503, f"cannot read {namespace}/{name} from Kubernetes: {why}") from e
         if job is None:
             # The same answer whether it does not exist or the user may not read its DAG: no existence leak.
             raise HTTPException(404, f"no training job {namespace}/{name}")

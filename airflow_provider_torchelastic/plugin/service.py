@@ -8,25 +8,41 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
-from typing import Any, Final
+from collections.abc import Iterable, Mapping
+from typing import Any, Final, Protocol
 
 from airflow_provider_torchelastic.core.metrics_format import MetricSeries, format_metrics, parse_metrics_line
 from airflow_provider_torchelastic.plugin import views
-from airflow_provider_torchelastic.plugin.sources import (
-    LOG_PODS,
-    KubeJobs,
-    Summaries,
-    SummaryQuery,
-    active_job_namespaces,
-)
+from airflow_provider_torchelastic.plugin.sources import LOG_PODS, KubeJobs, Summaries, SummaryQuery
 from airflow_provider_torchelastic.plugin.views import Identity, LiveJob
 
-__all__ = ["JobsService", "KubernetesUnavailable", "RunningMetrics"]
+__all__ = ["JobsService", "KubernetesUnavailable", "RunningMetrics", "Viewer", "mask"]
 
 
 class KubernetesUnavailable(RuntimeError):
     """A live job could not be read from Kubernetes (the API maps it to 503)."""
+
+
+class Viewer(Protocol):
+    """What the user of one request may see (:class:`.access.UserAccess`; tests give a fake)."""
+
+    def readable(self, dag_ids: set[str]) -> set[str]: ...
+    def can_read(self, dag_id: str) -> bool: ...
+    def can_read_logs(self, dag_id: str) -> bool: ...
+    def sees_kubernetes_errors(self) -> bool: ...
+
+
+#: What a user who may not read the UI's Kubernetes connection is told instead of Kubernetes' own message.
+GENERIC_KUBE_ERROR: Final = "Kubernetes could not be read; the api-server's log says why"
+
+
+def mask(text: str) -> str:
+    """``text`` with every value registered as secret replaced by ``***``, by Airflow's secrets masker: ``redact``
+    as providers reach it (common.compat), over the task SDK's masker that ``mask_secret`` and the SDK's connections
+    and Variables register into."""
+    from airflow.providers.common.compat.sdk import redact
+
+    return str(redact(text))
 
 
 #: Running jobs whose series are kept (the least recently updated go first): memory stays bounded.
@@ -89,24 +105,38 @@ class JobsService:
         #: The pod whose log has a running job's metrics lines (rank 0's); bounded like the series.
         self._metrics_pod: dict[views.JobKey, str] = {}
 
-    def _namespaces(self) -> set[str]:
-        return {self.kube.default_namespace, *active_job_namespaces(None)}
+    def _namespaces(self, viewer: Viewer, candidates: Mapping[str, set[str]]) -> list[str]:
+        """The connection's namespace, and those where running tasks of DAGs the user may read have jobs: a
+        ``job_namespace`` XCom of another DAG makes the UI query nothing."""
+        readable = viewer.readable(set().union(*candidates.values())) if candidates else set()
+        chosen = {self.kube.default_namespace} | {ns for ns, dag_ids in candidates.items() if dag_ids & readable}
+        return sorted(chosen)
 
-    def _live(self) -> tuple[list[LiveJob], str | None]:
-        """Running jobs, and why there are none when Kubernetes cannot be read (the finished ones still show)."""
+    def _kube_error(self, viewer: Viewer, where: str, error: Exception) -> str:
+        """Why the running jobs of ``where`` are missing; Kubernetes' own words only for those who may see them."""
+        conn_id = self.kube.conn_id
+        log.warning("torch_elastic UI: running jobs of %s could not be read (%s): %s", where, conn_id, error)
+        why = f"{error}" if viewer.sees_kubernetes_errors() else GENERIC_KUBE_ERROR
+        return f"running jobs of {where} could not be read from Kubernetes ({conn_id}): {why}"
+
+    def _live(self, viewer: Viewer) -> tuple[list[LiveJob], dict[str, str]]:
+        """Running jobs, and why those of a namespace are missing (the others, and the finished ones, still show)."""
         jobs: list[LiveJob] = []
+        errors: dict[str, str] = {}
         try:
-            for namespace in sorted(self._namespaces()):
+            namespaces = self._namespaces(viewer, self.summaries.job_namespaces())
+        except Exception as e:  # no connection: a page of finished jobs is still worth it
+            return [], {"": self._kube_error(viewer, "any namespace", e)}
+        for namespace in namespaces:
+            try:
                 jobs.extend(self.kube.jobs(namespace))
-        except Exception as e:  # no connection, no permission, API down: a page of finished jobs is still worth it
-            error = f"running jobs could not be read from Kubernetes ({self.kube.conn_id}): {e}"
-            log.warning("%s", error)
-            return [], error
-        return jobs, None
+            except Exception as e:  # no permission there, API down: only this namespace's jobs are missing
+                errors[namespace] = self._kube_error(viewer, f"namespace {namespace}", e)
+        return jobs, errors
 
     def list_jobs(
         self,
-        readable: Callable[[set[str]], set[str]],
+        viewer: Viewer,
         *,
         dag_id: str | None = None,
         phase: str | None = None,
@@ -116,23 +146,22 @@ class JobsService:
         offset: int = 0,
         limit: int = 50,
     ) -> dict[str, Any]:
-        """``{"jobs": [...], "kubernetes_error": None | why running jobs are missing}``, newest first.
-
-        ``readable(dag_ids)`` says which DAGs the user may read; jobs of others are not shown at all.
-        """
+        """``{"jobs": [...], "kubernetes_error": None | why running jobs are missing, "kubernetes_errors":
+        {namespace: why}}``, newest first. Jobs of DAGs the ``viewer`` may not read are not shown at all."""
         now = time.time()
-        live_jobs, kube_error = self._live()
+        live_jobs, kube_errors = self._live(viewer)
         wanted = {"dag_id": dag_id, "run_id": run_id, "task_id": task_id, "map_index": map_index}
-        live_rows = [
-            row
+        live = [
+            (job, row)
             for job in live_jobs
             if (row := views.job_row_from_live(job, now=now, base_path=self.base_path)) is not None
             and all(value is None or row[key] == value for key, value in wanted.items())
         ]
-        allowed = readable({row["dag_id"] for row in live_rows} | self.summaries.dag_ids())
-        # A job whose task saved its summary has ended, whatever its object (not deleted yet) still says.
-        ended = self.summaries.ended(row["name"] for row in live_rows)
-        live_rows = [row for row in live_rows if row["dag_id"] in allowed and row["name"] not in ended]
+        allowed = viewer.readable({row["dag_id"] for _, row in live} | self.summaries.dag_ids())
+        live = [(job, row) for job, row in live if row["dag_id"] in allowed]
+        # A job whose own task saved its summary has ended, whatever its object (not deleted yet) still says.
+        ended = self.summaries.ended((job.identity, job.key) for job, _ in live if job.identity is not None)
+        live_rows = [row for job, row in live if job.key not in ended]
         query = SummaryQuery(
             dag_ids=frozenset(allowed),
             dag_id=dag_id,
@@ -145,22 +174,25 @@ class JobsService:
         finished = [
             views.job_row_from_summary(summary, identity, base_path=self.base_path)
             for identity, value in self.summaries.latest(query)
-            if (summary := views.summary_from_xcom(value)) is not None
+            if (summary := views.summary_from_xcom(value)) is not None and views.summary_belongs_to(summary, identity)
         ]
         page = views.merge_rows(live_rows, finished, phase=phase, offset=offset, limit=limit)
+        for row in page:
+            row["root_cause"] = mask(row["root_cause"]) if row.get("root_cause") else row.get("root_cause")
         # Sparklines of the page's running jobs, from the cached log tail of the pod that holds rank 0 (the one whose
         # log has metrics lines): at most SPARKLINE_LOG_READS log reads per page, each cached LOG_TTL seconds.
         by_key = {job.key: job for job in live_jobs}
         budget = SPARKLINE_LOG_READS
         for row in page:
-            live = by_key.get((row["namespace"], row["name"]))
+            running = by_key.get((row["namespace"], row["name"]))
             if row["source"] == "summary" and row["sparkline"] is None:
                 row["sparkline"] = views.sparkline(series_to_json(self.metrics.get((row["namespace"], row["name"]))))
-            if row["source"] != "kubernetes" or live is None:
+            if row["source"] != "kubernetes" or running is None:
                 continue
-            series, budget = self._running_series(live, budget)
+            series, budget = self._running_series(running, budget)
             row["sparkline"] = views.sparkline(series_to_json(series))
-        return {"jobs": page, "kubernetes_error": kube_error}
+        kube_error = "; ".join(kube_errors.values()) or None
+        return {"jobs": page, "kubernetes_error": kube_error, "kubernetes_errors": kube_errors}
 
     def _running_series(self, job: LiveJob, budget: int) -> tuple[MetricSeries | None, int]:
         """The job's series, grown from the log of its rank-0 pod (found once, then remembered)."""
@@ -178,43 +210,64 @@ class JobsService:
                 break
         return self.metrics.get(job.key), budget
 
-    def job(self, namespace: str, name: str, can_read: Callable[[str], bool]) -> dict[str, Any] | None:
-        """The job in detail, or None when it does not exist or the user may not read its DAG."""
-        finished = self._find_summary(namespace, name)
+    def job(self, namespace: str, name: str, viewer: Viewer) -> dict[str, Any] | None:
+        """The job in detail, or None when it does not exist, is no name Kubernetes could have, or the user may not
+        read its DAG. Log tails only for users who may read the DAG's task logs, masked."""
+        local = namespace == views.LOCAL_NAMESPACE
+        if not views.is_object_name(name) or not (local or views.is_namespace(namespace)):
+            return None
+        finished = self._find_summary(namespace, name, viewer)
         if finished is not None:
             identity, summary = finished
-            if not can_read(identity.dag_id):
-                return None
             if not summary.get("metrics"):
                 # The summary missed them (rank 0's pod ended before the task read its log): what this process saw
                 # of the job while it ran is better than no chart.
                 seen = series_to_json(self.metrics.get((namespace, name)))
                 summary = {**summary, "metrics": seen} if seen else summary
-            return views.job_detail_from_summary(summary, identity, base_path=self.base_path)
-        if namespace == views.LOCAL_NAMESPACE:
+            detail = views.job_detail_from_summary(summary, identity, base_path=self.base_path)
+            return _shown(detail, logs=viewer.can_read_logs(identity.dag_id))
+        if local:
             return None
         try:
-            job = self.kube.find(namespace, name)
-            if job is None or job.identity is None or not can_read(job.identity.dag_id):
+            if namespace not in self._namespaces(viewer, self.summaries.job_namespaces()):
                 return None
-            tails = self.kube.log_tails(job)
+            job = self.kube.find(namespace, name)
+            if job is None or job.identity is None or not viewer.can_read(job.identity.dag_id):
+                return None
+            logs = viewer.can_read_logs(job.identity.dag_id)
+            tails = self.kube.log_tails(job) if logs else {}
         except Exception as e:  # no connection, no permission, API down: the API answers 503 and says why
             raise KubernetesUnavailable(f"{type(e).__name__}: {e}") from e
         series = None
         for text in tails.values():
             series = self.metrics.feed(job.key, text) if text else series
-        return views.job_detail_from_live(
+        live = views.job_detail_from_live(
             job,
             now=time.time(),
             base_path=self.base_path,
             log_tails={pod: readable_log(text) for pod, text in tails.items()},
             metrics=series_to_json(series or self.metrics.get(job.key)),
         )
+        return None if live is None else _shown(live, logs=logs)
 
-    def _find_summary(self, namespace: str, name: str) -> tuple[Identity, dict[str, Any]] | None:
-        found = self.summaries.find(None if namespace == views.LOCAL_NAMESPACE else namespace, name)
-        if found is None:
-            return None
-        identity, value = found
-        summary = views.summary_from_xcom(value)
-        return (identity, summary) if summary is not None else None
+    def _find_summary(self, namespace: str, name: str, viewer: Viewer) -> tuple[Identity, dict[str, Any]] | None:
+        """The newest summary of the job saved by the job's own task (another task's summary of that name is not
+        the job's), if the user may read that task's DAG."""
+        for identity, value in self.summaries.find(None if namespace == views.LOCAL_NAMESPACE else namespace, name):
+            summary = views.summary_from_xcom(value)
+            if summary is not None and views.summary_belongs_to(summary, identity) and viewer.can_read(identity.dag_id):
+                return identity, summary
+        return None
+
+
+def _shown(detail: dict[str, Any], *, logs: bool) -> dict[str, Any]:
+    """The detail as the user may see it: log tails only with TASK_LOGS, texts masked."""
+    pods: Iterable[dict[str, Any]] = detail.get("pods") or []
+    detail["pods"] = [
+        {**pod, "message": mask(pod.get("message") or ""), "log_tail": mask(pod.get("log_tail") or "") if logs else ""}
+        for pod in pods
+    ]
+    detail["logs_hidden"] = not logs
+    if detail.get("root_cause"):
+        detail["root_cause"] = mask(detail["root_cause"])
+    return detail

@@ -13,17 +13,26 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, Generic, TypeVar
 
 from airflow_provider_torchelastic.core.naming import LABEL_MANAGED_BY, MANAGED_BY
 from airflow_provider_torchelastic.errors import KubeError
 from airflow_provider_torchelastic.kubernetes import kinds
 from airflow_provider_torchelastic.kubernetes.client import SyncKube
-from airflow_provider_torchelastic.plugin.views import SUMMARY_XCOM_KEY, Identity, LiveJob, group_live_jobs
+from airflow_provider_torchelastic.plugin.views import (
+    SUMMARY_XCOM_KEY,
+    Identity,
+    JobKey,
+    LiveJob,
+    group_live_jobs,
+    is_namespace,
+    is_object_name,
+)
 
-__all__ = ["KubeJobs", "Summaries", "SummaryQuery", "active_job_namespaces"]
+__all__ = ["KubeJobs", "Summaries", "SummaryQuery", "active_job_namespaces", "check_name", "check_namespace"]
 
 #: Seconds a namespace's lists are reused: every page view within it costs the API server nothing.
 LIST_TTL: Final = 5.0
@@ -36,9 +45,17 @@ LOG_TAIL_BYTES: Final = 64 * 1024
 LOG_PODS: Final = 8
 #: The most summaries one request reads from the database (a bound on a page's database cost).
 MAX_SUMMARIES: Final = 500
+#: Namespaces whose lists (and locks) are kept, and pods whose log tails are: the least recently used go first.
+MAX_NAMESPACES: Final = 64
+MAX_LOG_TAILS: Final = 1024
+#: Summaries one detail view considers for a job's name (newest first; those of other DAGs are skipped).
+MAX_NAME_MATCHES: Final = 50
 #: Seconds one API call of a page view may take (a task's calls may take longer).
 _REQUEST_TIMEOUT: Final = 30
 _MANAGED: Final = f"{LABEL_MANAGED_BY}={MANAGED_BY}"
+
+K = TypeVar("K")
+V = TypeVar("V")
 
 
 @dataclass(frozen=True)
@@ -47,28 +64,76 @@ class _Listing:
     jobs: tuple[LiveJob, ...]
 
 
+class _Lru(Generic[K, V]):
+    """A dict that forgets its least recently used entries beyond ``size``: what an api-server keeps stays bounded
+    whatever the namespaces and pods it is asked about. Not thread-safe (the caller holds a lock)."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._items: OrderedDict[K, V] = OrderedDict()
+
+    def get(self, key: K) -> V | None:
+        found = self._items.get(key)
+        if found is not None:
+            self._items.move_to_end(key)
+        return found
+
+    def put(self, key: K, value: V) -> None:
+        self._items[key] = value
+        self._items.move_to_end(key)
+        while len(self._items) > self.size:
+            self._items.popitem(last=False)
+
+    def drop(self, keep: Callable[[K], bool]) -> None:
+        for key in [key for key in self._items if not keep(key)]:
+            del self._items[key]
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+
+def check_namespace(namespace: str) -> str:
+    """``namespace`` if Kubernetes could have it; ValueError before any API path is built with it."""
+    if not is_namespace(namespace):
+        raise ValueError(f"namespace: expected a DNS-1123 label (lowercase letters, digits, '-'), got {namespace!r}")
+    return namespace
+
+
+def check_name(name: str) -> str:
+    if not is_object_name(name):
+        raise ValueError(f"name: expected a DNS-1123 subdomain (a pod or job name), got {name!r}")
+    return name
+
+
 class KubeJobs:
-    """The provider's live jobs per namespace, through the ``[torch_elastic] ui_kubernetes_conn_id`` connection."""
+    """The provider's live jobs per namespace, through the ``[torch_elastic] ui_kubernetes_conn_id`` connection.
+
+    One lock per namespace is held while that namespace is listed (concurrent page views share one list); the
+    caches' own lock is held only to read or write them, never across a call to the API server.
+    """
 
     def __init__(self, conn_id: str, *, clock: Callable[[], float] = time.monotonic) -> None:
         self.conn_id = conn_id
         self._clock = clock
-        self._lock = threading.Lock()
+        self._guard = threading.Lock()
+        self._client_lock = threading.Lock()
         self._kube_client: SyncKube | None = None
         self._default_namespace: str | None = None
-        self._listings: dict[str, _Listing] = {}
-        self._logs: dict[tuple[str, str], tuple[float, str]] = {}
+        self._listings: _Lru[str, _Listing] = _Lru(MAX_NAMESPACES)
+        self._namespace_locks: _Lru[str, threading.Lock] = _Lru(MAX_NAMESPACES)
+        self._logs: _Lru[tuple[str, str], tuple[float, str]] = _Lru(MAX_LOG_TAILS)
         #: API calls made (lists and log reads), for tests and for the bound above.
         self.calls = 0
 
     def _kube(self) -> SyncKube:
-        if self._kube_client is None:
-            from airflow.providers.cncf.kubernetes.hooks.kubernetes import KubernetesHook
+        with self._client_lock:
+            if self._kube_client is None:
+                from airflow.providers.cncf.kubernetes.hooks.kubernetes import KubernetesHook
 
-            hook = KubernetesHook(conn_id=self.conn_id)
-            self._kube_client = SyncKube(hook.get_conn(), request_timeout=_REQUEST_TIMEOUT)
-            self._default_namespace = hook.get_namespace() or "default"
-        return self._kube_client
+                hook = KubernetesHook(conn_id=self.conn_id)
+                self._kube_client = SyncKube(hook.get_conn(), request_timeout=_REQUEST_TIMEOUT)
+                self._default_namespace = hook.get_namespace() or "default"
+            return self._kube_client
 
     @property
     def default_namespace(self) -> str:
@@ -77,25 +142,48 @@ class KubeJobs:
 
     def _list(self, kind: str, namespace: str) -> list[dict[str, Any]]:
         kube = self._kube()
-        self.calls += 1
-        return kube.list_kind(kind, namespace, _MANAGED)
+        with self._guard:
+            self.calls += 1
+        return kube.list_kind(kind, check_namespace(namespace), _MANAGED)
 
     def read_log_tail(self, namespace: str, pod: str) -> str:
         """The last lines of the pod's training container log, read now; raises :class:`KubeError`."""
+        check_namespace(namespace)
+        check_name(pod)
         kube = self._kube()
-        self.calls += 1
+        with self._guard:
+            self.calls += 1
         # Without timestamps: the page shows the lines as the container wrote them.
         return kube.read_log(pod, namespace, None, LOG_TAIL_LINES, limit_bytes=LOG_TAIL_BYTES, timestamps=False)
+
+    def _lock_of(self, namespace: str) -> threading.Lock:
+        with self._guard:
+            lock = self._namespace_locks.get(namespace)
+            if lock is None:
+                lock = threading.Lock()
+                self._namespace_locks.put(namespace, lock)
+            return lock
+
+    def _cached(self, namespace: str) -> tuple[LiveJob, ...] | None:
+        with self._guard:
+            cached = self._listings.get(namespace)
+        return cached.jobs if cached is not None and self._clock() - cached.at < LIST_TTL else None
 
     def jobs(self, namespace: str) -> tuple[LiveJob, ...]:
         """The namespace's jobs with their pods: one list per kind plus one pod list, cached ``LIST_TTL`` seconds.
 
-        A kind whose API is not served (no training operator installed: 404) has no jobs.
+        A kind whose API is not served (no training operator installed: 404) has no jobs. ValueError, and no call,
+        for a namespace Kubernetes cannot have.
         """
-        with self._lock:
-            cached = self._listings.get(namespace)
-            if cached is not None and self._clock() - cached.at < LIST_TTL:
-                return cached.jobs
+        check_namespace(namespace)
+        cached = self._cached(namespace)
+        if cached is not None:
+            return cached
+        with self._lock_of(namespace):
+            # Another page view may have listed it while this one waited.
+            cached = self._cached(namespace)
+            if cached is not None:
+                return cached
             pods = self._list("Pod", namespace)
             objects: dict[str, list[dict[str, Any]]] = {}
             for kind in _kinds():
@@ -111,10 +199,11 @@ class KubeJobs:
                         raise
                     objects[kind] = []
             listing = _Listing(at=self._clock(), jobs=tuple(group_live_jobs(objects, pods)))
-            self._listings[namespace] = listing
             # Forget the logs of pods that are gone, so the cache stays as small as what runs.
             alive = {(namespace, p.get("metadata", {}).get("name", "")) for p in pods}
-            self._logs = {k: v for k, v in self._logs.items() if k[0] != namespace or k in alive}
+            with self._guard:
+                self._listings.put(namespace, listing)
+                self._logs.drop(lambda key: key[0] != namespace or key in alive)
             return listing.jobs
 
     def find(self, namespace: str, name: str) -> LiveJob | None:
@@ -123,22 +212,22 @@ class KubeJobs:
     def log_tail(self, namespace: str, pod: str) -> str:
         """The last lines of the pod's training container log (cached ``LOG_TTL`` seconds); "" if unreadable."""
         key = (namespace, pod)
-        with self._lock:
+        with self._guard:
             cached = self._logs.get(key)
-            if cached is not None and self._clock() - cached[0] < LOG_TTL:
-                return cached[1]
+        if cached is not None and self._clock() - cached[0] < LOG_TTL:
+            return cached[1]
         try:
             text = self.read_log_tail(namespace, pod)
         except KubeError:
             # A pod still starting (or deleted meanwhile) has no log yet: show none rather than fail the page.
             text = ""
-        with self._lock:
-            self._logs[key] = (self._clock(), text)
+        with self._guard:
+            self._logs.put(key, (self._clock(), text))
         return text
 
     def log_tails(self, job: LiveJob) -> dict[str, str]:
         names = [p.get("metadata", {}).get("name", "") for p in job.pods][:LOG_PODS]
-        return {name: self.log_tail(job.namespace, name) for name in names if name}
+        return {name: self.log_tail(job.namespace, name) for name in names if is_object_name(name)}
 
 
 def _kinds() -> Sequence[str]:
@@ -176,15 +265,17 @@ def _xcom_of_task_instance() -> Any:
     )
 
 
-def active_job_namespaces(dag_ids: Iterable[str] | None) -> set[str]:
-    """Namespaces where tasks that have not ended submitted jobs (the operator pushes ``job_namespace`` first)."""
+def active_job_namespaces(dag_ids: Iterable[str] | None = None) -> dict[str, set[str]]:
+    """``{namespace: {dag_id, ...}}`` where tasks that have not ended submitted jobs (the operator pushes
+    ``job_namespace`` first), with the DAGs that did: any task can push that XCom, so a namespace is queried for a
+    user only when one of its DAGs is one the user may read. Values that are no namespace name are left out."""
     from airflow.models.taskinstance import TaskInstance
     from airflow.models.xcom import XComModel
     from airflow.utils.session import create_session
     from sqlalchemy import select
 
     query = (
-        select(XComModel.value)
+        select(XComModel.dag_id, XComModel.value)
         .join(TaskInstance, _xcom_of_task_instance())
         .where(XComModel.key == JOB_NAMESPACE_XCOM, TaskInstance.state.in_(ACTIVE_STATES))
         .limit(MAX_SUMMARIES)
@@ -192,8 +283,13 @@ def active_job_namespaces(dag_ids: Iterable[str] | None) -> set[str]:
     if dag_ids is not None:
         query = query.where(XComModel.dag_id.in_(list(dag_ids)))
     with create_session() as session:
-        values = session.scalars(query).all()
-    return {str(v) for value in values if isinstance(v := XComModel.deserialize_value(_Row(value)), str) and v}
+        rows = session.execute(query).all()
+    namespaces: dict[str, set[str]] = {}
+    for row in rows:
+        value = XComModel.deserialize_value(_Row(row.value))
+        if is_namespace(value):
+            namespaces.setdefault(value, set()).add(row.dag_id)
+    return namespaces
 
 
 @dataclass(frozen=True)
@@ -248,22 +344,36 @@ class Summaries:
             conditions.append(XComModel.value["phase"].as_string() == query.phase)
         return self._select(conditions, min(query.limit, MAX_SUMMARIES))
 
-    def ended(self, names: Iterable[str]) -> set[str]:
-        """Which of these job names have a summary (their task decided they ended, whatever Kubernetes still shows)."""
+    def job_namespaces(self) -> dict[str, set[str]]:
+        """:func:`active_job_namespaces`: the namespaces of running tasks' jobs, with their DAGs."""
+        return active_job_namespaces()
+
+    def ended(self, jobs: Iterable[tuple[Identity, JobKey]]) -> set[JobKey]:
+        """Which of these live jobs have a summary saved by their own task instance (their task decided they ended,
+        whatever Kubernetes still shows). A summary of another task naming the same job hides nothing."""
         from airflow.models.xcom import XComModel
         from airflow.utils.session import create_session
-        from sqlalchemy import select
+        from sqlalchemy import select, tuple_
 
-        wanted = sorted(set(names))
+        wanted = {(i.dag_id, i.task_id, i.run_id, i.map_index, *key) for i, key in jobs}
         if not wanted:
             return set()
-        name = XComModel.value["name"].as_string()
-        statement = select(name).where(XComModel.key == SUMMARY_XCOM_KEY, name.in_(wanted))
+        # The task instance's columns (indexed), not the summaries' JSON: only the rows of these tasks are read.
+        row_keys = sorted({(dag_id, task_id, run_id) for dag_id, task_id, run_id, *_ in wanted})
+        columns = (XComModel.dag_id, XComModel.task_id, XComModel.run_id)
+        statement = select(
+            *columns,
+            XComModel.map_index,
+            XComModel.value["namespace"].as_string(),
+            XComModel.value["name"].as_string(),
+        ).where(XComModel.key == SUMMARY_XCOM_KEY, tuple_(*columns).in_(row_keys))
         with create_session() as session:
-            return {str(found) for found in session.scalars(statement) if found}
+            found = {tuple(row) for row in session.execute(statement)}
+        return {(namespace, name) for *_, namespace, name in found & wanted}
 
-    def find(self, namespace: str | None, name: str) -> tuple[Identity, Any] | None:
-        """The summary of the job ``namespace/name`` (``namespace`` None: a local run)."""
+    def find(self, namespace: str | None, name: str) -> list[tuple[Identity, Any]]:
+        """Summaries that name the job ``namespace/name`` (``namespace`` None: a local run), newest first: the
+        caller keeps the one saved by the job's own task (:func:`views.summary_belongs_to`)."""
         from airflow.models.xcom import XComModel
 
         conditions = [XComModel.value["name"].as_string() == name]
@@ -271,8 +381,7 @@ class Summaries:
             conditions.append(XComModel.value["namespace"].as_string().is_(None))
         else:
             conditions.append(XComModel.value["namespace"].as_string() == namespace)
-        found = self._select(conditions, 1)
-        return found[0] if found else None
+        return self._select(conditions, MAX_NAME_MATCHES)
 
     def _select(self, conditions: Sequence[Any], limit: int) -> list[tuple[Identity, Any]]:
         from airflow.models.taskinstance import TaskInstance

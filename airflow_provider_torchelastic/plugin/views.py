@@ -13,6 +13,7 @@ A job that is in both is shown from its summary: that is the task's own verdict.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -26,6 +27,8 @@ from airflow_provider_torchelastic.core.naming import (
     LABEL_TRY_NUMBER,
     REPLICA_INDEX_LABEL,
     REPLICA_TYPE_LABEL,
+    RunIdentity,
+    job_name,
 )
 from airflow_provider_torchelastic.core.summary import XCOM_KEY, JobSummary, pod_summaries
 from airflow_provider_torchelastic.kubernetes import kinds
@@ -37,11 +40,14 @@ __all__ = [
     "JobKey",
     "LiveJob",
     "group_live_jobs",
+    "is_namespace",
+    "is_object_name",
     "job_detail_from_live",
     "job_detail_from_summary",
     "job_row_from_live",
     "job_row_from_summary",
     "merge_rows",
+    "summary_belongs_to",
     "summary_from_xcom",
     "ti_url",
 ]
@@ -55,6 +61,22 @@ LOCAL_NAMESPACE: Final = "_local"
 SPARKLINE_POINTS: Final = 60
 
 JobKey = tuple[str, str]  # (namespace, name)
+
+#: What Kubernetes accepts as a namespace (a DNS-1123 label) and as a pod or job name (a DNS-1123 subdomain). A URL's
+#: segment that is neither never reaches an API path: ``..`` would climb to a cluster-wide list there.
+_DNS_LABEL: Final = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?\Z")
+_DNS_SUBDOMAIN: Final = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*\Z")
+_MAX_NAME_LENGTH: Final = 253
+
+
+def is_namespace(text: object) -> bool:
+    """Whether ``text`` is a namespace name Kubernetes could have (``_local`` is not one)."""
+    return isinstance(text, str) and _DNS_LABEL.match(text) is not None
+
+
+def is_object_name(text: object) -> bool:
+    """Whether ``text`` is a pod or job name Kubernetes could have."""
+    return isinstance(text, str) and len(text) <= _MAX_NAME_LENGTH and _DNS_SUBDOMAIN.match(text) is not None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -235,6 +257,31 @@ def summary_from_xcom(value: Any) -> dict[str, Any] | None:
         return JobSummary.from_json(value).to_dict()
     except (ValueError, TypeError, KeyError):
         return None
+
+
+def summary_belongs_to(summary: Mapping[str, Any], identity: Identity) -> bool:
+    """Whether the summary names the job its own XCom row's task would have run: the job's name is a hash of the task
+    instance try (``naming.job_name``), so a task cannot pass its summary off as another DAG's job.
+
+    The row's try or the one before (a summary outlives the start of the next try until that try clears its XComs).
+    """
+    if identity.try_number is None:
+        return False
+    name = summary.get("name")
+    for try_number in {identity.try_number, identity.try_number - 1}:
+        try:
+            claimed = RunIdentity(
+                dag_id=identity.dag_id,
+                task_id=identity.task_id,
+                run_id=identity.run_id,
+                map_index=identity.map_index,
+                try_number=try_number,
+            )
+        except (TypeError, ValueError):
+            continue
+        if job_name(claimed) == name:
+            return True
+    return False
 
 
 def summary_namespace(summary: Mapping[str, Any]) -> str:
