@@ -129,6 +129,8 @@ class AsyncJobSource(Protocol):
 #: nothing to print, and is capped here. So a job costs at most ``60 / poll_interval`` log requests a minute however
 #: many pods it has, a quiet one about one, and a queued one (no pods yet) none.
 LOG_INTERVAL_MAX: Final = 60.0
+#: Lines read from the end of a pod's log on the first read of it: earlier lines are not printed.
+FIRST_READ_TAIL_LINES: Final = 1000
 #: Lines read from the end of a failed pod's log (its log is final; the tail holds the error).
 FAILED_TAIL_LINES: Final = 50
 #: Every worker line starts with ``[rank<global rank>]:`` (the runner's ``LOG_LINE_PREFIX``), so the pod whose log has
@@ -303,7 +305,10 @@ def _stream_logs(
             state.probe += 1
         cursor = state.cursors.get(target, LogCursor())
         since = None if not cursor.last_seen else max(1, int(snapshot.now - cursor.last_seen) + 2)
-        text = yield ReadLog(pod=target, namespace=ref.namespace, since_seconds=since)
+        # A first read (or the first after a triggerer restart) takes the end of the log, not all of it: a pod
+        # that has run for days may have printed gigabytes.
+        first = FIRST_READ_TAIL_LINES if since is None else None
+        text = yield ReadLog(pod=target, namespace=ref.namespace, since_seconds=since, tail_lines=first)
         lines, state.cursors[target] = new_log_lines(cursor, text or "")
         if target != state.rank0_pod and any(line.startswith(RANK0_PREFIX) for line in lines):
             state.rank0_pod = target
@@ -329,7 +334,7 @@ def _no_log_text(error: KubeError, log: Callable[[str], None]) -> str:
 
 
 def _tail(request: ReadLog) -> tuple[int, ...]:
-    # Passed only when asked for, so that sources written before ``tail_lines`` existed keep working.
+    # Passed only when asked for: the API's default is the whole log.
     return () if request.tail_lines is None else (request.tail_lines,)
 
 

@@ -113,6 +113,11 @@ def _version(obj: Mapping[str, Any]) -> int:
         return 0
 
 
+#: Bounds of a stream's record of jobs confirmed gone (:meth:`JobCache.gone`).
+MAX_ABSENT: Final = 10_000
+ABSENT_SECONDS: Final = 3600.0
+
+
 class JobCache:
     """The stream's view of one namespace: the provider's jobs by kind and name, and their pods by job.
 
@@ -126,7 +131,9 @@ class JobCache:
         self.objects: dict[str, dict[str, dict[str, Any]]] = {}  # kind -> name -> object
         self.synced: set[str] = set()  # kinds listed at least once
         self.kinds: tuple[str, ...] = ()
-        self.absent: set[tuple[str, str]] = set()  # (kind, name) the API confirmed gone
+        #: (kind, name) the API confirmed gone, oldest first: at most MAX_ABSENT, each for ABSENT_SECONDS (a trigger
+        #: of a deleted job reads it within seconds; a stream that runs for months must not keep every name).
+        self.absent: dict[tuple[str, str], float] = {}
         self.unwatched: set[tuple[str, str]] = set()  # exists, but without the label: the watch cannot see it
         self.wanted: set[tuple[str, str]] = set()
         self.closed = False
@@ -201,7 +208,7 @@ class JobCache:
         """A (re)list: the whole set of objects of ``kind`` as of the list's version."""
         self.objects[kind] = {item["metadata"]["name"]: item for item in items}
         for item in items:
-            self.absent.discard((kind, item["metadata"]["name"]))
+            self.absent.pop((kind, item["metadata"]["name"]), None)
         self.synced.add(kind)
         self._mark(None)
 
@@ -212,15 +219,26 @@ class JobCache:
         store = self.objects.setdefault(kind, {})
         if event_type == "DELETED":
             store.pop(name, None)
-            self.absent.add((kind, name))
+            self.gone(kind, name)
         else:
             current = store.get(name)
             if current is not None and _version(current) > _version(obj):
                 return  # an older copy (a GET that raced the watch)
             store[name] = obj
-            self.absent.discard((kind, name))
+            self.absent.pop((kind, name), None)
             self.unwatched.discard((kind, name))
         self._mark({self._owner(kind, obj)})
+
+    def gone(self, kind: str, name: str, *, now: float | None = None) -> None:
+        """Record that the API confirmed ``kind``/``name`` gone, forgetting the oldest and the stale records."""
+        now = time.monotonic() if now is None else now
+        self.absent.pop((kind, name), None)
+        self.absent[(kind, name)] = now
+        while self.absent:
+            oldest, since = next(iter(self.absent.items()))
+            if len(self.absent) <= MAX_ABSENT and now - since < ABSENT_SECONDS:
+                break
+            del self.absent[oldest]
 
     def take_changes(self) -> frozenset[str] | None:
         changed: frozenset[str] | None = None if self._all_changed else frozenset(self._changed)
@@ -285,7 +303,7 @@ async def _fetch_wanted(cache: JobCache) -> None:
         cache.wanted.discard((kind, name))
         if obj is None:
             if name not in cache.objects.get(kind, {}):
-                cache.absent.add((kind, name))
+                cache.gone(kind, name)
         else:
             cache.apply(kind, "ADDED", obj)
             labels = obj.get("metadata", {}).get("labels") or {}

@@ -154,7 +154,9 @@ def test_rank_0s_pod_is_found_and_streamed_the_others_are_not() -> None:
 def test_failed_pods_tails_are_read_once_each_and_bounded() -> None:
     pods = [pod(f"j-worker-{i}", "j", "Failed") for i in range(20)]
     reads = drive_minutes(pods, 3, {})
-    tails = [r for r in reads if r.tail_lines is not None]
+    from airflow_provider_torchelastic.kubernetes.wait import FAILED_TAIL_LINES
+
+    tails = [r for r in reads if r.tail_lines == FAILED_TAIL_LINES]  # a first probe read takes a longer tail
     assert len(tails) == WaitPolicy().log_pods and len({r.pod for r in tails}) == len(tails)
 
 
@@ -182,3 +184,40 @@ def test_a_job_that_ends_before_any_probe_still_shows_rank_0s_log() -> None:
     # All in the first pass that saw the job ended, before any sleep: it probed until it found rank 0's pod.
     assert reads == ["j-worker-0", "j-worker-1", "j-worker-2"]
     assert "[j-worker-2] [rank0]:TORCHELASTIC_METRICS {}" in emitted
+
+
+# --- bounded state (issue 20, item 5) ---------------------------------------------------------------------------------
+
+
+def test_the_record_of_jobs_gone_is_bounded_in_size_and_age(monkeypatch: pytest.MonkeyPatch) -> None:
+    from airflow_provider_torchelastic.kubernetes import watch
+
+    monkeypatch.setattr(watch, "MAX_ABSENT", 3)
+    cache = JobCache("ml", kube=None)
+    for i in range(5):
+        cache.gone("PyTorchJob", f"j{i}", now=100.0 + i)
+    assert list(cache.absent) == [("PyTorchJob", "j2"), ("PyTorchJob", "j3"), ("PyTorchJob", "j4")]
+    cache.gone("PyTorchJob", "late", now=103.0 + watch.ABSENT_SECONDS)
+    assert list(cache.absent) == [("PyTorchJob", "j4"), ("PyTorchJob", "late")], "older than an hour: forgotten"
+
+
+def test_a_first_log_read_takes_the_end_of_the_log_and_later_reads_what_is_new() -> None:
+    from airflow_provider_torchelastic.kubernetes.wait import FIRST_READ_TAIL_LINES
+
+    pods = running_pods(1)
+    reads, _ = drive(
+        wait_for_job(JobRef(kind="PyTorchJob", name="j", namespace="ml"), WaitPolicy(poll_interval=10.0)),
+        lambda now: Snapshot(
+            job={
+                "metadata": {"name": "j"},
+                "spec": {},
+                "status": {"conditions": [{"type": "Running", "status": "True"}]},
+            },
+            pods=pods,
+            now=now,
+        ),
+        {"j-worker-0": "2027-01-15T08:00:01Z [rank0]:hello\n"},
+        lambda reads, now: len(reads) >= 2,
+    )
+    assert reads[0].tail_lines == FIRST_READ_TAIL_LINES and reads[0].since_seconds is None
+    assert reads[1].tail_lines is None and reads[1].since_seconds is not None

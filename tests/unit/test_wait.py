@@ -72,7 +72,7 @@ class FakeSource:
             raise answer
         return Snapshot(job=answer, pods=[], now=self.clock[0])
 
-    def read_log(self, pod: str, namespace: str, since_seconds: int | None) -> str:
+    def read_log(self, pod: str, namespace: str, since_seconds: int | None, tail_lines: int | None = None) -> str:
         return ""
 
     def delete_job(self, ref: JobRef) -> bool:
@@ -92,7 +92,9 @@ class AsyncFakeSource:
     async def snapshot(self, ref: JobRef) -> Snapshot:
         return self.sync.snapshot(ref)
 
-    async def read_log(self, pod: str, namespace: str, since_seconds: int | None) -> str:
+    async def read_log(
+        self, pod: str, namespace: str, since_seconds: int | None, tail_lines: int | None = None
+    ) -> str:
         return ""
 
     async def delete_job(self, ref: JobRef) -> bool:
