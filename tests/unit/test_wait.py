@@ -92,9 +92,7 @@ class AsyncFakeSource:
     async def snapshot(self, ref: JobRef) -> Snapshot:
         return self.sync.snapshot(ref)
 
-    async def read_log(
-        self, pod: str, namespace: str, since_seconds: int | None, tail_lines: int | None = None
-    ) -> str:
+    async def read_log(self, pod: str, namespace: str, since_seconds: int | None, tail_lines: int | None = None) -> str:
         return ""
 
     async def delete_job(self, ref: JobRef) -> bool:
