@@ -187,8 +187,9 @@ def load_payload(data: bytes) -> Payload:
 
 # --- tracebacks that show the DAG file --------------------------------------------------------------------------
 # cloudpickle renames by-value code to "<dynamic-code>", so a worker's traceback would show neither the DAG file nor
-# its lines. The payload carries each local module's path and source, and where each function's code starts; the
-# loader puts the path back and registers the source with linecache (the file need not exist where it runs).
+# its lines. The payload carries each local module's path and the source lines of its functions (the rest blanked,
+# so that line numbers stay), and where each function's code starts; the loader puts the path back and registers
+# the source with linecache (the file need not exist where it runs).
 
 _MAX_SOURCE_BYTES: Final = 1_000_000
 _DYNAMIC_FILENAME: Final = "<dynamic-code>"
@@ -206,6 +207,27 @@ def _module_functions(module: types.ModuleType) -> Iterator[types.FunctionType]:
             yield from (v for v in vars(value).values() if isinstance(v, types.FunctionType))
 
 
+def _last_line(code: types.CodeType) -> int:
+    """The last line of ``code`` and of the code nested in it."""
+    last = max((line for _, _, line in code.co_lines() if line is not None), default=code.co_firstlineno)
+    return max([last, *(_last_line(const) for const in code.co_consts if isinstance(const, types.CodeType))])
+
+
+def _functions_only(source: str, functions: Sequence[types.FunctionType]) -> str:
+    """``source`` with every line outside ``functions`` blanked: the line numbers stay, so a traceback shows the
+    function's own lines, and nothing else of the module travels (a constant beside the function, a credential in a
+    DAG file's top level). A value the function uses travels anyway, pickled in its globals."""
+    lines = source.splitlines(keepends=True)
+    keep = [False] * len(lines)
+    for function in functions:
+        # A function's first line is its first decorator's.
+        first, last = function.__code__.co_firstlineno, _last_line(function.__code__)
+        for number in range(max(first, 1), min(last, len(lines)) + 1):
+            keep[number - 1] = True
+    blank = ["\n" if line.endswith("\n") else "" for line in lines]
+    return "".join(line if kept else empty for line, kept, empty in zip(lines, keep, blank, strict=True))
+
+
 def _source_locations(modules: Sequence[types.ModuleType]) -> dict[str, Any]:
     files: dict[str, str] = {}
     codes: dict[str, str] = {}
@@ -217,8 +239,9 @@ def _source_locations(modules: Sequence[types.ModuleType]) -> dict[str, Any]:
             source = None
         if path is None or source is None or len(source) > _MAX_SOURCE_BYTES:
             continue
-        files[path] = source
-        for function in _module_functions(module):
+        functions = list(_module_functions(module))
+        files[path] = _functions_only(source, functions)
+        for function in functions:
             codes[_code_key(function.__code__)] = path
     return {"files": files, "codes": codes}
 

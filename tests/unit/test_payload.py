@@ -243,3 +243,31 @@ def test_worker_tracebacks_name_the_dag_file_and_show_its_lines(tmp_path: Path) 
     assert "return helper(y)" in proc.stdout
     assert f'File "{source_file}", line 3, in helper' in proc.stdout and "return 1 / x" in proc.stdout
     assert "<dynamic-code>" not in proc.stdout
+
+
+MODULE_WITH_A_SECRET = """
+WAREHOUSE_PASSWORD = "hunter2-unrelated-credential"
+
+
+def train(x):
+    return x * 2
+"""
+
+
+def test_the_payload_carries_the_functions_lines_not_the_rest_of_the_module(tmp_path: Path) -> None:
+    """Issue 20, item 1: a DAG file's unrelated top-level text (a credential beside the function) does not travel;
+    the function's own lines do, at their line numbers, for tracebacks."""
+    folder = tmp_path / "dags"
+    folder.mkdir()
+    name = f"secret_dag_{uuid.uuid4().hex[:8]}"
+    (folder / f"{name}.py").write_text(MODULE_WITH_A_SECRET)
+    sys.path.insert(0, str(folder))
+    try:
+        data = dump_payload(importlib.import_module(name).train, (5,))
+    finally:
+        sys.path.remove(str(folder))
+        sys.modules.pop(name, None)
+    assert b"hunter2-unrelated-credential" not in data
+    assert b"WAREHOUSE_PASSWORD" not in data
+    # The function's lines at their own line numbers (5 and 6): the lines before them are blank.
+    assert b"\n\n\n\ndef train(x):\n    return x * 2\n" in data
