@@ -210,7 +210,10 @@ class KubeJobs:
         return next((job for job in self.jobs(namespace) if job.name == name), None)
 
     def log_tail(self, namespace: str, pod: str) -> str:
-        """The last lines of the pod's training container log (cached ``LOG_TTL`` seconds); "" if unreadable."""
+        """The last lines of the pod's training container log (cached ``LOG_TTL`` seconds); "" if unreadable, and
+        without a read for a name Kubernetes cannot have."""
+        if not (is_namespace(namespace) and is_object_name(pod)):
+            return ""
         key = (namespace, pod)
         with self._guard:
             cached = self._logs.get(key)

@@ -272,6 +272,7 @@ def test_the_kubernetes_reads_check_names_before_building_a_path() -> None:
             kube.read_log_tail(bad, "pod")
     with pytest.raises(ValueError, match="DNS-1123"):
         kube.read_log_tail("ml", "../../nodes")
+    assert kube.log_tail("ml", "../../nodes") == "" and kube.log_tail("..", "pod") == ""
     assert kube.calls == 0
     assert views.is_namespace("team-a-1") and not views.is_namespace("-a") and not views.is_namespace("a" * 64)
     assert views.is_object_name("job.worker-0") and not views.is_object_name("a..b")
