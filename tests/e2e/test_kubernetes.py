@@ -438,7 +438,7 @@ def test_killed_worker_deletes_its_job(cluster: Cluster, tmp_path: Path) -> None
     log = tmp_path / "worker.log"
     proc = start_dag_subprocess("k8s_killed_worker", log)
     try:
-        jobs = wait_for(lambda: cluster.workloads("k8s_killed_worker")[0], 60, "the PyTorchJob")
+        jobs = wait_for(lambda: cluster.workloads("k8s_killed_worker")[0], 180, "the PyTorchJob")
         name = jobs[0]["metadata"]["name"]
         selector = f"training.kubeflow.org/job-name={name}"
         wait_for(lambda: sum(p.status.phase == "Running" for p in cluster.pods(selector)) == 2, 90, "running pods")
@@ -538,7 +538,7 @@ def test_worker_crash_after_creation_reattaches_within_the_same_try(
     dag_id = "k8s_worker_crash"
     proc = start_dag_subprocess(dag_id, tmp_path / "worker.log")
     try:
-        pods = wait_for(lambda: cluster.workloads(dag_id)[1], 60, "the pod")
+        pods = wait_for(lambda: cluster.workloads(dag_id)[1], 180, "the pod")
     finally:
         proc.kill()  # SIGKILL: nothing runs on the way out, like a lost node
         proc.wait(timeout=30)

@@ -61,7 +61,7 @@ def test_a_pod_with_the_jobs_labels_but_another_controller_gives_no_result(
     forged: dict[str, Any] = {}
 
     def add_the_foreign_pod() -> None:
-        pods = wait_for(lambda: cluster.workloads(dag_id)[1], 60, "the job's pods")
+        pods = wait_for(lambda: cluster.workloads(dag_id)[1], 180, "the job's pods")
         real = min(pods, key=lambda p: p.metadata.name)
         job = real.metadata.owner_references[0]
         # The same kind and name as the job's controller, another uid: what a second controller of the name has.
