@@ -31,7 +31,7 @@ from airflow_provider_torchelastic.kubernetes import kinds
 from airflow_provider_torchelastic.kubernetes import preflight as decide
 from airflow_provider_torchelastic.kubernetes.client import SyncKube
 from airflow_provider_torchelastic.kubernetes.preflight import Check, Report, Rule
-from airflow_provider_torchelastic.kubernetes.render import payload_configmap_owner_reference, render_manifests
+from airflow_provider_torchelastic.kubernetes.render import payload_secret_owner_reference, render_manifests
 from airflow_provider_torchelastic.kubernetes.status import JobRef, Phase, WaitPolicy
 from airflow_provider_torchelastic.kubernetes.wait import drive_sync, wait_for_job
 
@@ -192,7 +192,7 @@ def _smoke(kube: SyncKube, namespace: str, image: str | None, timeout: float, lo
         return decide.smoke_check(None, succeeded=False, detail="")
     identity = RunIdentity(dag_id=_SMOKE_DAG_ID, task_id="smoke", run_id=f"preflight-{uuid.uuid4().hex[:12]}")
     try:
-        configmap, pod = render_manifests(
+        secret, pod = render_manifests(
             Elastic(nnodes=1, nproc_per_node=1),
             identity=identity,
             namespace=namespace,
@@ -205,12 +205,12 @@ def _smoke(kube: SyncKube, namespace: str, image: str | None, timeout: float, lo
     ref = JobRef(kind=kinds.POD.kind, name=pod["metadata"]["name"], namespace=namespace)
     try:
         try:
-            kube.create(configmap)
+            kube.create(secret)
             created = kube.create(pod)
-            owner = payload_configmap_owner_reference(
+            owner = payload_secret_owner_reference(
                 owner_name=ref.name, owner_uid=created["metadata"]["uid"], kind=ref.kind
             )
-            kube.patch_configmap(configmap["metadata"]["name"], namespace, owner)
+            kube.patch_secret(secret["metadata"]["name"], namespace, owner)
         except KubeError as e:
             return decide.smoke_check(image, succeeded=False, detail=f"could not create it: {e}", submitted=False)
         log(f"[smoke] created Pod {namespace}/{ref.name} ({image})")
@@ -229,7 +229,7 @@ def _smoke(kube: SyncKube, namespace: str, image: str | None, timeout: float, lo
         try:
             kube.delete_job(ref)
         except KubeError as e:
-            log(f"[smoke] could not delete Pod {namespace}/{ref.name} and its ConfigMap: {e}")
+            log(f"[smoke] could not delete Pod {namespace}/{ref.name} and its payload Secret: {e}")
 
 
 def _parser() -> argparse.ArgumentParser:

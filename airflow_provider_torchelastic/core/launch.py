@@ -115,7 +115,7 @@ def runner_command(
     """The runner's command line. ``nnodes`` is omitted where ``PET_NNODES`` supplies it (a PyTorchJob).
 
     ``payload_sha256``: the digest of the payload this try wrote; the runner refuses any other payload before
-    unpickling it (a ConfigMap of the payload's name may have been written by someone else).
+    unpickling it (a Secret of the payload's name may have been written by someone else).
 
     ``result_url``: where the node holding rank 0 writes a value too large for its result file
     (``[torch_elastic] result_storage``); a URL only, never credentials (those come from the workers' environment).

@@ -26,7 +26,7 @@ import tenacity
 from airflow_provider_torchelastic.core.naming import TRAINING_CONTAINER
 from airflow_provider_torchelastic.errors import KubeError
 from airflow_provider_torchelastic.kubernetes import kinds
-from airflow_provider_torchelastic.kubernetes.pod_template import payload_configmap_name
+from airflow_provider_torchelastic.kubernetes.pod_template import payload_secret_name
 from airflow_provider_torchelastic.kubernetes.status import JobRef, Snapshot
 
 __all__ = ["AsyncKube", "KubeError", "SyncKube", "retry_async", "retry_sync", "sync_kube_from_config"]
@@ -82,6 +82,7 @@ _Call = tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]
 _CORE_VERBS: Final = {
     "Pod": ("create_namespaced_pod", "read_namespaced_pod", "delete_namespaced_pod"),
     "ConfigMap": ("create_namespaced_config_map", "read_namespaced_config_map", "delete_namespaced_config_map"),
+    "Secret": ("create_namespaced_secret", "read_namespaced_secret", "delete_namespaced_secret"),
 }
 
 
@@ -104,7 +105,7 @@ def _get_call(core: Any, custom: Any, kind: str, name: str, namespace: str) -> _
 
 
 def _delete_call(core: Any, custom: Any, kind: str, name: str, namespace: str) -> _Call:
-    # Background propagation: the API's garbage collector removes what the job owns (pods, the payload ConfigMap).
+    # Background propagation: the API's garbage collector removes what the job owns (pods, the payload Secret).
     body = {"propagationPolicy": "Background"}
     if kind in _CORE_VERBS:
         return getattr(core, _CORE_VERBS[kind][2]), (name, namespace), {"body": body}
@@ -191,9 +192,9 @@ class SyncKube:
                 return None
             raise
 
-    def patch_configmap(self, name: str, namespace: str, body: Mapping[str, Any]) -> None:
+    def patch_secret(self, name: str, namespace: str, body: Mapping[str, Any]) -> None:
         # The sync client sends a dict body as a JSON merge patch.
-        self._body((self._core.patch_namespaced_config_map, (name, namespace, body), {}))
+        self._body((self._core.patch_namespaced_secret, (name, namespace, body), {}))
 
     def list_pods(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
         doc = _json(self._body(_list_pods_call(self._core, namespace, label_selector)))
@@ -241,11 +242,11 @@ class SyncKube:
         return True
 
     def delete_job(self, ref: JobRef) -> bool:
-        """Delete the job and its payload ConfigMap; whether the job existed."""
+        """Delete the job and its payload Secret; whether the job existed."""
         existed = self.delete(ref.kind, ref.name, ref.namespace)
-        # The ConfigMap is owned by the job and garbage-collected with it; deleting it too costs one call and leaves
+        # The Secret is owned by the job and garbage-collected with it; deleting it too costs one call and leaves
         # nothing behind where no garbage collector runs (or when the job was never created).
-        self.delete("ConfigMap", payload_configmap_name(ref.name), ref.namespace)
+        self.delete("Secret", payload_secret_name(ref.name), ref.namespace)
         return existed
 
     # --- what the preflight asks: discovery, access reviews, the version, one custom object ----------------------
@@ -439,7 +440,7 @@ class AsyncKube:
 
     async def delete_job(self, ref: JobRef) -> bool:
         existed = await self.delete(ref.kind, ref.name, ref.namespace)
-        await self.delete("ConfigMap", payload_configmap_name(ref.name), ref.namespace)
+        await self.delete("Secret", payload_secret_name(ref.name), ref.namespace)
         return existed
 
 

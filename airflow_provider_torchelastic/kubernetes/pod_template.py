@@ -1,4 +1,4 @@
-"""The building blocks every kind renders from: the payload ConfigMap, resource checks, the pod template with the
+"""The building blocks every kind renders from: the payload Secret, resource checks, the pod template with the
 generated fields laid over the user's, and the shared render inputs. Pure functions returning plain dicts.
 
 No I/O and no airflow, kubernetes or torch imports: the same inputs always give the same objects, so what the
@@ -26,16 +26,16 @@ from airflow_provider_torchelastic.core.pod_options import JobOptions, PodOption
 
 __all__ = [
     "CONTAINER_NAME",
-    "MAX_CONFIGMAP_BYTES",
+    "MAX_SECRET_BYTES",
     "PAYLOAD_PATH",
     "PORT_NAME",
     "RESULT_FILE",
     "PodSettings",
     "RenderInputs",
     "job_metadata",
-    "payload_configmap_name",
+    "payload_secret_name",
     "pod_spec_digest",
-    "render_payload_configmap",
+    "render_payload_secret",
     "render_pod_template",
 ]
 
@@ -61,8 +61,8 @@ SHM_VOLUME: Final = "dshm"
 SHM_PATH: Final = "/dev/shm"
 AUTOMOUNT_TOKEN: Final = "automountServiceAccountToken"
 
-#: The API server rejects a ConfigMap whose keys and values together exceed 1 MiB (``MaxConfigMapSize``).
-MAX_CONFIGMAP_BYTES: Final = 1024 * 1024
+#: The API server rejects a Secret whose data together exceeds 1 MiB (``MaxSecretSize``).
+MAX_SECRET_BYTES: Final = 1024 * 1024
 
 
 def invalid(where: str, value: object, expected: str) -> ValueError:
@@ -72,30 +72,35 @@ def invalid(where: str, value: object, expected: str) -> ValueError:
 # ---------------------------------------------------------------------------------------------------------- payload
 
 
-def payload_configmap_name(job: str) -> str:
+def payload_secret_name(job: str) -> str:
     return f"{job}-payload"
 
 
-def render_payload_configmap(
+def render_payload_secret(
     *, name: str, namespace: str, payload: bytes, labels: Mapping[str, str], annotations: Mapping[str, str]
 ) -> JsonDict:
-    """The ConfigMap that carries the payload to every pod; fails before anything exists if it cannot fit."""
+    """The Secret that carries the payload to every pod; fails before anything exists if it cannot fit.
+
+    A Secret, not a ConfigMap: the payload holds the function's arguments as rendered (a ``{{ conn.x.password }}``
+    among them) and the values the function uses, and Kubernetes' built-in ``view`` role reads ConfigMaps, not
+    Secrets."""
     if not isinstance(payload, bytes | bytearray):
         raise TypeError(f"payload: expected bytes, got {type(payload).__name__}")
     size = len(payload) + len(PAYLOAD_KEY)
-    if size > MAX_CONFIGMAP_BYTES:
+    if size > MAX_SECRET_BYTES:
         raise ValueError(
-            f"payload: {len(payload)} bytes do not fit a ConfigMap (limit {MAX_CONFIGMAP_BYTES - len(PAYLOAD_KEY)} "
-            f"bytes, {MAX_CONFIGMAP_BYTES} bytes per ConfigMap); pass large data by reference (object storage paths, "
+            f"payload: {len(payload)} bytes do not fit a Secret (limit {MAX_SECRET_BYTES - len(PAYLOAD_KEY)} "
+            f"bytes, {MAX_SECRET_BYTES} bytes per Secret); pass large data by reference (object storage paths, "
             "a dataset URI) instead of as arguments or captured variables of the training function"
         )
     return {
         "apiVersion": "v1",
-        "kind": "ConfigMap",
+        "kind": "Secret",
         "metadata": {"name": name, "namespace": namespace, "labels": dict(labels), "annotations": dict(annotations)},
+        "type": "Opaque",
         # Immutable: the kubelet stops watching it, and nobody can swap the code under a running job.
         "immutable": True,
-        "binaryData": {PAYLOAD_KEY: base64.b64encode(bytes(payload)).decode("ascii")},
+        "data": {PAYLOAD_KEY: base64.b64encode(bytes(payload)).decode("ascii")},
     }
 
 
@@ -191,7 +196,7 @@ class PodSettings:
     requests: Mapping[str, str]
     limits: Mapping[str, str]
     command: list[str]
-    configmap: str
+    payload_secret: str
     labels: Mapping[str, str]
     annotations: Mapping[str, str]
     env: Sequence[JsonDict] = ()
@@ -272,7 +277,7 @@ def render_pod_template(settings: PodSettings) -> JsonDict:
 
     shm_size = options.effective_shm_size
     own_volumes: list[JsonDict] = [
-        {"name": PAYLOAD_VOLUME, "configMap": {"name": settings.configmap}},
+        {"name": PAYLOAD_VOLUME, "secret": {"secretName": settings.payload_secret}},
     ]
     own_mounts: list[JsonDict] = [{"name": PAYLOAD_VOLUME, "mountPath": PAYLOAD_DIR, "readOnly": True}]
     if shm_size is not None:
@@ -351,7 +356,7 @@ class RenderInputs:
     job_options: JobOptions
     labels: Mapping[str, str]
     annotations: Mapping[str, str]
-    configmap: str
+    payload_secret: str
     default_image: str | None = None
     image_required: bool = True
     #: Env of every pod's ``pytorch`` container that the provider sets for the run (the run context).

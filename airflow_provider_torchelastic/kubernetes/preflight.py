@@ -51,8 +51,8 @@ EXIT_MISSING: Final = 1
 JOB_VERBS: Final = ("create", "get", "list", "watch", "delete")
 #: The pods of a job: get/list to poll, watch for the shared watch.
 POD_READ_VERBS: Final = ("get", "list", "watch")
-#: The payload ConfigMap: create, patch (the owner reference once the job exists), delete (with the job).
-CONFIGMAP_VERBS: Final = ("create", "patch", "delete")
+#: The payload Secret: create, patch (the owner reference once the job exists), delete (with the job).
+SECRET_VERBS: Final = ("create", "patch", "delete")
 
 #: The Kubeflow training operator v1.9 (PyTorchJob ``kubeflow.org/v1``), standalone install.
 _TRAINING_OPERATOR_KUSTOMIZATION: Final = "github.com/kubeflow/training-operator.git/manifests/overlays/standalone"
@@ -183,7 +183,7 @@ class Rule:
 
 def provider_rules(job_kinds: Iterable[JobKind]) -> tuple[Rule, ...]:
     """The rules the identity of the provider's tasks needs, in the order of ``deploy/rbac.yaml``: the jobs of each
-    kind, pods (which the Pod kind's own rule covers, being both), pods' logs and the payload ConfigMap."""
+    kind, pods (which the Pod kind's own rule covers, being both), pods' logs and the payload Secret."""
     rules: dict[tuple[str, str], Rule] = {}
 
     def add(rule: Rule) -> None:
@@ -199,7 +199,7 @@ def provider_rules(job_kinds: Iterable[JobKind]) -> tuple[Rule, ...]:
         add(Rule(kind.group, kind.plural, JOB_VERBS, f"{kind.kind} jobs"))
     add(Rule("", "pods", POD_READ_VERBS, "pods of jobs"))
     add(Rule("", "pods/log", ("get",), "pod logs"))
-    add(Rule("", "configmaps", CONFIGMAP_VERBS, "payload ConfigMap"))
+    add(Rule("", "secrets", SECRET_VERBS, "payload Secret"))
     return tuple(rules.values())
 
 

@@ -1,5 +1,5 @@
 """The objects one try of a task creates, and what the operator shows of them: the kind's job object from the
-shared building blocks of :mod:`.pod_template`, with the payload ConfigMap in front.
+shared building blocks of :mod:`.pod_template`, with the payload Secret in front.
 
 The operator's call::
 
@@ -15,9 +15,9 @@ The operator's call::
         pod_options=PodOptions(),   # operator-level pod customization, or None
         job_options=JobOptions(),   # PyTorchJob-only settings (schedulingPolicy, suspend), or None
     )
-    # -> [ConfigMap, PyTorchJob] or [ConfigMap, Pod], in creation order
+    # -> [Secret, PyTorchJob] or [Secret, Pod], in creation order (the Secret holds the payload)
 
-After creating the second object, apply its kind's ``owner_reference(...)`` to the ConfigMap as a merge patch, so
+After creating the second object, apply its kind's ``owner_reference(...)`` to the Secret as a merge patch, so
 that Kubernetes garbage-collects the payload with the job. ``check_renderable(...)`` runs the same rendering with a
 placeholder identity, for the operator's constructor: an invalid combination fails while the DAG file is parsed.
 Which kind a config becomes is decided in one place, :func:`kinds.for_config`, at parse time and at run time alike.
@@ -52,8 +52,8 @@ from airflow_provider_torchelastic.kubernetes.pod_template import (
     JsonDict,
     RenderInputs,
     invalid,
-    payload_configmap_name,
-    render_payload_configmap,
+    payload_secret_name,
+    render_payload_secret,
 )
 
 __all__ = [
@@ -61,7 +61,7 @@ __all__ = [
     "UI_SUMMARY_LIMIT",
     "check_renderable",
     "elide_payload",
-    "payload_configmap_owner_reference",
+    "payload_secret_owner_reference",
     "render_manifests",
     "summarize_for_ui",
     "task_context_for",
@@ -91,7 +91,7 @@ def render_manifests(
     result_url: str | None = None,
     report_interval: float | None = None,
 ) -> list[JsonDict]:
-    """The objects one try of a task creates, in creation order: ``[ConfigMap, PyTorchJob]`` or ``[ConfigMap, Pod]``.
+    """The objects one try of a task creates, in creation order: ``[Secret, PyTorchJob]`` or ``[Secret, Pod]``.
 
     ``renderer`` renders the job object; by default the kind that runs the config (:func:`kinds.for_config`), the
     same one the operator submits and waits for.
@@ -129,8 +129,8 @@ def render_manifests(
     options = pod_options or PodOptions()
     labels = identity_labels(identity)
     annotations = identity_annotations(identity)
-    configmap = render_payload_configmap(
-        name=payload_configmap_name(name),
+    secret = render_payload_secret(
+        name=payload_secret_name(name),
         namespace=namespace,
         payload=payload,
         labels={**options.labels, **labels},
@@ -145,7 +145,7 @@ def render_manifests(
         job_options=job_options or JobOptions(),
         labels=labels,
         annotations=annotations,
-        configmap=configmap["metadata"]["name"],
+        payload_secret=secret["metadata"]["name"],
         default_image=default_image,
         image_required=require_image,
         worker_env=[
@@ -154,11 +154,11 @@ def render_manifests(
             *([{"name": METRICS_INTERVAL_ENV, "value": f"{report_interval:g}"}] if report_interval is not None else []),
         ],
         result_url=result_url,
-        # The pods run only the payload this try wrote, whoever wrote the ConfigMap they mount.
+        # The pods run only the payload this try wrote, whoever wrote the Secret they mount.
         payload_sha256=hashlib.sha256(payload).hexdigest(),
     )
     workload = (renderer or kinds.for_config(config).render)(inputs)
-    return [configmap, workload]
+    return [secret, workload]
 
 
 def task_context_for(identity: RunIdentity) -> TaskContext:
@@ -219,14 +219,20 @@ def to_yaml(documents: Sequence[Any]) -> str:
 
 def elide_payload(manifest: JsonDict) -> JsonDict:
     """The manifest with the payload bytes replaced by their size (for logs, XComs and the UI)."""
-    if manifest.get("kind") != "ConfigMap" or "binaryData" not in manifest:
+    # A ConfigMap's binaryData: what manifests XComs written before the payload became a Secret hold.
+    field = _PAYLOAD_FIELDS.get(str(manifest.get("kind")))
+    if field is None or field not in manifest:
         return manifest
     elided = copy.deepcopy(manifest)
-    for key, data in elided["binaryData"].items():
+    for key, data in elided[field].items():
         if data.startswith("<"):
             continue  # elided already (a manifest read back from the XCom); "<" is not in the base64 alphabet
-        elided["binaryData"][key] = f"<{len(base64.b64decode(data))} bytes, cloudpickle payload>"
+        elided[field][key] = f"<{len(base64.b64decode(data))} bytes, cloudpickle payload>"
     return elided
+
+
+#: Where the payload object of each form keeps its bytes.
+_PAYLOAD_FIELDS: Final = {"Secret": "data", "ConfigMap": "binaryData"}
 
 
 def _digest(manifest: JsonDict) -> JsonDict:
@@ -262,7 +268,7 @@ def summarize_for_ui(manifests: Sequence[JsonDict], *, limit: int = UI_SUMMARY_L
     """
     footer = UI_FOOTER + "\n"
     budget = limit - len(footer)
-    workloads = [m for m in manifests if m.get("kind") != "ConfigMap"]
+    workloads = [m for m in manifests if m.get("kind") not in _PAYLOAD_FIELDS]
     for candidate in (
         [elide_payload(m) for m in manifests],
         workloads,
@@ -277,7 +283,7 @@ def summarize_for_ui(manifests: Sequence[JsonDict], *, limit: int = UI_SUMMARY_L
     return cut[: cut.rfind("\n") + 1] + marker + footer
 
 
-def payload_configmap_owner_reference(*, owner_name: str, owner_uid: str, kind: str) -> JsonDict:
-    """The merge-patch body that makes the payload ConfigMap a dependent of the created job of ``kind`` (any kind in
+def payload_secret_owner_reference(*, owner_name: str, owner_uid: str, kind: str) -> JsonDict:
+    """The merge-patch body that makes the payload Secret a dependent of the created job of ``kind`` (any kind in
     the table: :meth:`JobKind.owner_reference`)."""
     return kinds.get(kind).owner_reference(owner_name=owner_name, owner_uid=owner_uid)

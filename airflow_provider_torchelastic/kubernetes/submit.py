@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Final, Literal
 from airflow_provider_torchelastic.core.naming import LABEL_PREFIX
 from airflow_provider_torchelastic.errors import KubeError
 from airflow_provider_torchelastic.kubernetes import kinds
-from airflow_provider_torchelastic.kubernetes.render import payload_configmap_owner_reference
+from airflow_provider_torchelastic.kubernetes.render import payload_secret_owner_reference
 from airflow_provider_torchelastic.kubernetes.status import JobRef, is_suspended, queue_name
 
 if TYPE_CHECKING:
@@ -43,7 +43,7 @@ __all__ = [
     "with_token",
 ]
 
-#: The annotation on the payload ConfigMap and the job that carries the token of the try that created them.
+#: The annotation on the payload Secret and the job that carries the token of the try that created them.
 TOKEN_ANNOTATION: Final = f"{LABEL_PREFIX}/try-token"
 #: The connection's ways to reach a cluster; the cncf.kubernetes hook accepts exactly one of them.
 CLUSTER_SOURCES: Final = ("in_cluster", "kube_config_path", "kube_config")
@@ -169,7 +169,7 @@ def _not_ours(kind: str, namespace: str, name: str, *, payload: str | None = Non
     what = f"{kind} {namespace}/{name} exists but was not created by this try (it lacks this try's {TOKEN_ANNOTATION} "
     what += "annotation and uid)"
     if payload is not None:
-        what = f"ConfigMap {namespace}/{payload} exists and is not this try's, and {what}"
+        what = f"Secret {namespace}/{payload} exists and is not this try's, and {what}"
     return Refusal(
         message=f"{what}: refusing to re-attach to it or to run anything it holds. A job name is computed from the "
         "dag, task, run and try, so someone who can create objects in this namespace may have created it; delete it "
@@ -181,7 +181,7 @@ def _not_ours(kind: str, namespace: str, name: str, *, payload: str | None = Non
 def create_or_reattach(
     kube: SyncKube,
     ref: JobRef,
-    configmap: dict[str, Any],
+    secret: dict[str, Any],
     workload: dict[str, Any],
     *,
     token: str,
@@ -191,11 +191,11 @@ def create_or_reattach(
     info: Log,
     warning: Log,
 ) -> JobRef | Refusal:
-    """Create the ConfigMap and the job, or re-attach to the job this try already created; returns the job, or the
+    """Create the payload Secret and the job, or re-attach to the job this try already created; returns the job, or the
     :class:`Refusal` that says which object is in the way and why.
 
     Only objects that carry ``token`` (this try's, from its state store) or have the uid it recorded are this try's:
-    a job of the try's name that is not fails the task; a payload ConfigMap that is not is deleted and written
+    a job of the try's name that is not fails the task; a payload Secret that is not is deleted and written
     again (no job of this try can own it: that job would have been found first). ``remembered`` is the job this
     try's earlier attempt recorded (its name may have been computed differently: a provider upgrade between a
     worker crash and the resumed try); the deterministic ``ref`` covers everything else. ``remember(job, uid)``
@@ -224,9 +224,9 @@ def create_or_reattach(
             return _not_ours(candidate.kind, candidate.namespace, candidate.name)
     if remember is not None:
         remember(ref, None)
-    name = configmap["metadata"]["name"]
+    name = secret["metadata"]["name"]
     try:
-        call(kube.create, with_token(configmap, token))
+        call(kube.create, with_token(secret, token))
     except KubeError as e:
         if not e.conflict:
             raise
@@ -238,15 +238,15 @@ def create_or_reattach(
             return ref
         if found == "foreign":
             return _not_ours(ref.kind, ref.namespace, ref.name, payload=name)
-        warning("Payload ConfigMap %s/%s exists but is not this try's: replacing it", ref.namespace, name)
-        call(kube.delete, "ConfigMap", name, ref.namespace)
+        warning("Payload Secret %s/%s exists but is not this try's: replacing it", ref.namespace, name)
+        call(kube.delete, "Secret", name, ref.namespace)
         try:
-            call(kube.create, with_token(configmap, token))
+            call(kube.create, with_token(secret, token))
         except KubeError as again:
             if not again.conflict:
                 raise
             return Refusal(
-                message=f"ConfigMap {ref.namespace}/{name} (this try's payload) was created again by someone else "
+                message=f"Secret {ref.namespace}/{name} (this try's payload) was created again by someone else "
                 "while this try replaced it: refusing to run its pods with it (a retry will not help)",
                 recoverable=False,
             )
@@ -259,14 +259,14 @@ def create_or_reattach(
         if whose(ref) == "ours":
             info("%s %s/%s already exists; re-attaching", ref.kind, ref.namespace, ref.name)
             return ref
-        call(kube.delete, "ConfigMap", name, ref.namespace)  # this try's own, which no job of it will use
+        call(kube.delete, "Secret", name, ref.namespace)  # this try's own, which no job of it will use
         return _not_ours(ref.kind, ref.namespace, ref.name)
     info("Created %s %s/%s", ref.kind, ref.namespace, ref.name)
     uid = created["metadata"]["uid"]
     if remember is not None:
         remember(ref, uid)
-    owner = payload_configmap_owner_reference(owner_name=ref.name, owner_uid=uid, kind=ref.kind)
-    call(kube.patch_configmap, name, ref.namespace, owner)
+    owner = payload_secret_owner_reference(owner_name=ref.name, owner_uid=uid, kind=ref.kind)
+    call(kube.patch_secret, name, ref.namespace, owner)
     return ref
 
 

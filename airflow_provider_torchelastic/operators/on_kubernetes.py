@@ -83,11 +83,11 @@ def _submit(
     op: TorchElasticOperator,
     kube: SyncKube,
     ref: JobRef,
-    configmap: dict[str, Any],
+    secret: dict[str, Any],
     workload: dict[str, Any],
     context: Context,
 ) -> JobRef:
-    """Create the ConfigMap and the job, or re-attach to the job this try already created; returns the job.
+    """Create the payload Secret and the job, or re-attach to the job this try already created; returns the job.
 
     The try's token lives in the task state store, next to the job it names: a worker that crashed and runs the
     same try again finds both, and re-attaches only to what carries that token (or the uid it recorded).
@@ -122,7 +122,7 @@ def _submit(
         answer = submit.create_or_reattach(
             kube,
             ref,
-            configmap,
+            secret,
             workload,
             token=token,
             remembered=remembered.ref if remembered is not None else None,
@@ -133,7 +133,7 @@ def _submit(
         )
     except KubeError as e:
         error = _submit_error(ref, e)
-        # The payload ConfigMap may exist already: leave nothing behind (a retry creates everything anew).
+        # The payload Secret may exist already: leave nothing behind (a retry creates everything anew).
         op._stop(ref, kube)
         raise error from e
     if isinstance(answer, submit.Refusal):
@@ -158,7 +158,7 @@ def execute_on_kubernetes(op: TorchElasticOperator, context: Context, payload: b
         # A setting only known at run time (templated image, the connection's namespace, the payload's size)
         # is wrong: the same try would fail the same way, so do not spend retries on it.
         raise TrainingFailedError(f"Cannot build the Kubernetes objects for this task: {e}") from e
-    configmap, workload = manifests
+    secret, workload = manifests
     ref = JobRef(kind=workload["kind"], name=workload["metadata"]["name"], namespace=namespace)
     # What the log, the XCom and the rendered-template view show: no payload bytes, no secret.
     secrets = sensitive_values(manifests)
@@ -166,7 +166,7 @@ def execute_on_kubernetes(op: TorchElasticOperator, context: Context, payload: b
     op.rendered_job = summarize_for_ui(elided)
     op.log.info("Manifests to submit (payload elided, secrets masked):\n%s", json.dumps(elided, indent=2))
     kube = SyncKube(kubernetes_hook.api_client)
-    ref = _submit(op, kube, ref, configmap, workload, context)
+    ref = _submit(op, kube, ref, secret, workload, context)
     op._job = ref
     submit.warn_if_it_may_queue_forever(
         workload, bounded=bool(op.scheduling_timeout or op.execution_timeout), warning=op.log.warning

@@ -417,12 +417,12 @@ def _runner_failure(exc: BaseException, *, rank: int) -> WorkerFailure:
 
 def check_digest(data: bytes, expected: str | None, where: str) -> None:
     """Refuse a payload whose sha256 is not the manifest's (None: no flag, an older Airflow side): whoever could
-    write the payload's ConfigMap must not choose what this pod unpickles."""
+    write the payload's Secret must not choose what this pod unpickles."""
     actual = hashlib.sha256(data).hexdigest()
     if expected is not None and not hmac.compare_digest(actual, expected):
         raise RunnerUsageError(
             f"the payload at {where} is not the one this try wrote (sha256 {actual}, expected {expected} from "
-            "--payload-sha256): refusing to load it; was the payload ConfigMap replaced by someone else?"
+            "--payload-sha256): refusing to load it; was the payload Secret replaced by someone else?"
         )
 
 

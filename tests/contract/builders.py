@@ -48,7 +48,7 @@ def render(
 
 
 def workload(manifests: list[dict[str, Any]]) -> dict[str, Any]:
-    assert next(m["kind"] for m in manifests) == "ConfigMap"
+    assert next(m["kind"] for m in manifests) == "Secret"
     return manifests[1]
 
 

@@ -151,8 +151,8 @@ def validate_pod_template(template: dict[str, Any], version: str) -> None:
     validate_core_v1(pod_template_as_object(template), version)
 
 
-def validate_configmap(configmap: dict[str, Any], version: str) -> None:
-    validate_core_v1(configmap, version)
+def validate_secret(secret: dict[str, Any], version: str) -> None:
+    validate_core_v1(secret, version)
 
 
 class WebhookRejection(ValueError):
@@ -216,8 +216,8 @@ def validate_rendered(manifests: list[dict[str, Any]]) -> None:
     for manifest in manifests:
         kind = manifest["kind"]
         for version in KUBERNETES_VERSIONS:
-            if kind == "ConfigMap":
-                validate_configmap(manifest, version)
+            if kind == "Secret":
+                validate_secret(manifest, version)
             elif kind == "Pod":
                 validate_pod(manifest, version)
             elif kind == "PyTorchJob":

@@ -23,7 +23,7 @@ from airflow_provider_torchelastic.core.config import (
 from airflow_provider_torchelastic.core.pod_options import JobOptions, PodOptions, config_map_key_ref, secret_key_ref
 from airflow_provider_torchelastic.kubernetes import kinds
 from airflow_provider_torchelastic.kubernetes.pod_template import (
-    MAX_CONFIGMAP_BYTES,
+    MAX_SECRET_BYTES,
     PAYLOAD_KEY,
     PAYLOAD_PATH,
     RESULT_FILE,
@@ -31,7 +31,8 @@ from airflow_provider_torchelastic.kubernetes.pod_template import (
 from airflow_provider_torchelastic.kubernetes.render import (
     UI_FOOTER,
     check_renderable,
-    payload_configmap_owner_reference,
+    elide_payload,
+    payload_secret_owner_reference,
     render_manifests,
     summarize_for_ui,
     to_yaml,
@@ -226,7 +227,7 @@ def test_webhook_rules_reject_what_the_schema_allows(how: str) -> None:
 def test_single_node_is_one_pod_running_the_runner() -> None:
     config = Elastic(nproc_per_node=4, run_policy=RunPolicy(active_deadline_seconds=3600))
     assert kinds.for_config(config) is kinds.POD
-    configmap, pod = render(config)
+    secret, pod = render(config)
     assert pod["kind"] == "Pod"
     assert pod["spec"]["restartPolicy"] == "Never"
     assert pod["spec"]["activeDeadlineSeconds"] == 3600
@@ -240,7 +241,7 @@ def test_single_node_is_one_pod_running_the_runner() -> None:
     assert container["terminationMessagePolicy"] == "FallbackToLogsOnError"
     assert {"name": "pytorchjob-port", "containerPort": 23456} in container["ports"]
     assert {"name": "PYTHONUNBUFFERED", "value": "1"} in container["env"]
-    assert configmap["metadata"]["name"] == pod["metadata"]["name"] + "-payload"
+    assert secret["metadata"]["name"] == pod["metadata"]["name"] + "-payload"
 
 
 def test_elastic_range_is_a_pytorchjob_with_elastic_policy() -> None:
@@ -522,19 +523,21 @@ def test_render_refuses_what_is_not_an_image_reference(image: str) -> None:
 # --------------------------------------------------------------------------------------------- payload
 
 
-def test_payload_is_mounted_read_only_from_an_immutable_configmap() -> None:
-    configmap, job = render(Elastic(nnodes=2), payload=b"abc")
-    assert base64.b64decode(configmap["binaryData"][PAYLOAD_KEY]) == b"abc"
-    assert configmap["immutable"] is True
+def test_payload_is_mounted_read_only_from_an_immutable_secret() -> None:
+    """A Secret (issue 20, item 1): Kubernetes' built-in view role reads ConfigMaps, not Secrets."""
+    secret, job = render(Elastic(nnodes=2), payload=b"abc")
+    assert secret["kind"] == "Secret" and secret["type"] == "Opaque"
+    assert base64.b64decode(secret["data"][PAYLOAD_KEY]) == b"abc"
+    assert secret["immutable"] is True
     spec = pod_specs(job)["Worker"]
-    volume = next(v for v in spec["volumes"] if v.get("configMap"))
-    assert volume["configMap"]["name"] == configmap["metadata"]["name"]
+    volume = next(v for v in spec["volumes"] if v.get("secret"))
+    assert volume["secret"]["secretName"] == secret["metadata"]["name"]
     mount = next(m for m in pytorch_container(spec)["volumeMounts"] if m["name"] == volume["name"])
     assert mount["readOnly"] is True and PAYLOAD_PATH.startswith(mount["mountPath"] + "/")
 
 
 def test_payload_too_large_fails_before_anything_is_created() -> None:
-    limit = MAX_CONFIGMAP_BYTES - len(PAYLOAD_KEY)
+    limit = MAX_SECRET_BYTES - len(PAYLOAD_KEY)
     render(Elastic(), payload=b"x" * limit)
     with pytest.raises(ValueError, match=rf"{limit + 1} bytes.*limit {limit}.*by reference"):
         render(Elastic(), payload=b"x" * (limit + 1))
@@ -542,14 +545,14 @@ def test_payload_too_large_fails_before_anything_is_created() -> None:
 
 @pytest.mark.parametrize(("kind", "api_version"), [("PyTorchJob", "kubeflow.org/v1"), ("Pod", "v1")])
 def test_owner_reference_patch(kind: str, api_version: str) -> None:
-    patch = payload_configmap_owner_reference(owner_name="job", owner_uid="1234", kind=kind)
+    patch = payload_secret_owner_reference(owner_name="job", owner_uid="1234", kind=kind)
     assert patch == {
         "metadata": {"ownerReferences": [{"apiVersion": api_version, "kind": kind, "name": "job", "uid": "1234"}]}
     }
-    configmap = render(Elastic())[0]
-    configmap["metadata"].update(patch["metadata"])
+    secret = render(Elastic())[0]
+    secret["metadata"].update(patch["metadata"])
     for version in KUBERNETES_VERSIONS:
-        kubernetes_validate.validate(configmap, version, strict=True)
+        kubernetes_validate.validate(secret, version, strict=True)
 
 
 # ---------------------------------------------------------------------------------------- determinism
@@ -572,7 +575,7 @@ def test_summary_shows_the_whole_job_when_it_fits() -> None:
     assert len(text) <= 4000
     assert text.rstrip("\n").splitlines()[-1] == UI_FOOTER
     documents = list(yaml.safe_load_all(text))
-    assert documents[0]["binaryData"][PAYLOAD_KEY] == "<5000 bytes, cloudpickle payload>"
+    assert documents[0]["data"][PAYLOAD_KEY] == "<5000 bytes, cloudpickle payload>"
     assert documents[1] == manifests[1]
 
 
@@ -621,3 +624,12 @@ def test_rendering_imports_no_airflow_kubernetes_or_torch() -> None:
         "assert not loaded, loaded\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO_ROOT)
+
+
+def test_a_manifests_xcom_from_before_the_payload_was_a_secret_is_still_elided() -> None:
+    """execute_complete reads the manifests XCom that the deferring try pushed, maybe before an upgrade."""
+    legacy = {"kind": "ConfigMap", "metadata": {"name": "j-payload"}, "binaryData": {PAYLOAD_KEY: "YWJj"}}
+    assert elide_payload(legacy)["binaryData"][PAYLOAD_KEY] == "<3 bytes, cloudpickle payload>"
+    secret = render(Elastic(), payload=b"abcd")[0]
+    assert elide_payload(secret)["data"][PAYLOAD_KEY] == "<4 bytes, cloudpickle payload>"
+    assert elide_payload(elide_payload(secret)) == elide_payload(secret)

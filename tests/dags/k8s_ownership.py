@@ -1,5 +1,5 @@
 """DAGs for the ownership tests on the local cluster (tests/e2e/test_ownership.py): objects that are not this try's
-(a pod with the job's labels, a payload ConfigMap created before the task) must not become its input or its result.
+(a pod with the job's labels, a payload Secret created before the task) must not become its input or its result.
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ with _dag("k8s_foreign_pod"):
         **FAST,
     )
 
-# One pod, whose payload ConfigMap name the test takes first.
+# One pod, whose payload Secret name the test takes first.
 with _dag("k8s_squatted_payload"):
     TorchElasticOperator(
         task_id="train",

@@ -66,9 +66,9 @@ class Kube:
             except ApiException as e:
                 if e.status != 404:
                     raise
-        for cm in self.core.list_namespaced_config_map(self.namespace, label_selector=MANAGED).items:
+        for payload in self.core.list_namespaced_secret(self.namespace, label_selector=MANAGED).items:
             try:
-                self.core.delete_namespaced_config_map(cm.metadata.name, self.namespace)
+                self.core.delete_namespaced_secret(payload.metadata.name, self.namespace)
             except ApiException as e:
                 if e.status != 404:
                     raise

@@ -165,8 +165,9 @@ class Cluster:
     def pods(self, selector: str = "") -> list[Any]:
         return list(self.core.list_namespaced_pod(self.namespace, label_selector=selector).items)
 
-    def configmaps(self, selector: str = MANAGED) -> list[Any]:
-        return list(self.core.list_namespaced_config_map(self.namespace, label_selector=selector).items)
+    def payloads(self, selector: str = MANAGED) -> list[Any]:
+        """The provider's payload Secrets."""
+        return list(self.core.list_namespaced_secret(self.namespace, label_selector=selector).items)
 
     def get_pod(self, name: str) -> Any | None:
         from kubernetes.client.exceptions import ApiException
@@ -178,11 +179,11 @@ class Cluster:
                 return None
             raise
 
-    def get_configmap(self, name: str) -> Any | None:
+    def get_payload(self, name: str) -> Any | None:
         from kubernetes.client.exceptions import ApiException
 
         try:
-            return self.core.read_namespaced_config_map(name, self.namespace)
+            return self.core.read_namespaced_secret(name, self.namespace)
         except ApiException as e:
             if e.status == 404:
                 return None
@@ -224,9 +225,9 @@ class Cluster:
             )
         for pod in self.pods():
             quietly(self.core.delete_namespaced_pod, pod.metadata.name, self.namespace)
-        for cm in self.configmaps():
-            quietly(self.core.delete_namespaced_config_map, cm.metadata.name, self.namespace)
-        wait_for(lambda: not self.jobs() and not self.pods() and not self.configmaps(), 60, "namespace to empty")
+        for payload in self.payloads():
+            quietly(self.core.delete_namespaced_secret, payload.metadata.name, self.namespace)
+        wait_for(lambda: not self.jobs() and not self.pods() and not self.payloads(), 60, "namespace to empty")
 
 
 def wait_for(condition: Callable[[], Any], timeout: float, what: str, interval: float = 0.2) -> Any:
@@ -287,7 +288,7 @@ def set_connection(monkeypatch: pytest.MonkeyPatch, kubeconfig: Path, namespace:
 
 def test_one_node_runs_as_a_single_pod_and_is_deleted(cluster: Cluster) -> None:
     from airflow_provider_torchelastic.core.naming import job_name
-    from airflow_provider_torchelastic.kubernetes.render import payload_configmap_name
+    from airflow_provider_torchelastic.kubernetes.render import payload_secret_name
 
     result = run_dag("k8s_single_pod")
     assert result.state == "success", result
@@ -296,10 +297,10 @@ def test_one_node_runs_as_a_single_pod_and_is_deleted(cluster: Cluster) -> None:
     assert result.xcom(key="job_kind") == "Pod"
     name = result.xcom(key="job_name")
     assert name == job_name(result.identity())
-    assert [m["kind"] for m in result.xcom(key="manifests")] == ["ConfigMap", "Pod"]
-    # on_finish_action="delete_succeeded": the pod and the payload ConfigMap are gone.
+    assert [m["kind"] for m in result.xcom(key="manifests")] == ["Secret", "Pod"]
+    # on_finish_action="delete_succeeded": the pod and the payload Secret are gone.
     wait_for(lambda: cluster.get_pod(name) is None, 30, f"pod {name} to be deleted")
-    assert cluster.get_configmap(payload_configmap_name(name)) is None
+    assert cluster.get_payload(payload_secret_name(name)) is None
     assert cluster.workloads("k8s_single_pod") == ([], [])
 
 
@@ -877,8 +878,8 @@ def test_a_refused_submission_fails_at_once_without_retries(
         error
     )
     assert str(status) in error and words in error and "a retry will not help" in error, error
-    # Nothing is left behind: the payload ConfigMap created before the refusal is deleted too.
-    assert cluster.configmaps() == [] and cluster.workloads("k8s_submit_refused") == ([], [])
+    # Nothing is left behind: the payload Secret created before the refusal is deleted too.
+    assert cluster.payloads() == [] and cluster.workloads("k8s_submit_refused") == ([], [])
 
 
 @pytest.mark.parametrize("dag_id", ["k8s_minimal", "k8s_minimal_deferred"], ids=["worker", "trigger"])
@@ -914,7 +915,7 @@ def test_a_wait_that_cannot_read_the_job_deletes_it(
     assert error.startswith("airflow_provider_torchelastic.operators.TrainingRecoverableError: "), error
     assert "403 Forbidden" in error and "the job was deleted" in error, error
     wait_for(lambda: cluster.workloads(dag_id) == ([], []), 30, "the job to be deleted")
-    assert cluster.configmaps() == []
+    assert cluster.payloads() == []
 
 
 def test_a_late_kill_leaves_a_finished_kept_job(cluster: Cluster) -> None:

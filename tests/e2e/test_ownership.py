@@ -1,5 +1,5 @@
 """Only what this try created is its own, on the local cluster (issue 19): a pod with the job's labels that the job
-does not control gives no result, and a payload ConfigMap created before the task is never run.
+does not control gives no result, and a payload Secret created before the task is never run.
 
 The fixtures are those of test_kubernetes.py (one cluster per session, the namespace emptied after each test).
 """
@@ -92,7 +92,7 @@ def test_a_pod_with_the_jobs_labels_but_another_controller_gives_no_result(
     assert forged["pod"].metadata.name not in json.dumps(summary), summary
 
 
-def test_a_payload_configmap_created_before_the_task_is_never_run(cluster: Cluster) -> None:  # noqa: F811
+def test_a_payload_secret_created_before_the_task_is_never_run(cluster: Cluster) -> None:  # noqa: F811
     """Someone computes the job name (a hash of dag, task, run and try) and creates ``<job>-payload`` with their own
     function first: the task replaces it and returns its own result; the attacker's function never runs."""
     import datetime
@@ -116,14 +116,14 @@ def test_a_payload_configmap_created_before_the_task_is_never_run(cluster: Clust
         task.task_config, identity=identity, namespace=cluster.namespace, image=IMAGE, payload=attacker
     )
     assert squatter["metadata"]["name"] == f"{job_name(identity)}-payload"
-    cluster.core.create_namespaced_config_map(cluster.namespace, squatter)
+    cluster.core.create_namespaced_secret(cluster.namespace, squatter)
 
     dag_run = dag.test(logical_date=when, run_after=when)
     assert dag_run.run_id == run_id
     result = read_run(dag_id, run_id)
     assert result.state == "success", result
     assert result.xcom() == {"value": "the real payload", "rank": 0}
-    left = cluster.get_configmap(squatter["metadata"]["name"])  # deleted with the job, or this try's own
+    left = cluster.get_payload(squatter["metadata"]["name"])  # deleted with the job, or this try's own
     assert left is None or (left.metadata.annotations or {}).get(TOKEN_ANNOTATION), left
 
 

@@ -161,4 +161,4 @@ def test_smoke_runs_the_runner_image_and_leaves_nothing(
         }
     ], done.stderr
     assert "[smoke] created Pod" in done.stderr
-    wait_for(lambda: cluster.pods(MANAGED) == [] and cluster.configmaps() == [], 30, "the smoke job to be deleted")
+    wait_for(lambda: cluster.pods(MANAGED) == [] and cluster.payloads() == [], 30, "the smoke job to be deleted")

@@ -31,8 +31,8 @@ def make_operator(**kwargs: object) -> TorchElasticOperator:
 
 def test_render_manifests_without_a_run_or_a_connection() -> None:
     op = make_operator(task_config=Elastic(nnodes="2:4", nproc_per_node=2), execution="kubernetes")
-    configmap, job = op.render_manifests()
-    assert configmap["kind"] == "ConfigMap" and job["kind"] == "PyTorchJob"
+    payload, job = op.render_manifests()
+    assert payload["kind"] == "Secret" and job["kind"] == "PyTorchJob"
     assert job["spec"]["elasticPolicy"]["maxReplicas"] == 4 and job["spec"]["nprocPerNode"] == "2"
     assert job["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] == 4
     container = job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]

@@ -185,10 +185,10 @@ def test_render_manifests_renders_what_it_can_without_a_run() -> None:
     op = make(image="registry.example.com/train:{{ params.tag }}", namespace="team-{{ task.task_id }}")
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        configmap, pod = op.render_manifests()
-    assert pod["metadata"]["namespace"] == configmap["metadata"]["namespace"] == "team-train"
+        payload, pod = op.render_manifests()
+    assert pod["metadata"]["namespace"] == payload["metadata"]["namespace"] == "team-train"
     assert pod["spec"]["containers"][0]["image"] == "registry.example.com/train:1.2"
-    assert "{{" not in _text([configmap, pod])
+    assert "{{" not in _text([payload, pod])
     assert op.image == "registry.example.com/train:{{ params.tag }}", "rendering must not change the operator"
 
 
@@ -202,13 +202,13 @@ def test_render_manifests_names_what_only_a_run_can_render(monkeypatch: pytest.M
         task_config=Elastic(nnodes=2),
     )
     with pytest.warns(UserWarning) as record:
-        configmap, job = op.render_manifests()
+        payload, job = op.render_manifests()
     message = " ".join(str(w.message) for w in record)
     for field in ("image", "namespace", "op_kwargs"):
         assert f"{field} (" in message, message
     assert "default" in message and "placeholder" in message, message
-    assert job["metadata"]["namespace"] == configmap["metadata"]["namespace"] == "default"
-    assert "{{" not in _text([configmap, job])
+    assert job["metadata"]["namespace"] == payload["metadata"]["namespace"] == "default"
+    assert "{{" not in _text([payload, job])
 
 
 def test_render_manifests_renders_variables_it_can_read(monkeypatch: pytest.MonkeyPatch) -> None:

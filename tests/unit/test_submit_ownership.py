@@ -1,5 +1,5 @@
 """Own objects only (issue 19, item 1): a try re-attaches only to objects that carry its token or whose uid it
-recorded, and a payload ConfigMap it did not write is replaced, never used; anything else fails naming the object."""
+recorded, and a payload Secret it did not write is replaced, never used; anything else fails naming the object."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ def obj(kind: str, name: str, *, token: str | None = None, uid: str | None = Non
     return {"kind": kind, "metadata": meta}
 
 
-CONFIGMAP = {"kind": "ConfigMap", "metadata": {"name": "te-job-payload", "namespace": "ml"}, "binaryData": {}}
+PAYLOAD = {"kind": "Secret", "metadata": {"name": "te-job-payload", "namespace": "ml"}, "data": {}}
 WORKLOAD = {"kind": "PyTorchJob", "metadata": {"name": "te-job", "namespace": "ml"}, "spec": {}}
 
 
@@ -59,8 +59,8 @@ class FakeKube:
             self.objects[(kind, name)] = self.recreated.pop((kind, name))
         return existed
 
-    def patch_configmap(self, name: str, namespace: str, body: dict[str, Any]) -> None:
-        self.calls.append(("patch", "ConfigMap", name))
+    def patch_secret(self, name: str, namespace: str, body: dict[str, Any]) -> None:
+        self.calls.append(("patch", "Secret", name))
 
 
 def submit_to(kube: FakeKube, *, token: str = TOKEN, uid: str | None = None) -> tuple[Any, list[Any]]:
@@ -68,7 +68,7 @@ def submit_to(kube: FakeKube, *, token: str = TOKEN, uid: str | None = None) -> 
     answer = submit.create_or_reattach(
         kube,  # type: ignore[arg-type]
         REF,
-        CONFIGMAP,
+        PAYLOAD,
         WORKLOAD,
         token=token,
         remembered=None,
@@ -120,7 +120,7 @@ def test_a_fresh_try_creates_both_objects_with_its_token_and_records_the_uid() -
     kube = FakeKube()
     answer, remembered = submit_to(kube)
     assert answer == REF
-    for key in (("ConfigMap", "te-job-payload"), ("PyTorchJob", "te-job")):
+    for key in (("Secret", "te-job-payload"), ("PyTorchJob", "te-job")):
         assert kube.objects[key]["metadata"]["annotations"][submit.TOKEN_ANNOTATION] == TOKEN
     assert remembered == [(REF, None), (REF, "uid-te-job")]  # before creating, and the uid once created
     assert "annotations" not in WORKLOAD["metadata"]  # the rendered manifests are not changed
@@ -139,29 +139,29 @@ def test_a_job_with_the_recorded_uid_is_re_attached_to() -> None:
 
 
 def test_a_job_of_the_same_name_without_the_token_is_refused_and_left_alone() -> None:
-    kube = FakeKube(obj("PyTorchJob", "te-job"), obj("ConfigMap", "te-job-payload"))
+    kube = FakeKube(obj("PyTorchJob", "te-job"), obj("Secret", "te-job-payload"))
     answer, remembered = submit_to(kube)
     assert isinstance(answer, submit.Refusal) and not answer.recoverable
     assert "PyTorchJob ml/te-job" in answer.message and "not created by this try" in answer.message
     assert [c for c in kube.calls if c[0] != "get"] == [] and remembered == []
 
 
-def test_a_payload_configmap_this_try_did_not_write_is_replaced() -> None:
-    squatter = {**obj("ConfigMap", "te-job-payload"), "binaryData": {"payload": "attacker"}}
+def test_a_payload_secret_this_try_did_not_write_is_replaced() -> None:
+    squatter = {**obj("Secret", "te-job-payload"), "data": {"payload": "attacker"}}
     kube = FakeKube(squatter)
     answer, _ = submit_to(kube)
     assert answer == REF
-    replaced = kube.objects[("ConfigMap", "te-job-payload")]
-    assert replaced["binaryData"] == {} and replaced["metadata"]["annotations"][submit.TOKEN_ANNOTATION] == TOKEN
-    assert ("delete", "ConfigMap", "te-job-payload") in kube.calls
+    replaced = kube.objects[("Secret", "te-job-payload")]
+    assert replaced["data"] == {} and replaced["metadata"]["annotations"][submit.TOKEN_ANNOTATION] == TOKEN
+    assert ("delete", "Secret", "te-job-payload") in kube.calls
 
 
-def test_a_payload_configmap_recreated_while_being_replaced_fails_naming_it() -> None:
-    kube = FakeKube(obj("ConfigMap", "te-job-payload"))
-    kube.recreated[("ConfigMap", "te-job-payload")] = obj("ConfigMap", "te-job-payload")
+def test_a_payload_secret_recreated_while_being_replaced_fails_naming_it() -> None:
+    kube = FakeKube(obj("Secret", "te-job-payload"))
+    kube.recreated[("Secret", "te-job-payload")] = obj("Secret", "te-job-payload")
     answer, _ = submit_to(kube)
     assert isinstance(answer, submit.Refusal) and not answer.recoverable
-    assert "ConfigMap ml/te-job-payload" in answer.message
+    assert "Secret ml/te-job-payload" in answer.message
     assert ("PyTorchJob", "te-job") not in kube.objects
 
 
@@ -177,7 +177,7 @@ def test_a_job_created_by_someone_else_meanwhile_is_refused() -> None:
     kube.create = create  # type: ignore[method-assign]
     answer, _ = submit_to(kube)
     assert isinstance(answer, submit.Refusal) and "PyTorchJob ml/te-job" in answer.message
-    assert ("ConfigMap", "te-job-payload") not in kube.objects  # this try's own payload is not left behind
+    assert ("Secret", "te-job-payload") not in kube.objects  # this try's own payload is not left behind
     assert kube.objects[("PyTorchJob", "te-job")]["metadata"]["annotations"][submit.TOKEN_ANNOTATION] == "b" * 32
 
 
@@ -187,7 +187,7 @@ def test_a_job_created_by_someone_else_meanwhile_is_refused() -> None:
 class KubeWithJobs(FakeKube):
     def delete_job(self, ref: JobRef) -> bool:
         existed = self.delete(ref.kind, ref.name, ref.namespace)
-        self.delete("ConfigMap", f"{ref.name}-payload", ref.namespace)
+        self.delete("Secret", f"{ref.name}-payload", ref.namespace)
         return existed
 
 

@@ -294,7 +294,7 @@ def test_a_plugged_in_kind_renders_waits_and_is_addressed_through_its_descriptor
                 payload=b"",
                 renderer=renderer,
             )
-            assert [m["kind"] for m in manifests] == ["ConfigMap", "FakeJob"]
+            assert [m["kind"] for m in manifests] == ["Secret", "FakeJob"]
         owner = fake.owner_reference(owner_name="f", owner_uid="u")["metadata"]["ownerReferences"]
         assert owner == [{"apiVersion": "example.dev/v1", "kind": "FakeJob", "name": "f", "uid": "u"}]
 

@@ -83,10 +83,10 @@ class JobKind:
         return controlled_pods(job, pods, self.controller_chain)
 
     def owner_reference(self, *, owner_name: str, owner_uid: str) -> JsonDict:
-        """The merge-patch body that makes an object (the payload ConfigMap) a dependent of this kind's job.
+        """The merge-patch body that makes an object (the payload Secret) a dependent of this kind's job.
 
         Set after the job exists (its uid is known only then). No ``blockOwnerDeletion``: setting it needs permission
-        on the owner's finalizers, and nothing is gained by blocking the owner's deletion on a ConfigMap.
+        on the owner's finalizers, and nothing is gained by blocking the owner's deletion on a Secret.
         """
         if not owner_name or not owner_uid:
             raise ValueError(f"owner_name and owner_uid: expected non-empty strings, got {owner_name!r}, {owner_uid!r}")

@@ -82,7 +82,7 @@ def render_pod(inputs: RenderInputs) -> JsonDict:
             requests=inputs.options.requests,
             limits=inputs.options.limits,
             command=command,
-            configmap=inputs.configmap,
+            payload_secret=inputs.payload_secret,
             labels=inputs.labels,
             annotations=inputs.annotations,
             # What the training operator gives every container of a PyTorchJob: logs arrive as they are written.

@@ -91,7 +91,7 @@ def _replica_spec(
             requests={**options.requests, **replica.requests},
             limits={**options.limits, **replica.limits},
             command=command,
-            configmap=inputs.configmap,
+            payload_secret=inputs.payload_secret,
             labels=inputs.labels,
             annotations=inputs.annotations,
             env=inputs.worker_env,
