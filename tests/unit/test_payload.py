@@ -215,19 +215,25 @@ except ZeroDivisionError:
 """
 
 
-def test_worker_tracebacks_name_the_dag_file_and_show_its_lines(tmp_path: Path) -> None:
-    # cloudpickle renames by-value code "<dynamic-code>"; the payload puts the file and its source back.
-    folder = tmp_path / "dags"
+def _dump_train_of(folder: Path, prefix: str, source: str) -> tuple[Path, bytes]:
+    """Write ``source`` as a fresh module in ``folder``, import it, and dump its ``train(5)``: the module file and
+    the payload (the module is forgotten again)."""
     folder.mkdir()
-    name = f"failing_dag_{uuid.uuid4().hex[:8]}"
+    name = f"{prefix}_{uuid.uuid4().hex[:8]}"
     source_file = folder / f"{name}.py"
-    source_file.write_text(FAILING_MODULE)
+    source_file.write_text(source)
     sys.path.insert(0, str(folder))
     try:
-        data = dump_payload(importlib.import_module(name).train, (5,))
+        return source_file, dump_payload(importlib.import_module(name).train, (5,))
     finally:
         sys.path.remove(str(folder))
         sys.modules.pop(name, None)
+
+
+def test_worker_tracebacks_name_the_dag_file_and_show_its_lines(tmp_path: Path) -> None:
+    # cloudpickle renames by-value code "<dynamic-code>"; the payload puts the file and its source back.
+    folder = tmp_path / "dags"
+    source_file, data = _dump_train_of(folder, "failing_dag", FAILING_MODULE)
     shutil.rmtree(folder)  # the worker has no DAG file: lines come from the payload
     path = tmp_path / "payload.bin"
     path.write_bytes(data)
@@ -257,16 +263,7 @@ def train(x):
 def test_the_payload_carries_the_functions_lines_not_the_rest_of_the_module(tmp_path: Path) -> None:
     """Issue 20, item 1: a DAG file's unrelated top-level text (a credential beside the function) does not travel;
     the function's own lines do, at their line numbers, for tracebacks."""
-    folder = tmp_path / "dags"
-    folder.mkdir()
-    name = f"secret_dag_{uuid.uuid4().hex[:8]}"
-    (folder / f"{name}.py").write_text(MODULE_WITH_A_SECRET)
-    sys.path.insert(0, str(folder))
-    try:
-        data = dump_payload(importlib.import_module(name).train, (5,))
-    finally:
-        sys.path.remove(str(folder))
-        sys.modules.pop(name, None)
+    _, data = _dump_train_of(tmp_path / "dags", "secret_dag", MODULE_WITH_A_SECRET)
     assert b"hunter2-unrelated-credential" not in data
     assert b"WAREHOUSE_PASSWORD" not in data
     # The function's lines at their own line numbers (5 and 6): the lines before them are blank.
