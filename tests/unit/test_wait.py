@@ -224,16 +224,12 @@ def test_a_kill_deletes_a_running_or_unobservable_job(answer: Any) -> None:
 
 
 def test_only_recoverable_api_errors_are_repeated() -> None:
+    from tests.unit.test_client_retry_after import failing_then
+
     calls: list[int] = []
 
     def flaky(errors: list[KubeError]) -> Callable[[], str]:
-        def call() -> str:
-            calls.append(1)
-            if errors:
-                raise errors.pop(0)
-            return "ok"
-
-        return call
+        return failing_then(errors, calls)
 
     naps: list[float] = []
     assert retry_sync(flaky([KubeError(0, "ConnectionResetError", ""), KubeError(502, "", "")]), print, naps.append)
