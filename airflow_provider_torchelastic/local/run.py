@@ -21,11 +21,14 @@ import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 from airflow_provider_torchelastic.core.launch import LaunchSpec, nccl_env_defaults, runner_command
 from airflow_provider_torchelastic.core.outcome import NodeOutcome, NodeReport, Verdict, decide_run, decode_outcome
 from airflow_provider_torchelastic.core.run_context import CONTEXT_ENV, TaskContext
+
+if TYPE_CHECKING:
+    import psutil
 
 __all__ = ["LocalRun", "run_locally"]
 
@@ -34,6 +37,8 @@ __all__ = ["LocalRun", "run_locally"]
 PEER_GRACE_SECONDS: Final = 2.0
 #: SIGTERM first (the agent stops its workers cleanly), SIGKILL after this.
 TERMINATE_TIMEOUT_SECONDS: Final = 30.0
+#: How long a SIGKILLed process may take to die.
+KILL_WAIT_SECONDS: Final = 5.0
 _POLL_SECONDS: Final = 0.2
 
 # Variables that would make a local runner join a rendezvous of the pod or job Airflow itself runs in.
@@ -125,11 +130,18 @@ class LocalRun:
     _ended_at: dict[int, float] = field(default_factory=dict)
     #: Set once the run signals its nodes itself: a node that a signal ended before that was killed from outside.
     _terminating: threading.Event = field(default_factory=threading.Event)
+    #: One termination at a time: ``stop`` (another thread) and the run's own end may both terminate, and the run
+    #: must not return while the other is still killing what it found.
+    _terminate_lock: threading.Lock = field(default_factory=threading.Lock)
 
     def stop(self) -> None:
         self._stopped.set()
+        self.terminate()
+
+    def terminate(self) -> None:
         self._terminating.set()
-        _terminate(self.processes)
+        with self._terminate_lock:
+            _terminate(self.processes)
 
     @property
     def stopped(self) -> bool:
@@ -138,6 +150,10 @@ class LocalRun:
 
 def _terminate(processes: list[subprocess.Popen[str]]) -> None:
     alive = [p for p in processes if p.poll() is None]
+    # Each worker runs in a session of its own (runner.worker.leave_agent_session), out of reach of its node's group
+    # signal: its agent stops it, or the kernel kills it when the agent dies. Whatever they started is found now,
+    # while the process tree still links it to its node, and killed last.
+    descendants = _descendants(alive)
     for proc in alive:
         # Each node runs in its own session: signal the group, so its workers go too.
         _signal_group(proc, signal.SIGTERM)
@@ -151,6 +167,33 @@ def _terminate(processes: list[subprocess.Popen[str]]) -> None:
     for proc in processes:
         # Workers that outlived their agent (a SIGKILLed agent cannot stop them) must not linger either.
         _signal_group(proc, signal.SIGKILL)
+    _kill_all(descendants)
+
+
+def _descendants(processes: list[subprocess.Popen[str]]) -> list[psutil.Process]:
+    import psutil
+
+    found: list[psutil.Process] = []
+    for proc in processes:
+        with contextlib.suppress(psutil.Error):
+            found.extend(psutil.Process(proc.pid).children(recursive=True))
+    return found
+
+
+def _kill_all(processes: list[psutil.Process]) -> None:
+    """SIGKILL each that is still running (psutil refuses a pid reused since), and wait until each is gone or a
+    zombie: they are not this process's children, so whoever adopted them reaps them (or, as a container's PID 1
+    that reaps nothing, never does; hence the bound)."""
+    import psutil
+
+    for proc in processes:
+        with contextlib.suppress(psutil.Error):
+            proc.kill()
+    deadline = time.monotonic() + KILL_WAIT_SECONDS
+    for proc in processes:
+        with contextlib.suppress(psutil.Error):
+            while proc.status() != psutil.STATUS_ZOMBIE and time.monotonic() < deadline:
+                time.sleep(0.05)
 
 
 def _signal_group(proc: subprocess.Popen[str], signum: int) -> None:
@@ -225,8 +268,7 @@ def run_locally(
                 pumps.append(pump)
             _wait(run, log_line)
         finally:
-            run._terminating.set()
-            _terminate(run.processes)
+            run.terminate()
             for pump in pumps:
                 pump.join(timeout=5)
         reports = [
@@ -253,8 +295,7 @@ def _wait(run: LocalRun, log_line: Callable[[str], None]) -> None:
             failed_at = time.monotonic()
         if failed_at is not None and time.monotonic() - failed_at > PEER_GRACE_SECONDS:
             log_line("a node failed; stopping the other nodes, which cannot finish without it")
-            run._terminating.set()
-            _terminate(run.processes)
+            run.terminate()
             return
         time.sleep(_POLL_SECONDS)
 

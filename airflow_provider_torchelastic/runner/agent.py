@@ -46,7 +46,7 @@ from airflow_provider_torchelastic.runner.worker import (
     FAILED_AT_MARKER,
     RECOVERABLE_MARKER,
     _spawn_entrypoint,
-    call_training_function,
+    forked_entrypoint,
 )
 
 log = logging.getLogger("airflow_provider_torchelastic.runner")
@@ -449,17 +449,13 @@ def run(settings: RunnerSettings) -> int:
         os.environ["OMP_NUM_THREADS"] = "1"
 
     entrypoint: Callable[..., str | None]
-    entry_args: tuple[Any, ...]
+    entry_args: tuple[Any, ...] = ()
+    agent_pid = os.getpid()  # each worker leaves this session but dies with this process (leave_agent_session)
     if settings.start_method == "spawn":
-        entrypoint, entry_args = _spawn_entrypoint, (settings.payload,)
+        entrypoint, entry_args = _spawn_entrypoint, (settings.payload, agent_pid)
     else:
-        # fork: the children inherit the unpickled function, so a closure is enough and nothing is pickled again.
         payload = load_payload(data)
-
-        def entrypoint() -> str | None:
-            return call_training_function(payload.fn, payload.args, payload.kwargs)
-
-        entry_args = ()
+        entrypoint = forked_entrypoint(payload.fn, payload.args, payload.kwargs, agent_pid)
 
     # A real log dir, not os.devnull: torch only gives workers a TORCHELASTIC_ERROR_FILE (where exceptions and the
     # recoverable marker land) when it has somewhere to put it.

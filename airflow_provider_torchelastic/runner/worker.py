@@ -9,8 +9,10 @@ imported here.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -92,8 +94,49 @@ def call_training_function(fn: Callable[..., Any], args: Sequence[Any], kwargs: 
     return encode_result(value)
 
 
-def _spawn_entrypoint(payload_path: str) -> str | None:
+#: prctl(2) option: the signal this process gets when the thread that started it exits.
+_PR_SET_PDEATHSIG: Final = 1
+
+
+def leave_agent_session(agent_pid: int) -> None:
+    """Give this worker a session of its own, as torchrun gives its workers, and tie its life to the agent's.
+
+    Why a session: with autogroup scheduling (Linux's default outside a cpu cgroup, so an Airflow worker's local
+    runs, not pods) the CPU is shared out per session. Workers left in the agent's session split one share between
+    them next to every other session on the machine, and a 2-worker job then ran 1.1-1.3x as long as under torchrun
+    on a busy host (benchmarks/results.md). Why the death signal: a worker outside the agent's process group no
+    longer gets a signal sent to that group (local execution stops a node that way), and an agent killed with
+    SIGKILL cannot stop its workers itself; the kernel does it for it instead. An agent that is stopped gently stops
+    its workers itself (torch's PContext signals each one).
+    """
+    with contextlib.suppress(PermissionError):  # already a session (and group) leader: nothing to leave
+        os.setsid()
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+    if os.getppid() != agent_pid:
+        # The agent died before the death signal was armed: nothing would ever stop this worker.
+        os._exit(128 + int(signal.SIGKILL))
+
+
+def forked_entrypoint(
+    fn: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any], agent_pid: int
+) -> Callable[[], str | None]:
+    """fork: the children inherit the unpickled function, so a closure is enough and nothing is pickled again."""
+
+    def entrypoint() -> str | None:
+        leave_agent_session(agent_pid)
+        return call_training_function(fn, args, kwargs)
+
+    return entrypoint
+
+
+def _spawn_entrypoint(payload_path: str, agent_pid: int | None = None) -> str | None:
     """Module-level, so that spawned workers can import it; each child unpickles the function itself."""
+    if agent_pid is not None:
+        leave_agent_session(agent_pid)
     from airflow_provider_torchelastic.core.payload import load_payload
 
     payload = load_payload(Path(payload_path).read_bytes())

@@ -10,6 +10,7 @@ import contextlib
 import json
 import os
 import queue
+import re
 import signal
 import subprocess
 import sys
@@ -17,6 +18,7 @@ import threading
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from airflow_provider_torchelastic import RecoverableError
@@ -89,7 +91,8 @@ def world_size() -> int:
 
 
 def sleep_long() -> None:
-    print("training started", flush=True)
+    # Who this worker is, for the test to find it after its agent is gone.
+    print(f"training started: pid={os.getpid()} sid={os.getsid(0)}", flush=True)
     time.sleep(300)
 
 
@@ -239,11 +242,20 @@ def _read_lines(stream, lines: queue.Queue[str]) -> None:
         lines.put(line.rstrip("\n"))
 
 
-def test_sigterm_while_training_exits_143_without_a_failure_report(tmp_path: Path) -> None:
+def _gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def _start_sleeping_workers(
+    tmp_path: Path, start_method: str
+) -> tuple[subprocess.Popen[str], dict[int, int], list[str], queue.Queue[str]]:
+    """A runner whose 2 workers sleep; returns it, each worker's pid -> session id, and the output so far."""
     payload = write_payload(tmp_path, sleep_long)
-    result_file = tmp_path / "result.json"
     proc = subprocess.Popen(
-        runner_command(payload, result_file, nproc=2, start_method="fork"),
+        runner_command(payload, tmp_path / "result.json", nproc=2, start_method=start_method),
         cwd=tmp_path,
         env=runner_env(),
         stdout=subprocess.PIPE,
@@ -252,32 +264,64 @@ def test_sigterm_while_training_exits_143_without_a_failure_report(tmp_path: Pat
         start_new_session=True,
     )
     lines: queue.Queue[str] = queue.Queue()
-    reader = threading.Thread(target=_read_lines, args=(proc.stdout, lines), daemon=True)
-    reader.start()
+    threading.Thread(target=_read_lines, args=(proc.stdout, lines), daemon=True).start()
     seen: list[str] = []
+    workers: dict[int, int] = {}
+    deadline = time.monotonic() + 120
+    while len(workers) < 2:
+        try:
+            line = lines.get(timeout=max(0.1, deadline - time.monotonic()))
+        except queue.Empty:
+            proc.kill()
+            raise AssertionError("workers did not start:\n" + "\n".join(seen)) from None
+        seen.append(line)
+        if match := re.search(r"^\[rank\d\]:training started: pid=(\d+) sid=(\d+)$", line):
+            workers[int(match[1])] = int(match[2])
+    return proc, workers, seen, lines
+
+
+@pytest.mark.parametrize("start_method", ["spawn", "fork"])
+def test_each_worker_has_its_own_session_and_dies_with_a_killed_agent(tmp_path: Path, start_method: str) -> None:
+    proc, workers, seen, _ = _start_sleeping_workers(tmp_path, start_method)
     try:
-        waiting_for = {"[rank0]:training started", "[rank1]:training started"}
-        deadline = time.monotonic() + 120
-        while waiting_for:
-            try:
-                line = lines.get(timeout=max(0.1, deadline - time.monotonic()))
-            except queue.Empty:
-                raise AssertionError("workers did not start:\n" + "\n".join(seen)) from None
-            seen.append(line)
-            waiting_for.discard(line)
+        # As torchrun's workers: a session each (autogroup shares CPU out per session), not the agent's.
+        assert all(sid == pid for pid, sid in workers.items()), (workers, seen)
+        assert os.getsid(proc.pid) not in workers.values()
+        # SIGKILL to the agent alone: it cannot stop its workers, and no group signal reaches them; the kernel must.
+        proc.kill()
+        proc.wait(timeout=30)
+        deadline = time.monotonic() + 30
+        while not all(_gone(pid) for pid in workers) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert [pid for pid in workers if not _gone(pid)] == [], "workers outlived their SIGKILLed agent"
+    finally:
+        for pid in workers:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def test_sigterm_while_training_exits_143_without_a_failure_report(tmp_path: Path) -> None:
+    proc, workers, seen, lines = _start_sleeping_workers(tmp_path, "fork")
+    result_file = tmp_path / "result.json"
+    try:
         proc.send_signal(signal.SIGTERM)
         returncode = proc.wait(timeout=120)
-        reader.join(timeout=10)
+        time.sleep(0.5)  # the reader thread's last lines
         while not lines.empty():
             seen.append(lines.get())
         output = "\n".join(seen)
         assert returncode == 128 + signal.SIGTERM == 143, output
         assert not result_file.exists() or result_file.read_text() == "", result_file.read_text()
         assert "stopped by SIGTERM" in output
-        # The workers went with the runner.
-        with pytest.raises(ProcessLookupError):
-            os.killpg(proc.pid, 0)
+        # The workers went with the runner: it stopped them itself (they are not in its process group).
+        assert [pid for pid in workers if not _gone(pid)] == [], output
     finally:
+        for pid in workers:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
