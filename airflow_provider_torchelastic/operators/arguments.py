@@ -1,15 +1,16 @@
-"""The checks of ``TorchElasticOperator``'s arguments that run while the DAG file is parsed.
+"""``TorchElasticOperator``'s arguments, and their checks that run while the DAG file is parsed.
 
-One table (:data:`_ARGUMENT_CHECKS`, a row per argument) serves the constructor and the expansion of a mapped task,
-which Airflow builds without running ``__init__``: a mapped argument is skipped here and checked when the run
-expands the task.
+:class:`OperatorArguments` declares each argument and its default once; the constructor's signature takes its
+defaults from it. One table (:data:`_ARGUMENT_CHECKS`, a row per field) serves the constructor and the expansion of
+a mapped task, which Airflow builds without running ``__init__``: a mapped argument is skipped here and checked when
+the run expands the task.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Callable, Collection, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, Final
 
 from airflow_provider_torchelastic.compat import CheckedOperatorPartial
@@ -20,7 +21,14 @@ from airflow_provider_torchelastic.kubernetes.render import check_renderable
 from airflow_provider_torchelastic.kubernetes.status import FINISH_ACTIONS
 from airflow_provider_torchelastic.settings import EXECUTIONS, read_execution_option, read_image
 
-__all__ = ["CheckedArguments", "check_checkpoint_uri", "check_mapped_arguments", "check_operator_arguments"]
+__all__ = [
+    "DEFAULTS",
+    "CheckedArguments",
+    "OperatorArguments",
+    "check_checkpoint_uri",
+    "check_mapped_arguments",
+    "check_operator_arguments",
+]
 
 _NAMESPACE: Final = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?\Z")
 _NAMESPACE_EXPECTED: Final = "a namespace name (a lowercase DNS-1123 label), a template, or None for the connection's"
@@ -90,6 +98,40 @@ def _unchecked(value: object) -> object:
     return value
 
 
+@dataclass(frozen=True, kw_only=True)
+class OperatorArguments:
+    """``TorchElasticOperator``'s own arguments (not ``BaseOperator``'s), as given, with their defaults.
+
+    The one place the defaults are declared: the constructor's signature reads them from :data:`DEFAULTS` (Airflow
+    fills ``default_args`` from that signature, so it stays explicit), and the checks read them from here.
+    """
+
+    python_callable: Callable[..., Any] | None = None
+    op_args: Collection[Any] | None = None
+    op_kwargs: Mapping[str, Any] | None = None
+    task_config: TaskConfig | None = None
+    execution: str | None = None
+    image: str | None = None
+    namespace: str | None = None
+    kubernetes_conn_id: str = "kubernetes_default"
+    pod_options: PodOptions | None = None
+    job_options: JobOptions | None = None
+    deferrable: bool | None = None
+    poll_interval: float = 10.0
+    pending_grace_seconds: float = 120.0
+    on_finish_action: str = "delete_succeeded"
+    scheduling_timeout: float | None = None
+    checkpoint_uri: str | None = None
+
+    @classmethod
+    def pick(cls, values: Mapping[str, Any]) -> OperatorArguments:
+        """The arguments among ``values`` (a constructor's ``locals()``, say); the others are ignored."""
+        return cls(**{f.name: values[f.name] for f in fields(cls) if f.name in values})
+
+
+DEFAULTS: Final = OperatorArguments()
+
+
 @dataclass(frozen=True)
 class _Argument:
     """One argument: how it is checked (and normalized), and what stands for it while only the run knows it."""
@@ -99,7 +141,7 @@ class _Argument:
     unknown: Callable[[Any], Any] = _unchecked
 
 
-#: Every argument the checks know, in the order they are checked (the first bad one is the error).
+#: A row per field of :class:`OperatorArguments`, in the order they are checked (the first bad one is the error).
 _ARGUMENT_CHECKS: Final = (
     _Argument("python_callable", _check_callable),
     _Argument("op_args", _unchecked),
@@ -147,26 +189,7 @@ class CheckedArguments:
 
 
 def check_operator_arguments(
-    *,
-    python_callable: Callable[..., Any],
-    op_args: Collection[Any] | None = None,
-    op_kwargs: Mapping[str, Any] | None = None,
-    task_config: TaskConfig | None = None,
-    execution: str | None = None,
-    image: str | None = None,
-    namespace: str | None = None,
-    kubernetes_conn_id: str = "kubernetes_default",
-    pod_options: PodOptions | None = None,
-    job_options: JobOptions | None = None,
-    deferrable: bool | None = None,
-    poll_interval: float = 10.0,
-    pending_grace_seconds: float = 120.0,
-    on_finish_action: str = "delete_succeeded",
-    scheduling_timeout: float | None = None,
-    checkpoint_uri: str | None = None,
-    dag_id: str = "dag",
-    task_id: str = "task",
-    known_at_run_time: Collection[str] = (),
+    arguments: OperatorArguments, *, dag_id: str = "dag", task_id: str = "task", known_at_run_time: Collection[str] = ()
 ) -> CheckedArguments:
     """Every check of ``TorchElasticOperator``'s arguments that can run while the DAG file is parsed.
 
@@ -181,8 +204,10 @@ def check_operator_arguments(
     templated image, namespace or argument is accepted as it is: only the run can render it.
     """
     later = frozenset(known_at_run_time)
-    given = locals()
-    values = {row.name: (row.unknown if row.name in later else row.check)(given[row.name]) for row in _ARGUMENT_CHECKS}
+    values = {
+        row.name: (row.unknown if row.name in later else row.check)(getattr(arguments, row.name))
+        for row in _ARGUMENT_CHECKS
+    }
     config: TaskConfig = values["task_config"]
     checked = CheckedArguments(
         task_config=config,
@@ -202,12 +227,13 @@ def check_operator_arguments(
     # Whether the pods need an image from what is known here: the run's own configuration decides execution=None,
     # but a DAG parsed where Kubernetes is the default must not wait for the run to find that it names no image.
     on_kubernetes = known("execution") and (checked.execution == "kubernetes" or read_execution_option() != "local")
+    image = arguments.image
     image_now = image if known("image") and not is_templated(image) else None
     check_renderable(
         config,
         image=image_now,
-        pod_options=pod_options,
-        job_options=job_options,
+        pod_options=arguments.pod_options,
+        job_options=arguments.job_options,
         dag_id=dag_id,
         task_id=task_id,
         default_image=read_image(),
@@ -236,7 +262,7 @@ def check_mapped_arguments(kwargs: Mapping[str, Any], *, mapped: Collection[str]
     task_id = kwargs.get("task_id")
     dag = kwargs.get("dag")
     check_operator_arguments(
-        **{"python_callable": None, **given},
+        OperatorArguments.pick({"python_callable": None, **given}),
         dag_id=getattr(dag, "dag_id", None) or "dag",
         task_id=task_id if isinstance(task_id, str) and task_id else "task",
         known_at_run_time=later,

@@ -21,7 +21,12 @@ from airflow_provider_torchelastic.core.outcome import Verdict
 from airflow_provider_torchelastic.core.payload import dump_payload
 from airflow_provider_torchelastic.core.pod_options import JobOptions, PodOptions
 from airflow_provider_torchelastic.operators import on_kubernetes, results
-from airflow_provider_torchelastic.operators.arguments import _CheckedOperatorPartial, check_operator_arguments
+from airflow_provider_torchelastic.operators.arguments import (
+    DEFAULTS,
+    OperatorArguments,
+    _CheckedOperatorPartial,
+    check_operator_arguments,
+)
 from airflow_provider_torchelastic.operators.dry_run import identity_of, render_without_run, task_context_of
 from airflow_provider_torchelastic.operators.links import TorchElasticJobLink, TorchElasticLogsLink
 from airflow_provider_torchelastic.settings import Settings, read_execution
@@ -84,43 +89,27 @@ class TorchElasticOperator(BaseOperator):
         self,
         *,
         python_callable: Callable[..., Any],
-        op_args: Collection[Any] | None = None,
-        op_kwargs: Mapping[str, Any] | None = None,
-        task_config: TaskConfig | None = None,
-        execution: str | None = None,
-        image: str | None = None,
-        namespace: str | None = None,
-        kubernetes_conn_id: str = "kubernetes_default",
-        pod_options: PodOptions | None = None,
-        job_options: JobOptions | None = None,
-        deferrable: bool | None = None,
-        poll_interval: float = 10.0,
-        pending_grace_seconds: float = 120.0,
-        on_finish_action: str = "delete_succeeded",
-        scheduling_timeout: float | None = None,
-        checkpoint_uri: str | None = None,
+        op_args: Collection[Any] | None = DEFAULTS.op_args,
+        op_kwargs: Mapping[str, Any] | None = DEFAULTS.op_kwargs,
+        task_config: TaskConfig | None = DEFAULTS.task_config,
+        execution: str | None = DEFAULTS.execution,
+        image: str | None = DEFAULTS.image,
+        namespace: str | None = DEFAULTS.namespace,
+        kubernetes_conn_id: str = DEFAULTS.kubernetes_conn_id,
+        pod_options: PodOptions | None = DEFAULTS.pod_options,
+        job_options: JobOptions | None = DEFAULTS.job_options,
+        deferrable: bool | None = DEFAULTS.deferrable,
+        poll_interval: float = DEFAULTS.poll_interval,
+        pending_grace_seconds: float = DEFAULTS.pending_grace_seconds,
+        on_finish_action: str = DEFAULTS.on_finish_action,
+        scheduling_timeout: float | None = DEFAULTS.scheduling_timeout,
+        checkpoint_uri: str | None = DEFAULTS.checkpoint_uri,
         **kwargs: Any,
     ) -> None:
+        arguments = OperatorArguments.pick(locals())
         super().__init__(**kwargs)
         # One set of checks for this constructor and for mapped tasks (see partial() and the decorator's expand).
-        checked = check_operator_arguments(
-            python_callable=python_callable,
-            task_config=task_config,
-            execution=execution,
-            image=image,
-            namespace=namespace,
-            kubernetes_conn_id=kubernetes_conn_id,
-            pod_options=pod_options,
-            job_options=job_options,
-            deferrable=deferrable,
-            poll_interval=poll_interval,
-            pending_grace_seconds=pending_grace_seconds,
-            on_finish_action=on_finish_action,
-            scheduling_timeout=scheduling_timeout,
-            checkpoint_uri=checkpoint_uri,
-            dag_id=self.dag_id,
-            task_id=self.task_id,
-        )
+        checked = check_operator_arguments(arguments, dag_id=self.dag_id, task_id=self.task_id)
         self.python_callable = python_callable
         self.op_args: Collection[Any] = list(op_args or [])
         self.op_kwargs: Mapping[str, Any] = dict(op_kwargs or {})

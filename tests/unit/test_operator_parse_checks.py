@@ -97,17 +97,21 @@ def test_good_seconds_are_kept_as_floats() -> None:
     assert make(image=IMAGE).scheduling_timeout is None, "default: wait for capacity until execution_timeout"
 
 
-def test_check_arguments_defaults_match_the_constructor() -> None:
+def test_the_constructor_takes_exactly_the_arguments_dataclass_and_its_defaults() -> None:
+    import dataclasses
     import inspect
 
-    from airflow_provider_torchelastic.operators import check_operator_arguments
+    from airflow_provider_torchelastic.operators import arguments
 
     init = inspect.signature(TorchElasticOperator.__init__).parameters
-    check = inspect.signature(check_operator_arguments).parameters
-    for name, parameter in init.items():
-        if parameter.kind is inspect.Parameter.KEYWORD_ONLY:
-            assert name in check, name
-            assert check[name].default == parameter.default, name
+    own = {name: p for name, p in init.items() if p.kind is inspect.Parameter.KEYWORD_ONLY}
+    declared = {f.name: f.default for f in dataclasses.fields(arguments.OperatorArguments)}
+    assert list(own) == list(declared)
+    for name, parameter in own.items():
+        if parameter.default is not inspect.Parameter.empty:  # python_callable is required by the constructor
+            assert parameter.default == declared[name], name
+    # Every field is checked, in the table's one row for it.
+    assert sorted(row.name for row in arguments._ARGUMENT_CHECKS) == sorted(declared)
 
 
 # ------------------------------------------------------------------------------------------------- images
