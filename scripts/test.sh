@@ -25,9 +25,10 @@ if [ "${TORCHELASTIC_SKIP_CLUSTER:-0}" != "1" ]; then
   command -v chromium >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null
 fi
 
-# Two pytest workers by default (TORCHELASTIC_TEST_WORKERS=1 for one process): the tests of the one local cluster and
-# Airflow deployment stay together on one (tests/conftest.py groups them), the unit, runner and local tests take the
-# other. Most cluster tests wait on pods, so the two overlap well even on two cores.
+# Two pytest workers by default (TORCHELASTIC_TEST_WORKERS=1 for one process): the tests of the one Airflow
+# deployment stay together on one (tests/conftest.py groups them); every other test goes to whichever worker is free,
+# and each worker starts its own local cluster for the cluster tests it gets. Most cluster tests wait on pods, so
+# the two overlap well even on two cores.
 workers=${TORCHELASTIC_TEST_WORKERS:-2}
 xdist=()
 if [ "$workers" -gt 1 ]; then xdist=(-n "$workers" --dist loadgroup); fi

@@ -49,10 +49,12 @@ def airflow_db() -> Iterator[None]:
     yield
 
 
-#: The session fixtures that start the one local cluster and the one Airflow deployment (tests/cluster,
-#: tests/airflow_services): every test that needs one runs in the same pytest worker, so each starts once.
-_SHARED_SERVICES = frozenset({"kube_cluster", "kube_apiserver_binary", "runner_env_python", "airflow_services"})
-SERVICES_GROUP = "cluster-and-deployment"
+#: The session fixture of the one Airflow deployment (tests/airflow_services): every test that needs it runs in the
+#: same pytest worker, so it starts once. The local cluster (tests/cluster) is not shared that way: each worker that
+#: runs a cluster test starts its own (about 15 s), so that the cluster tests, most of the suite's time and mostly
+#: waiting on pods, spread over both workers instead of queueing on one.
+_SHARED_SERVICES = frozenset({"airflow_services"})
+SERVICES_GROUP = "airflow-deployment"
 
 
 def _join_group(item: pytest.Item, group: str) -> None:
@@ -72,9 +74,9 @@ def _join_group(item: pytest.Item, group: str) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under pytest-xdist (``-n 2 --dist loadgroup``, scripts/test.sh), keep the tests of the shared services in one
-    group: one worker runs them, one after the other, while the other worker takes everything else. Without xdist
-    this does nothing."""
+    """Under pytest-xdist (``-n 2 --dist loadgroup``, scripts/test.sh), keep the tests of the Airflow deployment in
+    one group: one worker runs them, one after the other (xdist hands out the largest group first), while the other
+    worker takes the rest, and both share what is left. Without xdist this does nothing."""
     if not getattr(config.option, "loadgroup", False):  # set on xdist workers only
         return
     for item in items:

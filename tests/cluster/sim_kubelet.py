@@ -109,6 +109,9 @@ Failure injection (pod annotations; a PyTorchJob replica template's annotations 
     ``OOMKilled``         the container runs, then after ``fail-after-seconds`` (default 1) its process group is
                           SIGKILLed and it terminates with exitCode 137, reason ``OOMKilled``.
 ``sim.torchelastic.dev/fail-after-seconds``: delay for ``OOMKilled`` (float).
+``sim.torchelastic.dev/fail-after-log-line``: with ``OOMKilled``, the delay counts from the first line of the
+    container's output that contains this text, not from its start: the kill then lands at a known point of the
+    program (e.g. once its process group is up) on a fast machine and a slow one alike.
 ``sim.torchelastic.dev/fail-container``: comma-separated container names the fault applies to (default: all
     app containers; init containers are never faulted).
 ``sim.torchelastic.dev/evict-after-seconds=N``: N s after the containers start, the pod is evicted: processes get
@@ -174,6 +177,7 @@ HOST_IP = "127.0.0.1"
 
 ANN_FAIL = "sim.torchelastic.dev/fail"
 ANN_FAIL_AFTER = "sim.torchelastic.dev/fail-after-seconds"
+ANN_FAIL_AFTER_LOG_LINE = "sim.torchelastic.dev/fail-after-log-line"
 ANN_FAIL_CONTAINER = "sim.torchelastic.dev/fail-container"
 ANN_FAIL_TIMES = "sim.torchelastic.dev/fail-times"
 ANN_EVICT_AFTER = "sim.torchelastic.dev/evict-after-seconds"
@@ -836,6 +840,7 @@ class ContainerRuntime:
     restarting: bool = False  # restart_at is an in-place restart after an exit (not a config retry)
     backoff: CrashLoopBackoff = field(default_factory=CrashLoopBackoff)
     oom_at: float | None = None  # monotonic time of an injected OOM kill
+    oom_after_line: bytes | None = None  # an OOM kill waiting for this output line (fail-after-log-line)
     init_check_at: float | None = None  # next "nslookup" of the simulated init-pytorch container
     init_tries: int = 0
     term_path: Path | None = None  # host file behind terminationMessagePath
@@ -922,6 +927,8 @@ class PodRunner:
             log.warning("pod %s/%s: unknown %s=%r ignored", self.ns, self.name, ANN_FAIL, self.fault)
             self.fault = None
         self.fault_after = parse_float(annotations.get(ANN_FAIL_AFTER), 1.0) or 0.0
+        after_line = annotations.get(ANN_FAIL_AFTER_LOG_LINE)
+        self.fault_after_line = after_line.encode() if after_line else None
         fault_containers = annotations.get(ANN_FAIL_CONTAINER)
         self.fault_containers = {s.strip() for s in fault_containers.split(",")} if fault_containers else None
         self.evict_after = parse_float(annotations.get(ANN_EVICT_AFTER))
@@ -1197,6 +1204,7 @@ class PodRunner:
         """Start one instance of ``c``; a failure to build its config leaves it waiting and retries."""
         c.restart_at = None
         c.oom_killed = False
+        c.oom_after_line = None
         c.container_id = f"docker://{random_hex64()}"
         log_path = self.log_path(c, c.runs)
         c.runs += 1
@@ -1280,15 +1288,17 @@ class PodRunner:
             target=self._watch_process, args=(c, proc, log_path), daemon=True, name=f"proc-{proc.pid}"
         ).start()
         if not c.is_init and self.fault == "OOMKilled" and c in self._faulted(self.main):
-            if self.kl.take_fault_budget(self.pod, "fail", True):
+            if not self.kl.take_fault_budget(self.pod, "fail", True):
+                c.oom_at = None
+            elif self.fault_after_line is None:
                 c.oom_at = time.monotonic() + self.fault_after
             else:
-                c.oom_at = None
+                c.oom_at, c.oom_after_line = None, self.fault_after_line  # armed by _pump, on that line
 
     def _watch_process(self, c: ContainerRuntime, proc: subprocess.Popen[bytes], log_path: Path) -> None:
         """Pump the output into the log; when the main process exits, kill the rest of its group (the container's
         PID namespace dies with PID 1) and report the exit."""
-        pump = threading.Thread(target=self._pump, args=(proc, log_path), daemon=True)
+        pump = threading.Thread(target=self._pump, args=(c, proc, log_path), daemon=True)
         pump.start()
         returncode = proc.wait()
         with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -1296,14 +1306,17 @@ class PodRunner:
         pump.join(timeout=5)
         self.events.put(("exit", c, proc, returncode))
 
-    @staticmethod
-    def _pump(proc: subprocess.Popen[bytes], log_path: Path) -> None:
+    def _pump(self, c: ContainerRuntime, proc: subprocess.Popen[bytes], log_path: Path) -> None:
         assert proc.stdout is not None
         with log_path.open("ab", buffering=0) as out:
             for line in iter(proc.stdout.readline, b""):
                 if not line.endswith(b"\n"):
                     line += b"\n"
                 out.write(log_timestamp().encode() + b" " + line)
+                if c.oom_after_line is not None and c.oom_after_line in line and c.proc is proc:
+                    c.oom_after_line = None
+                    c.oom_at = time.monotonic() + self.fault_after
+                    self.events.put(("timers",))  # wake the pod's loop: its next timer changed
         proc.stdout.close()
 
     def _on_exit(self, c: ContainerRuntime, returncode: int) -> None:

@@ -16,6 +16,7 @@ import re
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -1010,6 +1011,27 @@ def test_oom_killed(pods: Pods) -> None:
     term = status["containerStatuses"][0]["state"]["terminated"]
     assert (status["phase"], term["exitCode"], term["reason"]) == ("Failed", 137, "OOMKilled")
     validate_pod(pods.get(name))
+
+
+@pytest.mark.cluster
+def test_oom_killed_after_a_log_line_counts_from_that_line(pods: Pods) -> None:
+    name = unique("oom-line")
+    program = (
+        "import time; print('warming up', flush=True); time.sleep(3); print('ready now', flush=True); time.sleep(60)"
+    )
+    pods.create(
+        pod_manifest(
+            name,
+            [container([PY, "-c", program])],
+            annotations={sk.ANN_FAIL: "OOMKilled", sk.ANN_FAIL_AFTER: "0.2", sk.ANN_FAIL_AFTER_LOG_LINE: "ready now"},
+        )
+    )
+    status = pods.wait_phase(name, ("Succeeded", "Failed"), timeout=30)
+    term = status["containerStatuses"][0]["state"]["terminated"]
+    assert (status["phase"], term["exitCode"], term["reason"]) == ("Failed", 137, "OOMKilled")
+    # Killed after the line, not 0.2 s after the start: the program's 3 s before it are in the container's life.
+    lived = datetime.fromisoformat(term["finishedAt"]) - datetime.fromisoformat(term["startedAt"])
+    assert lived.total_seconds() >= 2, term
 
 
 @pytest.mark.cluster

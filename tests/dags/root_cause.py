@@ -28,9 +28,10 @@ from tests.dag_support import record_failure
 
 START = pendulum.datetime(2026, 1, 1, tz="UTC")
 IMAGE = "local/torchelastic-runner:test"
-#: Seconds after its container starts that the faulted pod is OOMKilled: after the rendezvous and the process group
-#: are up, even on a slow machine, while the ranks run their barriers.
-OOM_AFTER_SECONDS = 20
+#: The faulted pod is OOMKilled this many seconds after it says it joined the process group: while both ranks run
+#: their barriers, on a fast machine and a slow one alike.
+JOINED = "joined the process group"
+OOM_AFTER_SECONDS = 2
 #: How long try 1's ranks run their barriers if nothing kills them (the test then fails on its assertions).
 TRAIN_SECONDS = 120
 
@@ -61,7 +62,7 @@ def barriers_until_killed(try_number: str) -> dict:
 
     dist.init_process_group("gloo")
     rank = dist.get_rank()
-    print(f"rank {rank} joined the process group", flush=True)
+    print(f"rank {rank} {JOINED}", flush=True)
     deadline = time.monotonic() + (TRAIN_SECONDS if int(try_number) == 1 else 0)
     dist.barrier()
     while time.monotonic() < deadline:
@@ -100,6 +101,7 @@ def _oom_on(index: int) -> dict[str, str]:
     same run-id label). No start delay: whichever pod starts first may host the c10d store."""
     return {
         "sim.torchelastic.dev/fail": "OOMKilled",
+        "sim.torchelastic.dev/fail-after-log-line": JOINED,
         "sim.torchelastic.dev/fail-after-seconds": str(OOM_AFTER_SECONDS),
         "sim.torchelastic.dev/fail-indexes": str(index),
         "sim.torchelastic.dev/fail-times": "1",

@@ -35,9 +35,12 @@ export default function JobsPage() {
         {jobs.some((job) => isActive(job.phase)) && <span style={{ color: color.muted, fontSize: 12 }}>refreshing every 5 s</span>}
       </div>
       <ErrorLine error={error} />
-      {data?.kubernetes_error && (
-        <p role="alert" style={{ color: color.muted }}>Only finished jobs are shown: {data.kubernetes_error}</p>
-      )}
+      {/* One line per namespace that could not be listed: the others' running jobs are shown. */}
+      {Object.entries(data?.kubernetes_errors || {}).map(([namespace, why]) => (
+        <p key={namespace} role="alert" data-testid="namespace-error" data-namespace={namespace} style={{ color: color.muted }}>
+          Running jobs in namespace {namespace} are not shown (only its finished ones): {why}
+        </p>
+      ))}
       {loading ? <p>Loading…</p> : !jobs.length ? (
         <p style={{ color: color.muted }}>No training jobs{dagId || phase ? " match these filters" : " yet"}.</p>
       ) : (
