@@ -181,6 +181,25 @@ def get_provider_info() -> dict[str, Any]:
                         "example": "False",
                         "default": "True",
                     },
+                    "early_event_hold": {
+                        "description": "Seconds after a deferral before its trigger may fire: Airflow 3.3 can fail a "
+                        "resumed try whose trigger fired before the scheduler processed the deferral. 0 turns the "
+                        "hold off.",
+                        "version_added": "0.1.0",
+                        "type": "float",
+                        "example": "0",
+                        "default": "10",
+                    },
+                    "job_lease": {
+                        "description": "Seconds the Kubernetes job of a task without execution_timeout outlives its "
+                        "waiter's last renewal: the worker or trigger that waits renews it, and the sweep run at "
+                        "every submission (or python -m airflow_provider_torchelastic.kubernetes.sweep) deletes a "
+                        "job whose lease ran out. At least 300.",
+                        "version_added": "0.1.0",
+                        "type": "float",
+                        "example": "7200",
+                        "default": "3600",
+                    },
                     "dashboard_url_template": {
                         "description": "URL of a job in your Kubernetes dashboard, for the task's extra link; "
                         "{namespace}, {name} and {kind} are filled in. Empty: no link.",

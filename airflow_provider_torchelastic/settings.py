@@ -39,6 +39,12 @@ DEFAULT_RESULT_MAX_BYTES: Final = 1 << 30
 #: ``[torch_elastic] early_event_hold`` when unset: seconds after the deferral before the trigger may fire (see
 #: :attr:`Settings.early_event_hold`).
 DEFAULT_EARLY_EVENT_HOLD: Final = 10.0
+#: ``[torch_elastic] job_lease`` when unset: seconds a job of a task without ``execution_timeout`` lives past its
+#: waiter's last renewal (see :attr:`Settings.job_lease`).
+DEFAULT_JOB_LEASE: Final = 3600.0
+#: The shortest lease: a waiter renews it at half its length, and must get to it between polls and through a
+#: triggerer restart.
+MIN_JOB_LEASE: Final = 300.0
 #: The option with the image of tasks that name none themselves (env AIRFLOW__TORCH_ELASTIC__IMAGE).
 IMAGE_OPTION: Final = "image"
 
@@ -152,6 +158,18 @@ def _early_event_hold() -> float:
     return DEFAULT_EARLY_EVENT_HOLD if value is None else value
 
 
+def _job_lease() -> float:
+    value = _seconds("job_lease")
+    if value is None:
+        return DEFAULT_JOB_LEASE
+    if value < MIN_JOB_LEASE:
+        raise AirflowFailException(
+            f"[{SECTION}] job_lease: expected seconds >= {MIN_JOB_LEASE:.0f}, got {_text('job_lease')!r} "
+            f"(env {_env('job_lease')})"
+        )
+    return value
+
+
 def _configured_image() -> str | None:
     try:
         return read_image()
@@ -182,6 +200,10 @@ class Settings:
     #: of the deferral (apache/airflow#67287, #72716): a job that ends within seconds of its submission would lose
     #: its try. 0 turns the hold off (an Airflow with those fixed). Read for deferrable tasks only.
     early_event_hold: float = DEFAULT_EARLY_EVENT_HOLD
+    #: ``job_lease``: the backstop for the job of a task without ``execution_timeout``, whose try has no deadline.
+    #: The job is created with a lease this long, its waiter (worker or trigger) renews it while it waits, and the
+    #: sweep deletes a job whose lease ran out (no waiter renewed it: the try is gone). Read on Kubernetes only.
+    job_lease: float = DEFAULT_JOB_LEASE
 
     @classmethod
     def read(cls, *, execution: str | None = None, deferrable: bool | None = None) -> Settings:
@@ -202,4 +224,5 @@ class Settings:
             result_storage=_result_storage(),
             report_interval=_seconds("report_interval"),
             early_event_hold=_early_event_hold() if deferrable else DEFAULT_EARLY_EVENT_HOLD,
+            job_lease=_job_lease() if execution == "kubernetes" else DEFAULT_JOB_LEASE,
         )

@@ -129,6 +129,9 @@ class WatchArgs:
     #: The try's secret values (its sensitive env entries): the triggerer's log lines and the event never show them
     #: (the worker's masker does not run here). A trigger row's kwargs are encrypted in the metadata database.
     mask: Sequence[str] = ()
+    #: The job's lease (``[torch_elastic] job_lease``), renewed while the trigger waits, for a try without a
+    #: deadline; None: nothing to renew.
+    lease_seconds: float | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -169,13 +172,14 @@ class WatchArgs:
             deadline=self.deadline,
             finish_action=self.finish_action,
             scheduling_timeout=self.scheduling_timeout,
+            lease_seconds=self.lease_seconds,
         )
 
 
 #: The trigger's arguments: the fields of :class:`WatchArgs`, which is what a trigger row holds (``serialize()``).
 _KNOWN_ARGS: Final = frozenset(f.name for f in fields(WatchArgs))
 #: Fields added after the first release: left out of a row at their default.
-_ADDED_LATER: Final = ("deferred_at", "early_event_hold", "mask")
+_ADDED_LATER: Final = ("deferred_at", "early_event_hold", "mask", "lease_seconds")
 _DEFAULTS: Final = {f.name: f.default for f in fields(WatchArgs) if f.name in _ADDED_LATER}
 
 

@@ -80,9 +80,19 @@ def _retry_after_seconds(headers: Any, now: float) -> float | None:
 _Call = tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]
 # Core-group kinds the provider creates; any other kind is a custom resource addressed by its descriptor.
 _CORE_VERBS: Final = {
-    "Pod": ("create_namespaced_pod", "read_namespaced_pod", "delete_namespaced_pod"),
-    "ConfigMap": ("create_namespaced_config_map", "read_namespaced_config_map", "delete_namespaced_config_map"),
-    "Secret": ("create_namespaced_secret", "read_namespaced_secret", "delete_namespaced_secret"),
+    "Pod": ("create_namespaced_pod", "read_namespaced_pod", "delete_namespaced_pod", "patch_namespaced_pod"),
+    "ConfigMap": (
+        "create_namespaced_config_map",
+        "read_namespaced_config_map",
+        "delete_namespaced_config_map",
+        "patch_namespaced_config_map",
+    ),
+    "Secret": (
+        "create_namespaced_secret",
+        "read_namespaced_secret",
+        "delete_namespaced_secret",
+        "patch_namespaced_secret",
+    ),
 }
 
 
@@ -110,6 +120,14 @@ def _delete_call(core: Any, custom: Any, kind: str, name: str, namespace: str) -
     if kind in _CORE_VERBS:
         return getattr(core, _CORE_VERBS[kind][2]), (name, namespace), {"body": body}
     return custom.delete_namespaced_custom_object, (*_custom_path(kind, namespace), name), {"body": body}
+
+
+def _label_patch_call(core: Any, custom: Any, ref: JobRef, labels: Mapping[str, str]) -> _Call:
+    """A merge patch of the job object's labels (the lease, :mod:`~.sweep`); nothing else of it changes."""
+    body = {"metadata": {"labels": dict(labels)}}
+    if ref.kind in _CORE_VERBS:
+        return getattr(core, _CORE_VERBS[ref.kind][3]), (ref.name, ref.namespace, body), {}
+    return custom.patch_namespaced_custom_object, (*_custom_path(ref.kind, ref.namespace), ref.name, body), {}
 
 
 def _log_call(
@@ -240,6 +258,10 @@ class SyncKube:
                 return False
             raise
         return True
+
+    def label_job(self, ref: JobRef, labels: Mapping[str, str]) -> None:
+        """Set labels of the job object (its lease: :func:`~.sweep.lease_labels`)."""
+        self._body(_label_patch_call(self._core, self._custom, ref, labels))
 
     def delete_job(self, ref: JobRef) -> bool:
         """Delete the job and its payload Secret; whether the job existed."""
@@ -437,6 +459,9 @@ class AsyncKube:
                 return False
             raise
         return True
+
+    async def label_job(self, ref: JobRef, labels: Mapping[str, str]) -> None:
+        await self._body(_label_patch_call(self._core, self._custom, ref, labels))
 
     async def delete_job(self, ref: JobRef) -> bool:
         existed = await self.delete(ref.kind, ref.name, ref.namespace)

@@ -46,9 +46,10 @@ EXIT_OK: Final = 0
 #: Something the provider needs is missing or could not be confirmed (argparse's usage errors exit 2).
 EXIT_MISSING: Final = 1
 
-#: What the provider does with its jobs: create, get (re-attach, poll), delete (finish, kill), and list/watch (the
-#: triggerer's one shared watch per namespace; without them each trigger polls on its own).
-JOB_VERBS: Final = ("create", "get", "list", "watch", "delete")
+#: What the provider does with its jobs: create, get (re-attach, poll), delete (finish, kill), list/watch (the
+#: triggerer's one shared watch per namespace; without them each trigger polls on its own; and the sweep), and patch
+#: (the lease of a job whose task has no execution_timeout, a label its waiter moves forward).
+JOB_VERBS: Final = ("create", "get", "list", "watch", "patch", "delete")
 #: The pods of a job: get/list to poll, watch for the shared watch.
 POD_READ_VERBS: Final = ("get", "list", "watch")
 #: The payload Secret: create, patch (the owner reference once the job exists), delete (with the job).

@@ -92,6 +92,9 @@ class WaitPolicy:
     #: Seconds a job may wait for capacity (pods Unschedulable before the job can start, a suspended or queued job)
     #: before the task fails as recoverable; None: as long as the deadline allows.
     scheduling_timeout: float | None = None
+    #: The job's lease (``[torch_elastic] job_lease``) for a try without a deadline: the wait renews it while it
+    #: waits (:mod:`~.sweep`). None: nothing to renew (the try has a deadline, which the job carries instead).
+    lease_seconds: float | None = None
 
     def __post_init__(self) -> None:
         if self.finish_action not in FINISH_ACTIONS:

@@ -19,7 +19,11 @@ Why this backstop and not another:
   ``python -m airflow_provider_torchelastic.kubernetes.sweep`` (a CronJob in the cluster, a cron on any host), which
   imports no Airflow.
 
-A task without ``execution_timeout`` has no deadline, so nothing here bounds its job: set one on training tasks.
+A task without ``execution_timeout`` has no deadline: its job gets a lease instead (``[torch_elastic] job_lease``,
+an hour by default), the same label set to the end of the lease, which whoever waits for the job (the worker, or
+the trigger) moves forward while it waits (:func:`lease_due`, on the job object itself: the provider may patch its
+own jobs, and reads no other object to decide). A try that is gone renews nothing, and its job is swept once the
+lease has run out.
 """
 
 from __future__ import annotations
@@ -40,7 +44,17 @@ from airflow_provider_torchelastic.kubernetes.status import JobRef
 if TYPE_CHECKING:
     from airflow_provider_torchelastic.kubernetes.client import SyncKube
 
-__all__ = ["GRACE_SECONDS", "NOT_AFTER_LABEL", "main", "not_after", "overdue", "sweep_namespace", "with_deadline"]
+__all__ = [
+    "GRACE_SECONDS",
+    "NOT_AFTER_LABEL",
+    "lease_due",
+    "lease_labels",
+    "main",
+    "not_after",
+    "overdue",
+    "sweep_namespace",
+    "with_deadline",
+]
 
 #: The Unix time (whole seconds) by which the try that created the job must have ended.
 NOT_AFTER_LABEL: Final = f"{LABEL_PREFIX}/not-after"
@@ -68,6 +82,19 @@ def not_after(obj: Mapping[str, Any]) -> float | None:
     labels = metadata.get("labels") if isinstance(metadata, Mapping) else None
     raw = labels.get(NOT_AFTER_LABEL) if isinstance(labels, Mapping) else None
     return float(raw) if isinstance(raw, str) and raw.isdigit() and len(raw) < 16 else None
+
+
+def lease_labels(until: float) -> dict[str, str]:
+    """The labels that move a job's lease to ``until``."""
+    return {NOT_AFTER_LABEL: str(math.ceil(until))}
+
+
+def lease_due(job: Mapping[str, Any], *, lease: float, now: float) -> bool:
+    """Whether the waiter renews ``job``'s lease now: past half of it, so that a renewal that fails is tried again
+    many polls before the lease runs out. A job without the label has no lease (created by another version, or by
+    a try with a deadline) and is left as it is."""
+    until = not_after(job)
+    return until is not None and until - now <= lease / 2
 
 
 def overdue(kind: kinds.JobKind, job: Mapping[str, Any], *, now: float, grace: float = GRACE_SECONDS) -> bool:
@@ -105,7 +132,7 @@ def sweep_namespace(
             ref = JobRef(kind=kind.kind, name=str(job["metadata"]["name"]), namespace=namespace)
             late = now - (not_after(job) or now)
             info(
-                "%s %s/%s is still running %.0f s past its task's deadline: %s it (the task instance is over)",
+                "%s %s/%s is still running %.0f s past its task's deadline or lease: %s it (the task instance is over)",
                 ref.kind,
                 ref.namespace,
                 ref.name,
@@ -124,7 +151,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(
         prog="python -m airflow_provider_torchelastic.kubernetes.sweep",
-        description="Delete the provider's jobs that still run past their task's deadline (execution_timeout).",
+        description="Delete the provider's jobs that still run past their task's deadline (execution_timeout), or "
+        "past their lease (a task without one: its waiter renews the lease while it waits).",
     )
     parser.add_argument("--namespace", required=True, action="append", help="a namespace to sweep (repeatable)")
     parser.add_argument("--kubeconfig", help="a kubeconfig file; default: in-cluster, else ~/.kube/config")

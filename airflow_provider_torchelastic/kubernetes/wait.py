@@ -20,13 +20,13 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
-from collections.abc import Awaitable, Callable, Generator
+from collections.abc import Awaitable, Callable, Generator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Final, Protocol, TypeAlias
 
 from airflow_provider_torchelastic.core.outcome import Verdict
 from airflow_provider_torchelastic.errors import KubeError
-from airflow_provider_torchelastic.kubernetes import kinds
+from airflow_provider_torchelastic.kubernetes import kinds, sweep
 from airflow_provider_torchelastic.kubernetes.status import (
     JobRef,
     LogCursor,
@@ -45,6 +45,7 @@ __all__ = [
     "FetchJob",
     "JobSource",
     "ReadLog",
+    "RenewLease",
     "Sleep",
     "drive_async",
     "drive_sync",
@@ -89,6 +90,14 @@ class DeleteJob:
 
 
 @dataclass(frozen=True)
+class RenewLease:
+    """Move the job's lease (:mod:`~.sweep`) to ``until``; answered with None, or the error text when it failed."""
+
+    ref: JobRef
+    until: float
+
+
+@dataclass(frozen=True)
 class Sleep:
     seconds: float
 
@@ -98,7 +107,7 @@ class EmitLog:
     line: str
 
 
-Request: TypeAlias = FetchJob | ReadLog | DeleteJob | Sleep | EmitLog
+Request: TypeAlias = FetchJob | ReadLog | DeleteJob | RenewLease | Sleep | EmitLog
 
 
 class JobSource(Protocol):
@@ -109,6 +118,8 @@ class JobSource(Protocol):
     def read_log(self, pod: str, namespace: str, since_seconds: int | None, tail_lines: int | None = None) -> str: ...
 
     def delete_job(self, ref: JobRef) -> bool: ...
+
+    def label_job(self, ref: JobRef, labels: Mapping[str, str]) -> None: ...
 
 
 class AsyncJobSource(Protocol):
@@ -121,6 +132,8 @@ class AsyncJobSource(Protocol):
     ) -> str: ...
 
     async def delete_job(self, ref: JobRef) -> bool: ...
+
+    async def label_job(self, ref: JobRef, labels: Mapping[str, str]) -> None: ...
 
 
 # --- the generators: every decision about waiting, no I/O ---------------------------------------------------------
@@ -191,6 +204,8 @@ def wait_for_job(ref: JobRef, policy: WaitPolicy) -> Generator[Request, Any, Wai
             yield EmitLog(decision.progress)
             state.last_state, state.last_logged = current, snapshot.now
         yield from _stream_logs(ref, kind, snapshot, policy, state, final=decision.phase.is_terminal)
+        if not decision.phase.is_terminal and policy.lease_seconds is not None and snapshot.job is not None:
+            yield from _renew_lease(ref, snapshot.job, policy.lease_seconds, snapshot.now)
         if decision.phase.is_terminal:
             if decision.stop:
                 # Ended by the wait, not by the job: kept, it would hold its pods (and GPUs) until something else
@@ -250,6 +265,16 @@ def _failed(ref: JobRef, state: str, detail: str) -> WaitDecision:
         progress=f"{ref.kind} {ref.name}: {state}",
         verdict=Verdict(succeeded=False, recoverable=True, detail=detail),
     )
+
+
+def _renew_lease(ref: JobRef, job: Mapping[str, Any], lease: float, now: float) -> Generator[Request, Any, None]:
+    """Keep a job without a deadline off the sweep's list while this try waits for it. The job's own label says
+    when the lease ends, so a renewal that failed (logged) is simply due again at the next poll."""
+    if not sweep.lease_due(job, lease=lease, now=now):
+        return
+    answer = yield RenewLease(ref, now + lease)
+    if isinstance(answer, str):
+        yield EmitLog(f"Could not renew the lease of {ref.kind} {ref.namespace}/{ref.name}: {answer}; trying again")
 
 
 def _delete(ref: JobRef, why: str) -> Generator[Request, Any, None]:
@@ -370,6 +395,11 @@ def drive_sync(
                 answer = retry_sync(functools.partial(source.delete_job, request.ref), log, sleep)
             except KubeError as e:
                 answer = str(e)
+        elif isinstance(request, RenewLease):
+            try:
+                source.label_job(request.ref, sweep.lease_labels(request.until))
+            except KubeError as e:  # not retried here: the lease stays due, and the next poll tries again
+                answer = str(e)
         elif isinstance(request, Sleep):
             sleep(request.seconds)
         elif isinstance(request, EmitLog):
@@ -407,6 +437,11 @@ async def drive_async(
         elif isinstance(request, DeleteJob):
             try:
                 answer = await retry_async(functools.partial(source.delete_job, request.ref), log)
+            except KubeError as e:
+                answer = str(e)
+        elif isinstance(request, RenewLease):
+            try:
+                await source.label_job(request.ref, sweep.lease_labels(request.until))
             except KubeError as e:
                 answer = str(e)
         elif isinstance(request, Sleep):

@@ -457,3 +457,11 @@ class SharedSource:
         direct = self._direct or await self._fall_back("the shared watch ended")
         deleted = await direct.delete_job(ref)
         return deleted
+
+    async def label_job(self, ref: JobRef, labels: Mapping[str, str]) -> None:
+        cache = self._usable(ref)
+        if self._direct is None and cache is not None:
+            await cache.request(lambda: cache.kube.label_job(ref, labels))
+            return
+        direct = self._direct or await self._fall_back("the shared watch ended")
+        await direct.label_job(ref, labels)

@@ -86,6 +86,8 @@ def _submit(
     secret: dict[str, Any],
     workload: dict[str, Any],
     context: Context,
+    *,
+    lease: float,
 ) -> JobRef:
     """Create the payload Secret and the job, or re-attach to the job this try already created; returns the job.
 
@@ -105,8 +107,10 @@ def _submit(
             op.log.warning("Could not stop the job of try %d: %s", earlier.try_number, e)
 
     # The backstop for jobs that outlived their try (sweep's docstring says why this one): this try's job carries
-    # its deadline, and each submission deletes the namespace's jobs that still run well past theirs.
-    workload = sweep.with_deadline(workload, _deadline(op, context))
+    # its deadline, or without one a lease its waiter renews, and each submission deletes the namespace's jobs that
+    # still run well past theirs.
+    deadline = _deadline(op, context)
+    workload = sweep.with_deadline(workload, deadline if deadline is not None else time.time() + lease)
     try:
         sweep.sweep_namespace(kube, ref.namespace, info=op.log.info, warning=op.log.warning)
     except KubeError as e:  # a Role without list, say: this try's own job matters more
@@ -166,7 +170,7 @@ def execute_on_kubernetes(op: TorchElasticOperator, context: Context, payload: b
     op.rendered_job = summarize_for_ui(elided)
     op.log.info("Manifests to submit (payload elided, secrets masked):\n%s", json.dumps(elided, indent=2))
     kube = SyncKube(kubernetes_hook.api_client)
-    ref = _submit(op, kube, ref, secret, workload, context)
+    ref = _submit(op, kube, ref, secret, workload, context, lease=settings.job_lease)
     op._job = ref
     submit.warn_if_it_may_queue_forever(
         workload, bounded=bool(op.scheduling_timeout or op.execution_timeout), warning=op.log.warning
@@ -182,7 +186,7 @@ def execute_on_kubernetes(op: TorchElasticOperator, context: Context, payload: b
     # Rank 0's metrics lines (in its pod's log) become progress lines; the tap keeps them for the job summary.
     tap = MetricsTap(op.log.info)
     log = redacting(tap, secrets)  # the pods' log lines and messages, before the tap keeps them for the summary
-    policy = _policy(op, context)
+    policy = _policy(op, context, settings)
     # The wait core enforces execution_timeout, deletes the job when it cannot be observed, and applies
     # on_finish_action; anything else that ends the wait (SIGTERM, a bug) must not leave the job running.
     try:
@@ -219,13 +223,15 @@ def _look_before_deferring(
     return decision
 
 
-def _policy(op: TorchElasticOperator, context: Context) -> WaitPolicy:
+def _policy(op: TorchElasticOperator, context: Context, settings: Settings) -> WaitPolicy:
+    deadline = _deadline(op, context)
     return WaitPolicy(
         poll_interval=op.poll_interval,
         pending_grace_seconds=op.pending_grace_seconds,
-        deadline=_deadline(op, context),
+        deadline=deadline,
         finish_action=op.on_finish_action,
         scheduling_timeout=op.scheduling_timeout,
+        lease_seconds=settings.job_lease if deadline is None else None,
     )
 
 
@@ -251,9 +257,10 @@ def _defer(
         connection_extras=extras,
         poll_interval=op.poll_interval,
         pending_grace_seconds=op.pending_grace_seconds,
-        deadline=_deadline(op, context),
+        deadline=(deadline := _deadline(op, context)),
         finish_action=op.on_finish_action,
         scheduling_timeout=op.scheduling_timeout,
+        lease_seconds=settings.job_lease if deadline is None else None,
         deferred_at=time.time(),
         early_event_hold=settings.early_event_hold,
         mask=tuple(secrets),

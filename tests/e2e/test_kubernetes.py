@@ -720,6 +720,74 @@ def test_jobs_running_past_their_tasks_deadline_are_swept_by_the_next_submission
     assert all(cluster.get_pod(name) is not None for name in ("within", "finished", "not-ours"))
 
 
+def _for_seconds(flow: Any, seconds: float) -> Any:
+    """``flow`` (a wait) until ``seconds`` have passed: it is then closed at its next pause."""
+    from airflow_provider_torchelastic.kubernetes.wait import Sleep
+
+    until, answer = time.monotonic() + seconds, None
+    while True:
+        try:
+            request = flow.send(answer)
+        except StopIteration as stop:
+            return stop.value
+        if isinstance(request, Sleep) and time.monotonic() >= until:
+            flow.close()
+            return None
+        answer = yield request
+
+
+def test_the_waiter_renews_the_lease_of_a_job_without_a_deadline_with_the_documented_role(
+    cluster: Cluster, kube_cluster, deploy_rbac
+) -> None:
+    """Issue 19, item 7, for a task without ``execution_timeout``: its job's not-after label is a lease, which the
+    worker's wait and the trigger's move forward while they wait (and the sweep deletes a job whose lease ran out:
+    its waiter is gone). With deploy/rbac.yaml's Role, for a PyTorchJob (queued, on the worker's driver) and a Pod
+    (running, on the trigger's), against the API server."""
+    from kubernetes import config as sync_config
+    from kubernetes_asyncio import config as async_config
+
+    from airflow_provider_torchelastic.kubernetes import sweep
+    from airflow_provider_torchelastic.kubernetes.client import AsyncKube, SyncKube
+    from airflow_provider_torchelastic.kubernetes.status import JobRef, WaitPolicy
+    from airflow_provider_torchelastic.kubernetes.wait import drive_async, drive_sync, wait_for_job
+    from tests.cluster import held_jobs
+
+    lease, ns, sa = 2.0, cluster.namespace, str(kube_cluster.sa_kubeconfig)
+    policy = WaitPolicy(poll_interval=0.3, lease_seconds=lease)
+    lines: list[str] = []
+
+    def leased(obj: dict[str, Any]) -> dict[str, Any]:
+        obj["metadata"]["labels"].update(sweep.lease_labels(time.time() + lease))
+        return obj
+
+    started = time.time()
+    body = leased(held_jobs.held_pytorchjob("leased-job", ns, suspended=True))
+    cluster.custom.create_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, body)
+    job = JobRef(kind="PyTorchJob", name="leased-job", namespace=ns)
+    drive_sync(
+        _for_seconds(wait_for_job(job, policy), 5), SyncKube(sync_config.new_client_from_config(sa)), lines.append
+    )
+    labels = cluster.custom.get_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, "leased-job")["metadata"]["labels"]
+    assert float(labels[sweep.NOT_AFTER_LABEL]) >= started + 5, (labels, lines)
+
+    started = time.time()
+    cluster.core.create_namespaced_pod(ns, leased(held_jobs.held_pod("leased-pod", ns)))
+
+    async def wait_as_the_trigger() -> None:
+        api = await async_config.new_client_from_config(sa)
+        try:
+            flow = _for_seconds(wait_for_job(JobRef(kind="Pod", name="leased-pod", namespace=ns), policy), 5)
+            await drive_async(flow, AsyncKube(api), lines.append)
+        finally:
+            await api.close()
+
+    asyncio.run(wait_as_the_trigger())
+    pod = cluster.get_pod("leased-pod")
+    assert float(pod.metadata.labels[sweep.NOT_AFTER_LABEL]) >= started + 5, (pod.metadata.labels, lines)
+    assert not [line for line in lines if "Could not renew" in line], lines
+    # Nobody waits any more: the lease stays where the waiter left it, for the sweep to act on once it ran out.
+
+
 def test_a_sensitive_env_value_reaches_the_pod_and_no_log_xcom_or_rendered_field(
     cluster: Cluster, capfd: pytest.CaptureFixture[str]
 ) -> None:

@@ -78,7 +78,7 @@ def test_a_sweep_lists_each_kind_once_and_deletes_only_what_is_overdue() -> None
         JobRef(kind="PyTorchJob", name="pytorchjob-j", namespace="ml"),
     ]
     assert set(kube.selectors) == {sweep.SELECTOR} and len(kube.selectors) == len(kinds.registered())
-    assert all("past its task's deadline: deleting it" in line for line in lines), lines
+    assert all("past its task's deadline or lease: deleting it" in line for line in lines), lines
     dry = Kube({"PyTorchJob": [job(deadline=late)]})
     assert sweep.sweep_namespace(dry, "ml", now=NOW, dry_run=True, info=print, warning=print) and not dry.deleted
 
@@ -86,3 +86,85 @@ def test_a_sweep_lists_each_kind_once_and_deletes_only_what_is_overdue() -> None
 def test_a_kind_the_cluster_does_not_serve_is_skipped_not_an_error() -> None:
     kube = Kube({"Pod": [job("Pod", deadline=str(int(NOW - 3600)))]}, missing=("PyTorchJob",))
     assert [ref.kind for ref in sweep.sweep_namespace(kube, "ml", now=NOW, info=print, warning=print)] == ["Pod"]
+
+
+# --- the lease of a job whose task has no execution_timeout ---------------------------------------------------------
+
+
+def test_a_lease_is_due_past_its_half_and_only_on_a_job_that_has_one() -> None:
+    lease = 3600.0
+    assert not sweep.lease_due(job(deadline=str(int(NOW + 3000))), lease=lease, now=NOW)
+    assert sweep.lease_due(job(deadline=str(int(NOW + 1800))), lease=lease, now=NOW)
+    assert sweep.lease_due(job(deadline=str(int(NOW - 10))), lease=lease, now=NOW)  # ran out: renew at once
+    assert not sweep.lease_due(job(), lease=lease, now=NOW)
+    assert sweep.lease_labels(NOW + 0.2) == {sweep.NOT_AFTER_LABEL: str(int(NOW) + 1)}
+
+
+class LeasedSource:
+    """A running job whose labels the wait may patch; every ``polls`` polls it has moved on ``step`` seconds. Its
+    ``label_job`` fails while ``failing`` holds errors."""
+
+    def __init__(self, job: dict, *, end_after: int, failing: list[KubeError] | None = None) -> None:
+        self.job, self.clock, self.polls, self.end_after = job, [NOW], 0, end_after
+        self.failing = failing or []
+        self.renewed: list[float] = []
+
+    def snapshot(self, ref: JobRef) -> Any:
+        from airflow_provider_torchelastic.kubernetes.status import Snapshot
+
+        self.polls += 1
+        if self.polls > self.end_after:
+            self.job["status"] = {"phase": "Succeeded"}
+        return Snapshot(job=self.job, pods=[], now=self.clock[0])
+
+    def read_log(self, pod: str, namespace: str, since_seconds: int | None, tail_lines: int | None = None) -> str:
+        return ""
+
+    def delete_job(self, ref: JobRef) -> bool:
+        return True
+
+    def label_job(self, ref: JobRef, labels: dict[str, str]) -> None:
+        if self.failing:
+            raise self.failing.pop(0)
+        self.job["metadata"]["labels"].update(labels)
+        self.renewed.append(self.clock[0])
+
+    def sleep(self, seconds: float) -> None:
+        self.clock[0] += seconds
+
+
+def _wait_leased(source: LeasedSource, lease: float | None) -> list[str]:
+    from airflow_provider_torchelastic.kubernetes.status import WaitPolicy
+    from airflow_provider_torchelastic.kubernetes.wait import drive_sync, wait_for_job
+
+    lines: list[str] = []
+    policy = WaitPolicy(poll_interval=600, lease_seconds=lease, finish_action="keep")
+    drive_sync(
+        wait_for_job(JobRef(kind="Pod", name="pod-j", namespace="ml"), policy), source, lines.append, sleep=source.sleep
+    )
+    return lines
+
+
+def test_the_wait_renews_the_lease_at_half_of_it_while_the_job_runs_and_not_once_it_ended() -> None:
+    # Created with a lease of an hour; polled every 10 minutes for 3 hours, then it ends.
+    source = LeasedSource(job("Pod", deadline=str(int(NOW + 3600))), end_after=18)
+    _wait_leased(source, lease=3600)
+    # Due at NOW+1800 (half of the first lease), then every 30 minutes: never closer than half a lease to its end.
+    assert source.renewed == [NOW + 1800 * k for k in range(1, 6)]
+    assert sweep.not_after(source.job) == NOW + 1800 * 5 + 3600
+    assert source.polls == 19
+
+
+def test_a_failed_renewal_is_logged_and_tried_again_at_the_next_poll() -> None:
+    source = LeasedSource(
+        job("Pod", deadline=str(int(NOW + 1000))), end_after=3, failing=[KubeError(503, "Unavailable", "down")]
+    )
+    lines = _wait_leased(source, lease=3600)
+    assert any(line.startswith("Could not renew the lease of Pod ml/pod-j: 503") for line in lines), lines
+    assert source.renewed == [NOW + 600]
+
+
+def test_a_try_with_a_deadline_renews_nothing() -> None:
+    source = LeasedSource(job("Pod", deadline=str(int(NOW + 10))), end_after=3)
+    _wait_leased(source, lease=None)
+    assert source.renewed == []

@@ -313,3 +313,28 @@ def test_early_event_hold_is_read_for_deferrable_tasks_and_checked(monkeypatch: 
         Settings.read(execution="kubernetes", deferrable=True)
     # A task that waits in the worker never reads it: a wrong value there cannot fail it.
     assert Settings.read(execution="kubernetes", deferrable=False).early_event_hold == DEFAULT_EARLY_EVENT_HOLD
+
+
+def test_job_lease_is_read_on_kubernetes_and_checked(monkeypatch: pytest.MonkeyPatch) -> None:
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from airflow_provider_torchelastic.settings import DEFAULT_JOB_LEASE, Settings
+
+    monkeypatch.delenv("AIRFLOW__TORCH_ELASTIC__JOB_LEASE", raising=False)
+    assert Settings.read(execution="kubernetes").job_lease == DEFAULT_JOB_LEASE == 3600
+    monkeypatch.setenv("AIRFLOW__TORCH_ELASTIC__JOB_LEASE", "7200")
+    assert Settings.read(execution="kubernetes").job_lease == 7200
+    # Shorter than a waiter can be sure to renew it between polls and through a triggerer restart.
+    monkeypatch.setenv("AIRFLOW__TORCH_ELASTIC__JOB_LEASE", "60")
+    with pytest.raises(AirflowFailException, match=r"\[torch_elastic\] job_lease: expected seconds >= 300, got '60'"):
+        Settings.read(execution="kubernetes")
+    assert Settings.read(execution="local").job_lease == DEFAULT_JOB_LEASE  # local execution has no job to lease
+
+
+def test_the_lease_travels_in_the_trigger_row_and_an_older_row_has_none() -> None:
+    args = WatchArgs(kind="Pod", name="x", namespace="ml", lease_seconds=3600.0)
+    trigger = TorchElasticJobTrigger.for_job(args)
+    _, kwargs = trigger.serialize()
+    assert kwargs["lease_seconds"] == 3600.0 and trigger.args.policy.lease_seconds == 3600.0
+    old = TorchElasticJobTrigger(**OLD_KWARGS)
+    assert "lease_seconds" not in old.serialize()[1] and old.args.policy.lease_seconds is None
