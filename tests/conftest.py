@@ -73,15 +73,39 @@ def _join_group(item: pytest.Item, group: str) -> None:
     item._id = coerce_node_id(item.nodeid + suffix)  # type: ignore[attr-defined]
 
 
+def _uses_deployment(item: pytest.Item | None) -> bool:
+    return item is not None and bool(_SHARED_SERVICES.intersection(getattr(item, "fixturenames", ())))
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under pytest-xdist (``-n 2 --dist loadgroup``, scripts/test.sh), keep the tests of the Airflow deployment in
-    one group: one worker runs them, one after the other (xdist hands out the largest group first), while the other
-    worker takes the rest, and both share what is left. Without xdist this does nothing."""
+    """The tests of the Airflow deployment run one after the other, so that it can stop after the last of them
+    (:func:`pytest_runtest_teardown`): they move to where the first of them is. Under pytest-xdist (``-n 2 --dist
+    loadgroup``, scripts/test.sh) they also form one group: one worker runs them (xdist hands out the largest group
+    first), while the other worker takes the rest, and both share what is left."""
+    deployment = [item for item in items if _uses_deployment(item)]
+    if deployment:
+        first = items.index(deployment[0])
+        rest = [item for item in items if not _uses_deployment(item)]
+        items[:] = rest[:first] + deployment + rest[first:]
     if not getattr(config.option, "loadgroup", False):  # set on xdist workers only
         return
-    for item in items:
-        if _SHARED_SERVICES.intersection(getattr(item, "fixturenames", ())):
-            _join_group(item, SERVICES_GROUP)
+    for item in deployment:
+        _join_group(item, SERVICES_GROUP)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    """Stop the Airflow deployment once its last test is done rather than at the end of the session: idle, its
+    scheduler, dag-processor, triggerer, api-server and PostgreSQL take about a tenth of a core from the tests that
+    follow. (Its fixture's own finalizer then finds nothing left to stop.)"""
+    if nextitem is None or not _uses_deployment(item) or _uses_deployment(nextitem):
+        return  # at the end of the session the fixture's finalizer stops it
+    services = getattr(item, "funcargs", {}).get("airflow_services")
+    if services is None:
+        return
+    services.close()
+    survivors = services.deployment.stop()
+    assert not survivors, f"Airflow deployment processes survived teardown: {survivors}"
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

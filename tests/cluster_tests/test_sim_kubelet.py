@@ -993,7 +993,13 @@ def test_create_container_config_error_injection(pods: Pods) -> None:
     pods.create(
         pod_manifest(name, [container([PY, "-c", "pass"])], annotations={sk.ANN_FAIL: "CreateContainerConfigError"})
     )
-    cs = wait_for(lambda: pods.container_status(name).get("state", {}).get("waiting"), 30, "waiting")
+
+    # The container waits ContainerCreating first, as on a real node, then with the config error.
+    def config_error() -> dict | None:
+        waiting = pods.container_status(name).get("state", {}).get("waiting")
+        return waiting if waiting and waiting.get("reason") != "ContainerCreating" else None
+
+    cs = wait_for(config_error, 30, "waiting with a reason other than ContainerCreating")
     assert cs["reason"] == "CreateContainerConfigError" and "not found" in cs["message"]
 
 
