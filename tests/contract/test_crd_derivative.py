@@ -1,15 +1,16 @@
-"""The committed PyTorchJob CRD derivative: equal to what ``scripts/derive_crd.py`` makes of upstream, and still a
-working schema.
+"""The committed CRD derivatives (PyTorchJob; TrainJob, ClusterTrainingRuntime, JobSet) and the torch-distributed
+runtime's: equal to what ``scripts/derive_crd.py`` makes of upstream, and still working schemas.
 
-The repository has to pass on a fresh clone, so it carries ``tests/crds/kubeflow.org_pytorchjobs.derived.yaml``
-instead of reading the upstream CRD from ``../shared``. Where the upstream file is there (as in CI), the derivative is
-derived again and compared byte for byte, so it can neither drift nor be edited by hand; without it those tests skip
-and the rest check the derivative on its own.
+The repository has to pass on a fresh clone, so it carries ``tests/crds/*.derived.yaml`` instead of reading the
+upstream files from ``../shared``. Where an upstream file is there (as in CI), its derivative is derived again and
+compared byte for byte, so it can neither drift nor be edited by hand; without it those tests skip and the rest check
+the derivatives on their own.
 """
 
 from __future__ import annotations
 
 import copy
+import functools
 import importlib.util
 import subprocess
 import sys
@@ -19,11 +20,11 @@ from typing import Any
 
 import jsonschema
 import pytest
-import yaml
 
 from airflow_provider_torchelastic.core.config import Elastic
 from tests.contract.builders import render, workload
 from tests.contract.schemas import REPO_ROOT, crd_jsonschema, load_crd
+from tests.contract.trainjob_schemas import crd_schema
 
 SCRIPT = REPO_ROOT / "scripts" / "derive_crd.py"
 REGENERATE = "regenerate it with `make crd` (python scripts/derive_crd.py) and commit the result"
@@ -34,61 +35,101 @@ def _load_script() -> ModuleType:
     spec = importlib.util.spec_from_file_location("derive_crd", SCRIPT)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
+    # Registered first, as an import would: its dataclasses look their module up while being made.
+    sys.modules.setdefault(spec.name, module)
     spec.loader.exec_module(module)
     return module
 
 
 derive_crd = _load_script()
 DERIVED: Path = derive_crd.DERIVED_PATH
-UPSTREAM: Path = derive_crd.default_upstream_path()
+DERIVATIONS = {derivation.name: derivation for derivation in derive_crd.DERIVATIONS}
+CRDS = [name for name, derivation in DERIVATIONS.items() if derivation.what.endswith(" CRD")]
 
-needs_upstream = pytest.mark.skipif(
-    not UPSTREAM.is_file(),
-    reason=f"upstream CRD not at {UPSTREAM} (../shared/crds/ from the repository root, or "
-    f"${derive_crd.UPSTREAM_PATH_ENV}): the derivative cannot be compared with it here",
-)
+
+def _needs_upstream(derivation: Any) -> pytest.MarkDecorator:
+    upstream = derivation.default_upstream_path()
+    return pytest.mark.skipif(
+        not upstream.is_file(),
+        reason=f"upstream CRD not at {upstream} (../shared/crds/ from the repository root, or "
+        f"${derive_crd.UPSTREAM_DIR_ENV}): the derivative cannot be compared with it here",
+    )
+
+
+def each(names: list[str]) -> pytest.MarkDecorator:
+    """Parametrize over derivations by name, each skipping where its upstream file is absent."""
+    return pytest.mark.parametrize(
+        "name", [pytest.param(name, marks=_needs_upstream(DERIVATIONS[name]), id=name) for name in names]
+    )
+
+
+@functools.cache
+def derived_doc_of(name: str) -> dict[str, Any]:
+    """The committed derivative, parsed once (libyaml where present: the files are hundreds of KB); not to modify."""
+    doc: dict[str, Any] = derive_crd._load(DERIVATIONS[name].derived_path.read_bytes())
+    return doc
+
+
+@functools.cache
+def upstream_doc_of(name: str) -> dict[str, Any]:
+    doc: dict[str, Any] = derive_crd._load(DERIVATIONS[name].default_upstream_path().read_bytes())
+    return doc
 
 
 @pytest.fixture(scope="module")
 def derived_doc() -> dict[str, Any]:
-    doc: dict[str, Any] = yaml.safe_load(DERIVED.read_text())
-    return doc
+    return derived_doc_of("pytorchjob")
 
 
 # ------------------------------------------------------------------------------ against upstream, where it is
 
 
-@needs_upstream
-def test_committed_derivative_is_what_the_script_derives_from_upstream() -> None:
-    expected = derive_crd.derive_file(UPSTREAM)
-    actual = DERIVED.read_bytes().decode() if DERIVED.is_file() else ""
+@each(list(DERIVATIONS))
+def test_committed_derivative_is_what_the_script_derives_from_upstream(name: str) -> None:
+    derivation = DERIVATIONS[name]
+    derived = derivation.derived_path
+    expected = derive_crd.derive_file(derivation.default_upstream_path(), derivation)
+    actual = derived.read_bytes().decode() if derived.is_file() else ""
     if actual.encode() != expected.encode():
         pytest.fail(
-            f"{DERIVED.relative_to(REPO_ROOT)} is not what scripts/derive_crd.py derives from {UPSTREAM}; "
-            f"{REGENERATE}.\n" + derive_crd._describe_difference(expected, actual, DERIVED.name),
+            f"{derived.relative_to(REPO_ROOT)} is not what scripts/derive_crd.py derives from "
+            f"{derivation.default_upstream_path()}; {REGENERATE}.\n"
+            + derive_crd._describe_difference(expected, actual, derived.name),
             pytrace=False,
         )
 
 
-@needs_upstream
+@each(CRDS)
 @pytest.mark.parametrize("strict", [True, False])
-def test_derivative_validates_exactly_like_upstream(strict: bool, derived_doc: dict[str, Any]) -> None:
-    upstream = derive_crd._load(UPSTREAM.read_bytes())
-    assert crd_jsonschema(derived_doc, strict=strict) == crd_jsonschema(upstream, strict=strict)
+def test_derivative_validates_exactly_like_upstream(name: str, strict: bool) -> None:
+    assert crd_schema(derived_doc_of(name), strict=strict) == crd_schema(upstream_doc_of(name), strict=strict)
 
 
-@needs_upstream
-def test_check_mode_reports_a_hand_edit(tmp_path: Path) -> None:
+@each(["pytorchjob"])
+def test_check_mode_reports_a_hand_edit(name: str, tmp_path: Path) -> None:
     edited = tmp_path / "edited.yaml"
     edited.write_text(DERIVED.read_text().replace("format: int32", "format: int64", 1))
     ok = subprocess.run([sys.executable, str(SCRIPT), "--check"], capture_output=True, text=True, check=False)
     assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert ok.stdout.count("is up to date") == len(DERIVATIONS)
     stale = subprocess.run(
-        [sys.executable, str(SCRIPT), "--check", "--output", str(edited)], capture_output=True, text=True, check=False
+        [sys.executable, str(SCRIPT), "--check", "--only", name, "--output", str(edited)],
+        capture_output=True,
+        text=True,
+        check=False,
     )
     assert stale.returncode == 1
     assert "make crd" in stale.stdout
     assert "format: int64" in stale.stdout and "format: int32" in stale.stdout  # the diff shows the edit
+
+
+@each(["trainjob"])
+def test_a_file_of_another_release_is_refused(name: str, tmp_path: Path) -> None:
+    other = tmp_path / "other.yaml"
+    other.write_bytes(DERIVATIONS[name].default_upstream_path().read_bytes() + b"\n")
+    said: list[str] = []
+    assert derive_crd.main(["--only", name, str(other), "--check"], out=said.append) == 2
+    assert "kubeflow/trainer v2.3.0" in said[0] and "sha256" in said[0]
 
 
 # ------------------------------------------------------------------------------ the derivative on its own
@@ -96,21 +137,61 @@ def test_check_mode_reports_a_hand_edit(tmp_path: Path) -> None:
 
 def test_check_mode_without_upstream_says_where_it_looked(tmp_path: Path) -> None:
     said: list[str] = []
-    assert derive_crd.main([str(tmp_path / "absent.yaml"), "--check"], out=said.append) == 2
+    assert derive_crd.main(["--only", "pytorchjob", str(tmp_path / "absent.yaml"), "--check"], out=said.append) == 2
     assert "absent.yaml" in said[0]
 
 
-def test_derivative_has_no_descriptions(derived_doc: dict[str, Any]) -> None:
-    assert derive_crd.schema_annotations(derived_doc) == []
-    assert "annotations" not in derived_doc["metadata"]
+def test_a_path_needs_to_say_which_derivative_it_is(tmp_path: Path) -> None:
+    with pytest.raises(SystemExit):
+        derive_crd.main([str(tmp_path / "some.yaml")])
 
 
-def test_derivative_is_in_the_form_the_script_writes(derived_doc: dict[str, Any]) -> None:
+@pytest.mark.parametrize("name", list(DERIVATIONS))
+def test_derivative_has_no_descriptions(name: str) -> None:
+    doc = derived_doc_of(name)
+    assert derive_crd.schema_annotations(doc) == []
+    assert "annotations" not in doc["metadata"]
+
+
+@pytest.mark.parametrize("name", list(DERIVATIONS))
+def test_derivative_is_in_the_form_the_script_writes(name: str) -> None:
     # Deriving a derivative changes nothing, so this holds without upstream and catches most hand edits.
-    text = DERIVED.read_text()
-    assert text.startswith(derive_crd.HEADER), f"header changed by hand; {REGENERATE}"
-    assert derive_crd.UPSTREAM_SHA256 in derive_crd.HEADER
-    assert derive_crd.render(derive_crd.derive(derived_doc)) == text, f"edited by hand; {REGENERATE}"
+    derivation = DERIVATIONS[name]
+    text = derivation.derived_path.read_text()
+    assert text.startswith(derivation.header), f"header changed by hand; {REGENERATE}"
+    assert derivation.sha256 in derivation.header
+    assert derive_crd.render(derive_crd.derive(derived_doc_of(name)), derivation) == text, f"edited; {REGENERATE}"
+
+
+@pytest.mark.parametrize("name", ["trainjob", "clustertrainingruntime", "torch-distributed"])
+def test_a_kubeflow_derivative_repeats_the_upstream_licence_notice(name: str) -> None:
+    text = DERIVATIONS[name].derived_path.read_text()
+    assert "# Copyright The Kubeflow Authors." in text and "Apache License, Version 2.0" in text
+
+
+def test_the_pytorchjob_derivative_keeps_the_path_the_test_cluster_installs() -> None:
+    assert DERIVED == REPO_ROOT / "tests" / "crds" / "kubeflow.org_pytorchjobs.derived.yaml"
+    assert DERIVATIONS["pytorchjob"].derived_path == DERIVED
+
+
+def test_trainer_derivatives_keep_what_the_api_server_acts_on() -> None:
+    (version,) = derived_doc_of("trainjob")["spec"]["versions"]
+    schema = version["schema"]["openAPIV3Schema"]
+    assert {
+        "rule": "size(self.metadata.name) <= 63",
+        "message": "metadata.name must be no more than 63 characters",
+    } in (schema["x-kubernetes-validations"])
+    spec = schema["properties"]["spec"]
+    assert spec["required"] == ["runtimeRef"]
+    assert spec["properties"]["trainer"]["x-kubernetes-validations"] == [
+        {"message": "field is immutable", "rule": "self == oldSelf"}
+    ]
+    assert spec["properties"]["runtimePatches"]["x-kubernetes-list-map-keys"] == ["manager"]
+    assert version["subresources"] == {"status": {}}
+    (jobset,) = derived_doc_of("jobset")["spec"]["versions"]
+    assert jobset["name"] == "v1alpha2"
+    (runtime,) = derived_doc_of("clustertrainingruntime")["spec"]["versions"]
+    assert derived_doc_of("clustertrainingruntime")["spec"]["scope"] == "Cluster" and runtime["name"] == "v1alpha1"
 
 
 def test_derivative_keeps_what_the_api_server_acts_on(derived_doc: dict[str, Any]) -> None:
