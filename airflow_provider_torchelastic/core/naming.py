@@ -27,6 +27,7 @@ __all__ = [
     "REPLICA_TYPE_LABEL",
     "TRAINING_CONTAINER",
     "RunIdentity",
+    "fit_job_name",
     "identity_annotations",
     "identity_labels",
     "job_name",
@@ -130,6 +131,24 @@ def job_name(identity: RunIdentity) -> str:
     if not _DNS_1035.match(name):  # pragma: no cover - guarded by construction; a bug if it ever fires
         raise RuntimeError(f"job_name: built an invalid DNS-1035 label {name!r} from {identity!r}")
     return name
+
+
+def fit_job_name(name: str, max_length: int) -> str:
+    """A :func:`job_name` cut to ``max_length`` for a kind whose controllers build longer names from it (a
+    TrainJob's pods): the readable part is shortened and the identity hash kept, so the name is still unique per try
+    and the same on every call. A name that fits is returned as it is."""
+    if len(name) <= max_length:
+        return name
+    readable, _, digest = name.rpartition("-")
+    if len(digest) != _HASH_LENGTH or not readable or max_length < _HASH_LENGTH + 2:
+        raise ValueError(
+            f"job name {name!r}: expected a job_name() (a readable part, '-', a {_HASH_LENGTH}-character hash) "
+            f"and a max_length of at least {_HASH_LENGTH + 2}, got max_length={max_length}"
+        )
+    short = f"{readable[: max_length - _HASH_LENGTH - 1].rstrip('-')}-{digest}"
+    if not _DNS_1035.match(short):
+        raise ValueError(f"job name {name!r}: cut to {short!r}, which is not a DNS-1035 label")
+    return short
 
 
 def safe_label_value(value: str) -> str:

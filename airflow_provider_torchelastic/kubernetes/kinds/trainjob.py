@@ -1,0 +1,528 @@
+"""The TrainJob kind (Kubeflow Trainer v2, ``trainer.kubeflow.org/v1alpha1``): a fixed number of nodes on a
+training runtime (``torch-distributed`` by default), each node a pod of one indexed Job of the TrainJob's JobSet.
+
+Not in the table of kinds yet (``kinds.BUILT_IN``): nothing chooses it. It renders, finds its pods and decides on its
+own, and :func:`check_trainjob_config` is the parse-time check for when the kind is known.
+
+Read against kubeflow/trainer v2.3.0 and kubernetes-sigs/jobset v0.12.0 (``../shared/notes/trainer-v2.md``):
+
+* the Trainer's torch plugin gives the runtime's ``node`` container ``PET_NNODES`` (``trainer.numNodes``),
+  ``PET_NPROC_PER_NODE``, ``PET_NODE_RANK`` (the pod's completion index), ``PET_MASTER_ADDR``
+  (``<tj>-node-0-0.<tj>``) and ``PET_MASTER_PORT`` (29500), and refuses a TrainJob whose ``trainer.env`` sets any of
+  them. The runner reads them: with a master address and a node rank it takes torch's static rendezvous, node 0
+  hosting the store, so global rank 0 is on the pod of completion index 0;
+* pod customisation goes through one ``runtimePatches`` entry of the provider's manager. A container patch carries
+  only env, volumeMounts and securityContext, may name only containers the runtime has, and may not give the
+  ``node`` container env (that is ``trainer.env``). Everything else a task asks of its pods either has a place in
+  the ``trainer`` block or the patch, or is refused with the field named (:func:`check_trainjob_options`);
+* there is no elastic training (KEP-2903, kubeflow/trainer#2903, is open) and no field for a restart policy, a
+  backoff limit, a TTL or a pod clean-up policy (:func:`check_trainjob_config`).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Final
+
+from airflow_provider_torchelastic.core.config import Elastic, Master, PyTorch, RestartPolicy, TaskConfig, Worker
+from airflow_provider_torchelastic.core.launch import config_to_launch_spec, runner_command
+from airflow_provider_torchelastic.core.naming import LABEL_PREFIX, RunIdentity, fit_job_name, job_name
+from airflow_provider_torchelastic.core.outcome import Verdict, decide_run
+from airflow_provider_torchelastic.core.pod_options import JobOptions, PodOptions, merge_pod_options
+from airflow_provider_torchelastic.kubernetes import status
+from airflow_provider_torchelastic.kubernetes.kinds.descriptor import JobKind
+from airflow_provider_torchelastic.kubernetes.ownership import controlled_pods, uid_of
+from airflow_provider_torchelastic.kubernetes.pod_template import (
+    CONTAINER_NAME,
+    MAX_RESULT_BYTES,
+    PAYLOAD_PATH,
+    RESULT_FILE,
+    JsonDict,
+    PodSettings,
+    RenderInputs,
+    job_metadata,
+    render_pod_template,
+)
+from airflow_provider_torchelastic.kubernetes.status import JobRef, Observed, Phase, Snapshot, WaitDecision, WaitPolicy
+
+__all__ = [
+    "API_VERSION",
+    "CONTROLLERS",
+    "GROUP",
+    "KIND",
+    "PATCH_MANAGER",
+    "PLURAL",
+    "RESERVED_ENV",
+    "TORCH_DISTRIBUTED",
+    "Runtime",
+    "check_trainjob_config",
+    "check_trainjob_options",
+    "decide_trainjob",
+    "is_rank0_pod",
+    "render_trainjob",
+    "runtime_from_manifest",
+    "trainjob_finished",
+    "trainjob_name",
+    "trainjob_pods",
+]
+
+GROUP: Final = "trainer.kubeflow.org"
+VERSION: Final = "v1alpha1"
+API_VERSION: Final = f"{GROUP}/{VERSION}"
+PLURAL: Final = "trainjobs"
+#: Whose entry of ``spec.runtimePatches`` is the provider's (a list keyed by manager; Kueue uses its own).
+PATCH_MANAGER: Final = f"{LABEL_PREFIX}/provider"
+#: The container of the runtime's trainer job that the ``trainer`` block sets (kubeflow/trainer ``constants.Node``).
+NODE_CONTAINER: Final = "node"
+#: What the torch plugin injects into it and refuses in ``trainer.env`` (``constants.TorchRunReservedEnvNames``).
+RESERVED_ENV: Final = frozenset(
+    {"PET_NNODES", "PET_NPROC_PER_NODE", "PET_NODE_RANK", "PET_MASTER_ADDR", "PET_MASTER_PORT"}
+)
+#: A pod's controllers up to the TrainJob, nearest first: the indexed Job, its JobSet, the TrainJob.
+CONTROLLERS: Final = ("Job", "JobSet", "TrainJob")
+#: JobSet's pod labels: the JobSet (named as its TrainJob), the replicated job, the Job's index in it.
+JOBSET_NAME_LABEL: Final = "jobset.sigs.k8s.io/jobset-name"
+REPLICATED_JOB_LABEL: Final = "jobset.sigs.k8s.io/replicatedjob-name"
+JOB_INDEX_LABEL: Final = "jobset.sigs.k8s.io/job-index"
+#: Kubernetes' indexed Job label: the node's index, which the torch plugin makes ``PET_NODE_RANK``.
+COMPLETION_INDEX_LABEL: Final = "batch.kubernetes.io/job-completion-index"
+_ANCESTOR_LABEL: Final = "trainer.kubeflow.org/trainjob-ancestor-step"
+_RUNTIME_KINDS: Final = ("ClusterTrainingRuntime", "TrainingRuntime")
+#: JobSet's webhook refuses a JobSet whose longest pod name, ``<js>-<rjob>-<job index>-<pod index>`` plus the
+#: indexed Job's 5-character random suffix, is not a DNS-1035 label (jobset ``pkg/webhooks/jobset_webhook.go``); it
+#: would show only as an event on the TrainJob. Up to 99999 nodes: the pod index has at most 5 digits.
+_MAX_NODE_DIGITS: Final = 5
+_POD_SUFFIX: Final = len("-abcde")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Runtime:
+    """What the provider must know of the training runtime a TrainJob names: its replicated jobs and their
+    containers (a patch may name only those) and which of them runs the trainer. Rendering never reads the cluster,
+    so a runtime other than the default is described here (:func:`runtime_from_manifest` reads one)."""
+
+    name: str = "torch-distributed"
+    #: ``ClusterTrainingRuntime`` (cluster-wide) or ``TrainingRuntime`` (in the TrainJob's namespace).
+    kind: str = "ClusterTrainingRuntime"
+    #: Replicated job -> the names of its containers and init containers.
+    containers: Mapping[str, tuple[str, ...]] = field(default_factory=lambda: {"node": (NODE_CONTAINER,)})
+    #: The replicated job labelled as the trainer step, which the ``trainer`` block and the patch apply to.
+    trainer_job: str = "node"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise ValueError(f"Runtime.name: expected a runtime's name, got {self.name!r}")
+        if self.kind not in _RUNTIME_KINDS:
+            raise ValueError(f"Runtime.kind: expected one of {', '.join(_RUNTIME_KINDS)}, got {self.kind!r}")
+        containers = MappingProxyType({job: tuple(names) for job, names in dict(self.containers).items()})
+        if NODE_CONTAINER not in containers.get(self.trainer_job, ()):
+            raise ValueError(
+                f"Runtime.trainer_job: expected a replicated job with a {NODE_CONTAINER!r} container (the one the "
+                f"trainer block sets), got {self.trainer_job!r} of {dict(containers)!r}"
+            )
+        object.__setattr__(self, "containers", containers)
+
+    @property
+    def max_job_name_length(self) -> int:
+        """The longest TrainJob name whose JobSet's pod names JobSet accepts (44 for ``torch-distributed``)."""
+        longest = max(len(f"-{job}-0-") for job in self.containers)
+        return 63 - longest - _MAX_NODE_DIGITS - _POD_SUFFIX
+
+
+#: Kubeflow Trainer v2.3.0's default runtime (``manifests/base/runtimes/torch_distributed.yaml``).
+TORCH_DISTRIBUTED: Final = Runtime()
+
+
+def runtime_from_manifest(runtime: Mapping[str, Any]) -> Runtime:
+    """The :class:`Runtime` a (Cluster)TrainingRuntime object describes."""
+    kind, name = runtime.get("kind"), (runtime.get("metadata") or {}).get("name")
+    jobs = ((runtime.get("spec") or {}).get("template") or {}).get("spec", {}).get("replicatedJobs") or []
+    containers: dict[str, tuple[str, ...]] = {}
+    trainer_job = None
+    for job in jobs:
+        template = job.get("template") or {}
+        pod = (template.get("spec") or {}).get("template", {}).get("spec") or {}
+        names = [c.get("name") for c in (pod.get("initContainers") or []) + (pod.get("containers") or [])]
+        containers[job.get("name")] = tuple(names)
+        # The Trainer finds the job its trainer block applies to by this label, not by name.
+        if ((template.get("metadata") or {}).get("labels") or {}).get(_ANCESTOR_LABEL) == "trainer":
+            trainer_job = job.get("name")
+    return Runtime(name=name, kind=kind, containers=containers, trainer_job=trainer_job)  # type: ignore[arg-type]
+
+
+# --- what a TrainJob cannot do ------------------------------------------------------------------------------------
+
+
+def _cannot(where: str, value: object, why: str) -> ValueError:
+    return ValueError(f"{where}: a TrainJob cannot take {value!r}: {why}")
+
+
+def _limitation(config: TaskConfig) -> ValueError | None:
+    """Why ``config`` cannot run as a TrainJob, or None."""
+    nodes = config.max_nodes if isinstance(config, Elastic) else config.nnodes
+    if nodes >= 10**_MAX_NODE_DIGITS:
+        return _cannot("the node count", nodes, f"JobSet's pod names leave room for {_MAX_NODE_DIGITS} digits")
+    if isinstance(config, Elastic):
+        if config.min_nodes != config.max_nodes:
+            return _cannot(
+                "Elastic.nnodes",
+                config.nnodes,
+                "it runs a fixed number of nodes (Kubeflow Trainer v2.3 has no elastic training; KEP-2903, "
+                f"kubeflow/trainer#2903, is open); use nnodes={config.max_nodes} or a PyTorchJob for a range",
+            )
+        if config.max_nodes == 1:
+            return _cannot("Elastic.nnodes", config.nnodes, "one node runs as a Pod, not a TrainJob")
+        if config.max_restarts:
+            return _cannot(
+                "Elastic.max_restarts",
+                config.max_restarts,
+                "the Trainer gives the nodes a static rendezvous (PET_MASTER_ADDR, PET_NODE_RANK), which cannot "
+                "restart the workers of all nodes together; use 0, and Airflow's retries with checkpoints",
+            )
+    else:
+        if config.nnodes == 1:
+            return _cannot("PyTorch.worker.replicas", 0, "a Master-only job is one node: use Elastic(nnodes=1)")
+        for replica_type, replica in (("master", config.master), ("worker", config.worker)):
+            if replica.restart_policy is not RestartPolicy.NEVER:
+                return _cannot(
+                    f"PyTorch.{replica_type}.restart_policy",
+                    replica.restart_policy.value,
+                    "it has no restart policy field (the runtime's Job decides: torch-distributed restarts failed "
+                    "pods in place, up to the Job's backoffLimit); leave the default, Never",
+                )
+        for name in ("image", "requests", "limits", "pod"):
+            master, worker = getattr(config.master, name), getattr(config.worker, name)
+            if master != worker:
+                return _cannot(
+                    f"PyTorch.master.{name}",
+                    master,
+                    f"every node gets the same pod (one image, trainer.resourcesPerNode); the worker's is "
+                    f"{worker!r}: set the same on Master and Worker",
+                )
+    policy = config.run_policy
+    for name in ("clean_pod_policy", "ttl_seconds_after_finished", "backoff_limit"):
+        value = getattr(policy, name) if policy is not None else None
+        if value is not None:
+            why = "it has no such field (of RunPolicy it takes active_deadline_seconds only)"
+            return _cannot(f"RunPolicy.{name}", getattr(value, "value", value), why)
+    return None
+
+
+def check_trainjob_config(config: TaskConfig) -> None:
+    """Raise a ValueError naming the field, the value and why, if ``config`` cannot run as a TrainJob."""
+    problem = _limitation(config)
+    if problem is not None:
+        raise problem
+
+
+def accepts(config: TaskConfig) -> bool:
+    """Several nodes, a fixed number of them, and nothing a TrainJob has no field for."""
+    return _limitation(config) is None
+
+
+#: The pod-spec fields a runtime patch carries (``PodSpecPatch`` of kubeflow/trainer v2.3.0).
+_POD_PATCH_FIELDS: Final = frozenset(
+    {"serviceAccountName", "volumes", "imagePullSecrets", "securityContext", "nodeSelector", "affinity"}
+    | {"tolerations", "schedulingGates", "terminationGracePeriodSeconds"}
+)
+#: The training container's fields with a place: the trainer block's image, env and resourcesPerNode, the patch's
+#: volumeMounts and securityContext.
+_CONTAINER_FIELDS: Final = frozenset({"name", "image", "env", "resources", "volumeMounts", "securityContext"})
+_PATCH_ONLY: Final = (
+    f"a runtime patch sets only {', '.join(sorted(_POD_PATCH_FIELDS))} of a pod, and env, volumeMounts and "
+    "securityContext of a runtime's container"
+)
+_OPTIONS_WITHOUT_PLACE: Final = {
+    "image_pull_policy": "the runtime's container decides it",
+    "env_from": "trainer.env takes single variables only; use env= with secret_key_ref()/config_map_key_ref()",
+    "priority_class_name": "set it in the runtime (or use a Kueue WorkloadPriorityClass label on the job)",
+    "automount_service_account_token": "name a service account whose automountServiceAccountToken is false "
+    "(PodOptions(service_account_name=...)), or set it in the runtime",
+}
+
+
+def check_trainjob_options(options: PodOptions, job_options: JobOptions) -> None:
+    """Raise a ValueError naming what the pod and job options ask that a TrainJob has no place for."""
+    if job_options.scheduling_policy is not None:
+        raise _cannot(
+            "JobOptions.scheduling_policy",
+            dict(job_options.scheduling_policy),
+            "it has no schedulingPolicy (gang scheduling is the runtime's podGroupPolicy; Kueue queues by label)",
+        )
+    for name, why in _OPTIONS_WITHOUT_PLACE.items():
+        value = getattr(options, name)
+        if value not in (None, ()):
+            raise _cannot(f"PodOptions.{name}", value, f"{_PATCH_ONLY}; {why}")
+    spec = options.template.get("spec", {})
+    extra = sorted(set(spec) - _POD_PATCH_FIELDS - {"containers"})
+    if extra:
+        raise _cannot(f"PodOptions.pod_template.spec.{extra[0]}", spec[extra[0]], _PATCH_ONLY)
+    for container in spec.get("containers", []):
+        where = f"PodOptions.pod_template.spec.containers[{container['name']!r}]"
+        if container["name"] != CONTAINER_NAME:
+            raise _cannot(where, container["name"], "it cannot add containers: the runtime's are the pods' containers")
+        extra = sorted(set(container) - _CONTAINER_FIELDS)
+        if extra:
+            raise _cannot(f"{where}.{extra[0]}", container[extra[0]], _PATCH_ONLY)
+        for item in container.get("env", []):
+            if item.get("name") in RESERVED_ENV:
+                raise _cannot(f"{where}.env[{item['name']!r}]", item, "the Trainer sets it for torchrun and refuses it")
+
+
+# --- names --------------------------------------------------------------------------------------------------------
+
+
+def trainjob_name(identity: RunIdentity, runtime: Runtime = TORCH_DISTRIBUTED) -> str:
+    """The TrainJob's name: :func:`job_name` cut so that JobSet's pod names fit (RFC 1035, at most 63)."""
+    return fit_job_name(job_name(identity), runtime.max_job_name_length)
+
+
+def node_hostname(name: str, index: int, runtime: Runtime = TORCH_DISTRIBUTED) -> str:
+    """The hostname of node ``index`` (``<tj>-node-0-<index>``; ``PET_MASTER_ADDR`` names node 0's, with the
+    TrainJob's name as subdomain). The pod's *name* has the indexed Job's random suffix after it."""
+    return f"{name}-{runtime.trainer_job}-0-{index}"
+
+
+# --- render -------------------------------------------------------------------------------------------------------
+
+
+def _node_replica(config: TaskConfig) -> Master | Worker | None:
+    # The Master and the Worker are the same pod here (_limitation refuses them different).
+    return config.worker if isinstance(config, PyTorch) else None
+
+
+def render_trainjob(inputs: RenderInputs, runtime: Runtime = TORCH_DISTRIBUTED) -> JsonDict:
+    """The TrainJob of a task: the runner as ``trainer.command`` on every node, the pods' customisation, the payload
+    Secret's volume and the provider's labels in the provider's runtime patch."""
+    config = inputs.config
+    check_trainjob_config(config)
+    replica = _node_replica(config)
+    options = merge_pod_options(inputs.options, replica.pod) if replica is not None else inputs.options
+    check_trainjob_options(options, inputs.job_options)
+    launch = config_to_launch_spec(config)
+    # No --nnodes: the torch plugin sets PET_NNODES to trainer.numNodes (and the rest the runner reads).
+    command = runner_command(
+        launch,
+        payload_path=PAYLOAD_PATH,
+        result_file=RESULT_FILE,
+        max_result_bytes=MAX_RESULT_BYTES,
+        result_url=inputs.result_url,
+        payload_sha256=inputs.payload_sha256,
+    )
+    template = render_pod_template(
+        PodSettings(
+            where="TrainJob pod",
+            options=options,
+            image=replica.image if replica is not None and replica.image is not None else inputs.image,
+            default_image=inputs.default_image,
+            image_required=inputs.image_required,
+            requests={**options.requests, **(replica.requests if replica is not None else {})},
+            limits={**options.limits, **(replica.limits if replica is not None else {})},
+            command=command,
+            payload_secret=inputs.payload_secret,
+            labels=inputs.labels,
+            annotations=inputs.annotations,
+            # The Trainer sets no PYTHONUNBUFFERED (the training operator does): logs arrive as they are written.
+            env=[{"name": "PYTHONUNBUFFERED", "value": "1"}, *inputs.worker_env],
+        )
+    )
+    node, patch = _split_template(template, runtime)
+    trainer: JsonDict = {"numNodes": launch.max_nodes}
+    if isinstance(launch.nproc_per_node, int):
+        # An int only (the CRD's type); "auto", "cpu", "gpu" travel on the runner's --nproc-per-node alone.
+        trainer["numProcPerNode"] = launch.nproc_per_node
+    trainer.update(node)
+    metadata = job_metadata(inputs)
+    metadata["name"] = fit_job_name(inputs.name, runtime.max_job_name_length)
+    spec: JsonDict = {
+        "runtimeRef": {"apiGroup": GROUP, "kind": runtime.kind, "name": runtime.name},
+        "trainer": trainer,
+        "runtimePatches": [patch],
+    }
+    if inputs.job_options.suspend:
+        spec["suspend"] = True
+    if config.run_policy is not None and config.run_policy.active_deadline_seconds is not None:
+        spec["activeDeadlineSeconds"] = config.run_policy.active_deadline_seconds
+    return {"apiVersion": API_VERSION, "kind": "TrainJob", "metadata": metadata, "spec": spec}
+
+
+def _split_template(template: JsonDict, runtime: Runtime) -> tuple[JsonDict, JsonDict]:
+    """The rendered pod template as the ``trainer`` block and the provider's runtime patch."""
+    spec = dict(template["spec"])
+    (container,) = spec.pop("containers")  # check_trainjob_options refused any other
+    container = dict(container)
+    container.pop("name")
+    # Left out on purpose: the training operator's port (the torch plugin adds its own, 29500), the automount default
+    # (no such field in a patch: the service account's own setting decides), and the termination message settings
+    # (the runner writes to the default path; without FallbackToLogsOnError a node killed before it reported shows
+    # no log tail in its status).
+    for key in ("ports", "terminationMessagePath", "terminationMessagePolicy"):
+        container.pop(key, None)  # check_trainjob_options refused the user's own
+    spec.pop("automountServiceAccountToken", None)
+    trainer: JsonDict = {"image": container.pop("image", None), "command": container.pop("command")}
+    if trainer["image"] is None:
+        del trainer["image"]  # a parse-time check without an image: nothing is submitted
+    trainer["env"] = container.pop("env", [])
+    if "resources" in container:
+        trainer["resourcesPerNode"] = container.pop("resources")
+    patched: JsonDict = {"name": NODE_CONTAINER}  # env only through trainer.env: the webhook refuses it here
+    mounts = container.pop("volumeMounts", [])
+    names = [mount["name"] for mount in mounts]
+    twice = sorted({name for name in names if names.count(name) > 1})
+    if twice:
+        # The patch keys a container's mounts by volume name (a list map): one mount per volume.
+        raise _cannot(f"volumeMounts[{twice[0]!r}]", mounts, "a runtime patch mounts each volume once")
+    patched["volumeMounts"] = mounts
+    if "securityContext" in container:
+        patched["securityContext"] = container.pop("securityContext")
+    if container:  # pragma: no cover - a field render_pod_template started to set: place it or refuse it above
+        raise _cannot("the rendered container", sorted(container), _PATCH_ONLY)
+    pod_spec = {key: spec.pop(key) for key in sorted(_POD_PATCH_FIELDS & set(spec))}
+    if spec:  # pragma: no cover - the same, for the pod
+        raise _cannot("the rendered pod", sorted(spec), _PATCH_ONLY)
+    pod_spec["containers"] = [patched]
+    pod: JsonDict = {"spec": pod_spec}
+    metadata = copy.deepcopy(template.get("metadata", {}))
+    # The queue label names the workload Kueue admits, the TrainJob (job_metadata puts it there); on its pods it
+    # would only ask Kueue's pod integration, where enabled, to gate pods of an admitted job.
+    metadata.get("labels", {}).pop(status.KUEUE_QUEUE_LABEL, None)
+    if metadata:
+        pod = {"metadata": metadata, **pod}
+    job = {"name": runtime.trainer_job, "template": {"spec": {"template": pod}}}
+    patch = {"manager": PATCH_MANAGER, "trainingRuntimeSpec": {"template": {"spec": {"replicatedJobs": [job]}}}}
+    return trainer, patch
+
+
+# --- the pods of a job --------------------------------------------------------------------------------------------
+
+
+def pod_selector(name: str, runtime: Runtime = TORCH_DISTRIBUTED) -> str:
+    """The trainer's pods of TrainJob ``name`` (its JobSet has its name), not those of other replicated jobs."""
+    return f"{JOBSET_NAME_LABEL}={name},{REPLICATED_JOB_LABEL}={runtime.trainer_job}"
+
+
+def trainjob_pods(
+    job: Mapping[str, Any] | None, pods: Sequence[Mapping[str, Any]], owners: Sequence[Mapping[str, Any]]
+) -> list[Mapping[str, Any]]:
+    """The pods (found by label) that TrainJob ``job`` controls: each pod's controller chain, Pod -> Job -> JobSet
+    -> TrainJob, followed by uid through ``owners`` (the Jobs and the JobSet read beside the pods)."""
+    intermediates = {uid: owner for owner in owners if (uid := uid_of(owner)) is not None}
+    return controlled_pods(job, pods, CONTROLLERS, intermediates)
+
+
+def is_rank0_pod(pod: Mapping[str, Any], runtime: Runtime = TORCH_DISTRIBUTED) -> bool:
+    """Whether ``pod`` is node 0 of the trainer: it hosts the static rendezvous, and global rank 0 with it."""
+    labels = (pod.get("metadata") or {}).get("labels") or {}
+    return (
+        labels.get(REPLICATED_JOB_LABEL) == runtime.trainer_job
+        and labels.get(JOB_INDEX_LABEL) == "0"
+        and labels.get(COMPLETION_INDEX_LABEL) == "0"
+    )
+
+
+# --- decide -------------------------------------------------------------------------------------------------------
+
+
+def trainjob_finished(job: Mapping[str, Any]) -> bool:
+    return status.true_condition(job, "Complete") is not None or status.true_condition(job, "Failed") is not None
+
+
+def _suspended(job: Mapping[str, Any]) -> bool:
+    return bool((job.get("spec") or {}).get("suspend")) or status.true_condition(job, "Suspended") is not None
+
+
+def _num_nodes(job: Mapping[str, Any]) -> int | None:
+    nodes = ((job.get("spec") or {}).get("trainer") or {}).get("numNodes")
+    return nodes if isinstance(nodes, int) and not isinstance(nodes, bool) and nodes > 0 else None
+
+
+def decide_trainjob(ref: JobRef, snapshot: Snapshot, policy: WaitPolicy) -> WaitDecision:
+    """A TrainJob: its Complete, Failed and Suspended conditions, and the reports of its pods."""
+    return status.with_pods(_decide(ref, snapshot, policy), snapshot, snapshot.pods)
+
+
+def _decide(ref: JobRef, snapshot: Snapshot, policy: WaitPolicy) -> WaitDecision:
+    job = snapshot.job
+    if job is None:
+        return status.job_gone(ref)
+    seen = Observed(ref=ref, job=job, pods=list(snapshot.pods), total=_num_nodes(job) or 1, now=snapshot.now)
+    stuck = status.stuck_decision(seen, policy)
+    if stuck is not None:
+        return stuck
+    reports = seen.reports()
+    failed = status.true_condition(job, "Failed")
+    if failed is not None:
+        # The pods name the root cause (pod, rank, exception; OOM and eviction recoverable) where one reported it;
+        # otherwise the condition, copied from the JobSet's, says why (a deadline, a backoff limit, the runtime).
+        verdict = decide_run(reports)
+        if verdict.failure is None and (verdict.succeeded or not verdict.node):
+            verdict = _failed_condition_verdict(job, failed)
+        return seen.decision(Phase.FAILED, "Failed", verdict=verdict)
+    if status.true_condition(job, "Complete") is not None:
+        # Complete is the JobSet's: every node's pod succeeded. Rank 0's report is on node 0's pod.
+        if any(r.outcome is not None and r.outcome.holds_rank0 for r in reports) or len(reports) >= len(seen.pods):
+            verdict = decide_run(reports)
+            return seen.decision(status.phase_of(verdict), "Complete", verdict=verdict)
+        return seen.decision(Phase.RUNNING, "Complete, waiting for rank 0's pod")
+    queue = status.queue_name(job)
+    if _suspended(job):
+        # Created suspended (Kueue's webhook does that to a labelled TrainJob) or preempted: waiting for capacity.
+        suspended = status.true_condition(job, "Suspended")
+        since = status.parse_time(suspended.get("lastTransitionTime")) if suspended else None
+        what = f"{ref.kind} {ref.name} is suspended" + (f" (queued in Kueue LocalQueue {queue})" if queue else "")
+        return status.out_of_patience(seen, policy, since or seen.created, what, None)
+    waits = seen.waiting_for_capacity
+    if waits and seen.running < seen.total:
+        # A fixed number of nodes: the job cannot start without every one of them.
+        first = min(waits, key=lambda wait: wait.since)
+        pod = next((p for p in seen.pods if p.get("metadata", {}).get("name") == first.pod), {})
+        host = " (it hosts the rendezvous: every node's PET_MASTER_ADDR names it)" if is_rank0_pod(pod) else ""
+        return status.out_of_patience(seen, policy, first.since, status.describe_wait(first) + host, first.pod)
+    if seen.running:
+        return seen.decision(Phase.RUNNING, "Running")
+    return seen.decision(Phase.PENDING, "Created" + (f" (Kueue LocalQueue {queue})" if queue else ""))
+
+
+def _failed_condition_verdict(job: Mapping[str, Any], condition: Mapping[str, Any]) -> Verdict:
+    reason, message = condition.get("reason", ""), condition.get("message", "")
+    deadline = (job.get("spec") or {}).get("activeDeadlineSeconds")
+    if reason == "DeadlineExceeded":
+        return Verdict(
+            succeeded=False,
+            detail=f"the TrainJob ran longer than run_policy.active_deadline_seconds={deadline} and the Trainer "
+            f"stopped it ({message}); a retry would run into the same limit",
+        )
+    return Verdict(succeeded=False, recoverable=False, detail=f"the TrainJob failed: {reason}: {message}".rstrip(": "))
+
+
+# --- the rendered-template view -----------------------------------------------------------------------------------
+
+
+def _digest_spec(manifest: JsonDict) -> JsonDict:
+    """What runs where: the runtime, the node count, the image and the resources of every node."""
+    spec = manifest.get("spec", {})
+    trainer = spec.get("trainer", {})
+    short: JsonDict = {key: spec[key] for key in ("runtimeRef", "suspend", "activeDeadlineSeconds") if key in spec}
+    keys = ("numNodes", "numProcPerNode", "image", "resourcesPerNode")
+    short["trainer"] = {key: trainer[key] for key in keys if key in trainer}
+    return short
+
+
+KIND: Final = JobKind(
+    kind="TrainJob",
+    group=GROUP,
+    version=VERSION,
+    plural=PLURAL,
+    accepts=accepts,
+    render=render_trainjob,
+    pod_selector=pod_selector,
+    decide=decide_trainjob,
+    is_finished=trainjob_finished,
+    pod_owner_label=JOBSET_NAME_LABEL,
+    pod_controllers=CONTROLLERS,
+    replica_count=_num_nodes,
+    digest_spec=_digest_spec,
+)
