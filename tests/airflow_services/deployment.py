@@ -8,11 +8,18 @@ Layout of a state dir (everything a deployment owns is found from it, so ``down`
     home/             AIRFLOW_HOME: airflow.cfg, the admin's password file, task and trigger logs (home/logs)
     logs/<name>.log   stdout+stderr of each process, and of ``airflow db migrate`` and apt-get
     postgres          symlink to the database's dir (outside the state dir: see tests.airflow_services.postgres)
+    job_kinds/        the test-only job kind's distribution (tests.fake_kind), on every Airflow process's PYTHONPATH
     cluster/          a local cluster that ``python -m tests.airflow_services up`` started itself (``down`` stops it)
 
 Every process is started in its own session, and carries ``TORCHELASTIC_AIRFLOW_SERVICES=<state dir>`` in its
 environment; ``stop`` signals each process group and every descendant, then sweeps any process still carrying the
 marker (a task runner in its own group whose parent died first), so nothing outlives ``down``.
+
+Every deployment has the test-only ``FakeJob`` kind plugged in (``job_kinds/``), so that a test can run one through
+the scheduler, the triggerer and the api-server (tests/deployment/test_plugged_kind.py). Always, not on request: one
+deployment serves all the tests of a session, a process reads its entry points once, and the kind claims only
+``Elastic(nproc_per_node=3)`` configs, which no other DAG here uses; where its CRD is not installed it costs one
+answered 404 per sweep, per UI listing and per shared watch (every 30 s).
 """
 
 from __future__ import annotations
@@ -35,6 +42,7 @@ from typing import Any
 import httpx
 import psutil
 
+from tests import fake_kind
 from tests.airflow_services import postgres
 from tests.cluster.control_plane import (
     ProcessRecord,
@@ -54,6 +62,8 @@ DAGS_FOLDER = REPO_ROOT / "tests" / "deployment_dags"
 #: The runner image of the local test cluster (its kubelet runs the runner env; the name only has to be valid).
 RUNNER_IMAGE = "local/torchelastic-runner:test"
 MARKER_ENV = "TORCHELASTIC_AIRFLOW_SERVICES"
+#: Where in the state dir the test-only job kind's distribution is written (module docstring).
+JOB_KINDS_DIRNAME = "job_kinds"
 USERNAME = "admin"
 
 #: The Airflow processes, in start order, with their ``airflow`` subcommands.
@@ -192,13 +202,16 @@ def airflow_cfg(info: DeploymentInfo, secrets_: Mapping[str, str]) -> str:
 
 def service_env(info: DeploymentInfo) -> dict[str, str]:
     """The Airflow processes' environment: this one without any Airflow setting of the caller's (pytest's
-    sqlite home, unit-test mode), plus the deployment's home, the Kubernetes connection and the runner image."""
+    sqlite home, unit-test mode), plus the deployment's home, the Kubernetes connection, the runner image and the
+    test-only job kind."""
     env = {
         k: v
         for k, v in os.environ.items()
         if not k.startswith(("AIRFLOW", "_AIRFLOW", "PYTEST_", "TORCHELASTIC_E2E")) and k != MARKER_ENV
     }
+    plugged = str(info.state_dir / JOB_KINDS_DIRNAME)
     env.update(
+        PYTHONPATH=os.pathsep.join(p for p in (plugged, env.get("PYTHONPATH", "")) if p),
         AIRFLOW_HOME=str(info.home),
         AIRFLOW_CONN_KUBERNETES_DEFAULT=airflow_connection_json(info.kubeconfig, info.namespace),
         AIRFLOW__TORCH_ELASTIC__IMAGE=RUNNER_IMAGE,
@@ -296,6 +309,7 @@ class Deployment:
         # SimpleAuthManager reads the password from this file and only generates one for users missing from it.
         (home / "passwords.json").write_text(json.dumps({info.username: info.password}) + "\n")
         (home / "passwords.json").chmod(0o600)
+        fake_kind.write_importable_distribution(self.state_dir / JOB_KINDS_DIRNAME)
 
         self._log(f"starting PostgreSQL on 127.0.0.1:{info.pg_port} (data in {info.pg_dir})")
         pg_env = {**postgres.base_env(), MARKER_ENV: str(self.state_dir)}
