@@ -260,7 +260,7 @@ class SyncKube:
         return True
 
     def label_job(self, ref: JobRef, labels: Mapping[str, str]) -> None:
-        """Set labels of the job object (its lease: :func:`~.sweep.lease_labels`)."""
+        """Set labels of the job object (its lease: :func:`~.deadline.lease_labels`)."""
         self._body(_label_patch_call(self._core, self._custom, ref, labels))
 
     def delete_job(self, ref: JobRef) -> bool:

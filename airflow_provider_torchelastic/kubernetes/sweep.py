@@ -30,15 +30,24 @@ from __future__ import annotations
 
 import argparse
 import functools
-import math
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
-from airflow_provider_torchelastic.core.naming import LABEL_MANAGED_BY, LABEL_PREFIX, MANAGED_BY
+from airflow_provider_torchelastic.core.naming import LABEL_MANAGED_BY, MANAGED_BY
 from airflow_provider_torchelastic.errors import KubeError
 from airflow_provider_torchelastic.kubernetes import kinds
+
+# The label and its reading live below the waiters (the wait core renews leases): re-exported here, where they are
+# used most.
+from airflow_provider_torchelastic.kubernetes.deadline import (
+    NOT_AFTER_LABEL,
+    lease_due,
+    lease_labels,
+    not_after,
+    with_deadline,
+)
 from airflow_provider_torchelastic.kubernetes.status import JobRef
 
 if TYPE_CHECKING:
@@ -56,8 +65,6 @@ __all__ = [
     "with_deadline",
 ]
 
-#: The Unix time (whole seconds) by which the try that created the job must have ended.
-NOT_AFTER_LABEL: Final = f"{LABEL_PREFIX}/not-after"
 #: What the sweep lists: the provider's objects that carry a deadline.
 SELECTOR: Final = f"{LABEL_MANAGED_BY}={MANAGED_BY},{NOT_AFTER_LABEL}"
 #: How long past its deadline a job may still run before the sweep deletes it: the waiter itself deletes it at the
@@ -65,36 +72,6 @@ SELECTOR: Final = f"{LABEL_MANAGED_BY}={MANAGED_BY},{NOT_AFTER_LABEL}"
 GRACE_SECONDS: Final = 300.0
 
 Log = Callable[..., None]
-
-
-def with_deadline(manifest: Mapping[str, Any], deadline: float | None) -> dict[str, Any]:
-    """``manifest`` with the try's deadline as :data:`NOT_AFTER_LABEL` (unchanged without one)."""
-    if deadline is None:
-        return dict(manifest)
-    metadata = dict(manifest.get("metadata") or {})
-    metadata["labels"] = {**(metadata.get("labels") or {}), NOT_AFTER_LABEL: str(math.ceil(deadline))}
-    return {**manifest, "metadata": metadata}
-
-
-def not_after(obj: Mapping[str, Any]) -> float | None:
-    """The deadline an object carries, or None (no label, or one that is not whole seconds)."""
-    metadata = obj.get("metadata")
-    labels = metadata.get("labels") if isinstance(metadata, Mapping) else None
-    raw = labels.get(NOT_AFTER_LABEL) if isinstance(labels, Mapping) else None
-    return float(raw) if isinstance(raw, str) and raw.isdigit() and len(raw) < 16 else None
-
-
-def lease_labels(until: float) -> dict[str, str]:
-    """The labels that move a job's lease to ``until``."""
-    return {NOT_AFTER_LABEL: str(math.ceil(until))}
-
-
-def lease_due(job: Mapping[str, Any], *, lease: float, now: float) -> bool:
-    """Whether the waiter renews ``job``'s lease now: past half of it, so that a renewal that fails is tried again
-    many polls before the lease runs out. A job without the label has no lease (created by another version, or by
-    a try with a deadline) and is left as it is."""
-    until = not_after(job)
-    return until is not None and until - now <= lease / 2
 
 
 def overdue(kind: kinds.JobKind, job: Mapping[str, Any], *, now: float, grace: float = GRACE_SECONDS) -> bool:

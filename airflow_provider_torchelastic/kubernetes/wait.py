@@ -26,7 +26,7 @@ from typing import Any, Final, Protocol, TypeAlias
 
 from airflow_provider_torchelastic.core.outcome import Verdict
 from airflow_provider_torchelastic.errors import KubeError
-from airflow_provider_torchelastic.kubernetes import kinds, sweep
+from airflow_provider_torchelastic.kubernetes import deadline, kinds
 from airflow_provider_torchelastic.kubernetes.status import (
     JobRef,
     LogCursor,
@@ -91,7 +91,7 @@ class DeleteJob:
 
 @dataclass(frozen=True)
 class RenewLease:
-    """Move the job's lease (:mod:`~.sweep`) to ``until``; answered with None, or the error text when it failed."""
+    """Move the job's lease (:mod:`~.deadline`) to ``until``; answered with None, or the error text when it failed."""
 
     ref: JobRef
     until: float
@@ -270,7 +270,7 @@ def _failed(ref: JobRef, state: str, detail: str) -> WaitDecision:
 def _renew_lease(ref: JobRef, job: Mapping[str, Any], lease: float, now: float) -> Generator[Request, Any, None]:
     """Keep a job without a deadline off the sweep's list while this try waits for it. The job's own label says
     when the lease ends, so a renewal that failed (logged) is simply due again at the next poll."""
-    if not sweep.lease_due(job, lease=lease, now=now):
+    if not deadline.lease_due(job, lease=lease, now=now):
         return
     answer = yield RenewLease(ref, now + lease)
     if isinstance(answer, str):
@@ -397,7 +397,7 @@ def drive_sync(
                 answer = str(e)
         elif isinstance(request, RenewLease):
             try:
-                source.label_job(request.ref, sweep.lease_labels(request.until))
+                source.label_job(request.ref, deadline.lease_labels(request.until))
             except KubeError as e:  # not retried here: the lease stays due, and the next poll tries again
                 answer = str(e)
         elif isinstance(request, Sleep):
@@ -441,7 +441,7 @@ async def drive_async(
                 answer = str(e)
         elif isinstance(request, RenewLease):
             try:
-                await source.label_job(request.ref, sweep.lease_labels(request.until))
+                await source.label_job(request.ref, deadline.lease_labels(request.until))
             except KubeError as e:
                 answer = str(e)
         elif isinstance(request, Sleep):
