@@ -47,11 +47,21 @@ __all__ = [
 
 
 def redact(value: Any) -> Any:
-    """``value`` with every secret the task's masker knows replaced by ``***`` (strings, and dicts and lists
-    walked), and the values of keys with sensitive names hidden: the rule Airflow's task log applies."""
+    """``value`` with every secret this process's maskers know replaced by ``***`` (strings, and dicts and lists
+    walked), and the values of keys with sensitive names hidden: the rule Airflow's task log applies.
+
+    Airflow 3.3 has two maskers, each with its own registry: the task SDK's (``airflow.sdk._shared``), which a task
+    and the triggerer fill, and the core's (``airflow._shared``), which the api-server fills with the connections and
+    variables it reads, and where the UI plugin runs. Both are asked; a secret neither knows stays.
+    """
     from airflow.sdk._shared.secrets_masker import redact as _redact
 
-    return _redact(value)
+    redacted = _redact(value)
+    try:  # checked against apache-airflow-core 3.3
+        from airflow._shared.secrets_masker import redact as _redact_core
+    except ImportError:  # pragma: no cover - a worker image with the task SDK only
+        return redacted
+    return _redact_core(redacted)
 
 
 def is_sensitive_name(name: str) -> bool:

@@ -37,10 +37,10 @@ GENERIC_KUBE_ERROR: Final = "Kubernetes could not be read; the api-server's log 
 
 
 def mask(text: str) -> str:
-    """``text`` with every value registered as secret replaced by ``***``, by Airflow's secrets masker: ``redact``
-    as providers reach it (common.compat), over the task SDK's masker that ``mask_secret`` and the SDK's connections
-    and Variables register into."""
-    from airflow.providers.common.compat.sdk import redact
+    """``text`` with every value registered as secret replaced by ``***``, by Airflow's secrets maskers: the task
+    SDK's, which ``mask_secret`` and the SDK's connections and Variables register into, and the core's, which the
+    api-server (where this runs) registers the connections and variables it reads into (:func:`..compat.redact`)."""
+    from airflow_provider_torchelastic.compat import redact
 
     return str(redact(text))
 

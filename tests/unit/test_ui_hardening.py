@@ -435,6 +435,19 @@ def test_log_tails_need_task_logs_and_are_not_even_read_without() -> None:
     assert detail is not None and [pod["log_tail"] for pod in detail["pods"]] == [""]
 
 
+def test_secrets_the_api_server_knows_are_masked_too() -> None:
+    """The api-server, where the plugin runs, registers the connections and variables it reads with the core's
+    masker, not the task SDK's: a secret only it knows is masked as well."""
+    from airflow._shared.secrets_masker import _secrets_masker
+
+    core_only = "api-server-only-secret-5678"
+    _secrets_masker().add_mask(core_only)
+    saved = _summary("j", log_tail=f"pw {core_only}", root_cause=f"refused {core_only}")
+    service = _service(CountingKube(), FakeSummaries([(_row_identity(_identity("team_a")), saved)]))
+    assert core_only not in str(service.list_jobs(FakeViewer({"team_a"})))
+    assert plugin_service.mask(f"x {core_only}") == "x ***"
+
+
 def test_log_tails_and_root_causes_are_masked_by_airflows_secrets_masker() -> None:
     from airflow.sdk.log import mask_secret
 
