@@ -27,7 +27,6 @@ __all__ = [
     "KUEUE_INSTALL",
     "KUEUE_PLURAL",
     "KUEUE_VERSION",
-    "TRAINING_OPERATOR_INSTALL",
     "Check",
     "Report",
     "Result",
@@ -55,9 +54,6 @@ POD_READ_VERBS: Final = ("get", "list", "watch")
 #: The payload Secret: create, patch (the owner reference once the job exists), delete (with the job).
 SECRET_VERBS: Final = ("create", "patch", "delete")
 
-#: The Kubeflow training operator v1.9 (PyTorchJob ``kubeflow.org/v1``), standalone install.
-_TRAINING_OPERATOR_KUSTOMIZATION: Final = "github.com/kubeflow/training-operator.git/manifests/overlays/standalone"
-TRAINING_OPERATOR_INSTALL: Final = f'kubectl apply --server-side -k "{_TRAINING_OPERATOR_KUSTOMIZATION}?ref=v1.9.0"'
 KUEUE_GROUP: Final = "kueue.x-k8s.io"
 KUEUE_VERSION: Final = "v1beta1"
 KUEUE_PLURAL: Final = "localqueues"
@@ -233,8 +229,8 @@ def api_check(kind: JobKind, served: Sequence[str] | None, error: str = "") -> C
 def _install_fix(kind: JobKind) -> str:
     if kind.is_core:
         return f"the cluster's API lacks core {kind.plural}: use a conformant Kubernetes cluster"
-    if (kind.group, kind.version) == ("kubeflow.org", "v1"):
-        return f"install the Kubeflow training operator v1.9: {TRAINING_OPERATOR_INSTALL}"
+    if kind.install_hint:
+        return kind.install_hint
     return f"install the CRD {kind.plural}.{kind.group} (version {kind.version}) and the controller of {kind.kind}"
 
 

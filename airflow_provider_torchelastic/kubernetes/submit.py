@@ -289,19 +289,21 @@ def refusal(ref: JobRef, error: KubeError) -> Refusal:
     if error.recoverable:
         return Refusal(message=f"{where}: the Kubernetes API stayed unavailable ({error})", recoverable=True)
     hint = ""
+    descriptor = kinds.get(ref.kind)
     if error.denied_by_admission:
+        checker = (
+            "" if descriptor.is_core else f" (for a {ref.kind}, most often the validation of {descriptor.served_by})"
+        )
         hint = (
-            "; an admission webhook refused the object (for a PyTorchJob, the training operator's validation: see "
-            "its message above); fix the task's configuration"
+            f"; an admission webhook refused the object{checker}: see its message above; fix the task's configuration"
         )
     elif error.status in (401, 403):
         hint = "; the connection's identity lacks permission (see the Role in the README)"
     elif error.status == 404:
-        descriptor = kinds.get(ref.kind)
         if not descriptor.is_core:
             hint = (
-                f"; the API server has no {descriptor.plural}.{descriptor.group} resource: is the Kubeflow training "
-                f"operator (its {ref.kind} CRD, {descriptor.api_version}) installed in this cluster?"
+                f"; the API server has no {descriptor.plural}.{descriptor.group} resource: is {descriptor.served_by} "
+                f"(its {ref.kind} CRD, {descriptor.api_version}) installed in this cluster?"
             )
         else:
             hint = f"; does namespace {ref.namespace!r} exist?"

@@ -11,6 +11,7 @@ from airflow_provider_torchelastic.core.payload import FORMAT_VERSION
 from airflow_provider_torchelastic.core.version import __version__
 from airflow_provider_torchelastic.kubernetes import kinds
 from airflow_provider_torchelastic.kubernetes import preflight as pf
+from airflow_provider_torchelastic.kubernetes.kinds.pytorchjob import TRAINING_OPERATOR_INSTALL
 from airflow_provider_torchelastic.kubernetes.preflight import Check, Report, Result
 from tests.conftest import REPO_ROOT
 from tests.fake_kind import FAKE_JOB
@@ -107,7 +108,11 @@ def test_api_rows_name_the_install() -> None:
     served = pf.api_check(kinds.PYTORCHJOB, ["pytorchjobs", "pytorchjobs/status"])
     assert served.result is Result.OK
     operator = pf.api_check(kinds.PYTORCHJOB, None)
-    assert operator.result is Result.MISSING and pf.TRAINING_OPERATOR_INSTALL in operator.fix
+    assert (
+        operator.result is Result.MISSING
+        and operator.fix == kinds.PYTORCHJOB.install_hint
+        and TRAINING_OPERATOR_INSTALL in operator.fix
+    )
     fake = pf.api_check(FAKE_JOB, None)
     assert fake.detail == "example.dev/v1 not served"
     assert "fakejobs.example.dev" in fake.fix
@@ -170,3 +175,26 @@ def test_bad_usage_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
         main(["--no-such-option"])
     assert exit_info.value.code == 2
     assert "usage: python -m airflow_provider_torchelastic.preflight" in capsys.readouterr().err
+
+
+def test_a_refused_submission_names_what_serves_its_kind_not_another_kinds_controller(tmp_path) -> None:
+    from airflow_provider_torchelastic.errors import KubeError
+    from airflow_provider_torchelastic.kubernetes.status import JobRef
+    from airflow_provider_torchelastic.kubernetes.submit import refusal
+    from tests import fake_kind
+
+    gone = KubeError(404, "Not Found", "the server could not find the requested resource")
+    pytorchjob = refusal(JobRef(kind="PyTorchJob", name="j", namespace="ml"), gone).message
+    assert "is the Kubeflow training operator (its PyTorchJob CRD, kubeflow.org/v1) installed" in pytorchjob
+    with fake_kind.plugged(tmp_path):
+        fake = refusal(JobRef(kind="FakeJob", name="j", namespace="ml"), gone).message
+    assert "is the controller of FakeJob (its FakeJob CRD, example.dev/v1) installed" in fake
+    assert "training operator" not in fake
+
+
+def test_a_kind_with_pods_of_its_own_must_say_how_its_pods_name_it() -> None:
+    import dataclasses
+
+    with pytest.raises(ValueError, match=r"JobKind FakeJob: pod_owner_label: expected the pod label"):
+        dataclasses.replace(FAKE_JOB, pod_owner_label=None)
+    assert dataclasses.replace(kinds.POD, pod_owner_label=None).pod_controllers == ()  # its own pod: nothing to name

@@ -61,6 +61,26 @@ class JobKind:
     abbreviate: Callable[[JsonDict], JsonDict] = _unchanged
     #: The ``spec`` of the object's digest (what runs where, with which resources): the last resort of that view.
     digest_spec: Callable[[JsonDict], JsonDict] = _unchanged
+    #: What serves this kind in a cluster (``the Kubeflow training operator``), for the messages about a cluster
+    #: that lacks it or refused a job; ``None``: "the controller of <kind>".
+    controller: str | None = None
+    #: The preflight's fix where the kind's API is not served (``install ...``); ``None``: install its CRD and a
+    #: controller.
+    install_hint: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.pod_controllers != () and not self.pod_owner_label:
+            # Polls would find the pods by pod_selector, but the triggerer's shared watch of all pods files them
+            # under their job by this label: without it a deferred task would never see its job's pods.
+            raise ValueError(
+                f"JobKind {self.kind}: pod_owner_label: expected the pod label whose value is the job's name (what "
+                "pod_selector selects on), got None; only a kind whose object is its own pod (pod_controllers=()) "
+                "goes without"
+            )
+
+    @property
+    def served_by(self) -> str:
+        return self.controller or f"the controller of {self.kind}"
 
     @property
     def api_version(self) -> str:

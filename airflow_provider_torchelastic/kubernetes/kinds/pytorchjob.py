@@ -432,6 +432,11 @@ def _pods(name: str) -> str:
     return f"{POD_LABEL}={name}"
 
 
+#: The Kubeflow training operator v1.9, standalone install (what the preflight tells a cluster without it).
+_TRAINING_OPERATOR_KUSTOMIZATION: Final = "github.com/kubeflow/training-operator.git/manifests/overlays/standalone"
+TRAINING_OPERATOR_INSTALL: Final = f'kubectl apply --server-side -k "{_TRAINING_OPERATOR_KUSTOMIZATION}?ref=v1.9.0"'
+
+
 KIND: Final = JobKind(
     kind="PyTorchJob",
     group=GROUP,
@@ -446,4 +451,6 @@ KIND: Final = JobKind(
     replica_count=_replica_count,
     abbreviate=_abbreviate,
     digest_spec=_digest_spec,
+    controller="the Kubeflow training operator",
+    install_hint=f"install the Kubeflow training operator v1.9: {TRAINING_OPERATOR_INSTALL}",
 )

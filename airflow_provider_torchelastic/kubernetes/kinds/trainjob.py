@@ -525,4 +525,6 @@ KIND: Final = JobKind(
     pod_controllers=CONTROLLERS,
     replica_count=_num_nodes,
     digest_spec=_digest_spec,
+    controller="Kubeflow Trainer v2",
+    install_hint="install Kubeflow Trainer v2.3 (its CRDs, JobSet v0.12 and the torch-distributed runtime)",
 )
