@@ -77,7 +77,7 @@ def test_the_full_role_is_everything_the_provider_needs(
     assert rows["Pod API v1 (pods)"].result is Result.OK
     assert rows["PyTorchJob API kubeflow.org/v1 (pytorchjobs)"].result is Result.OK
     assert rows["RBAC pods/log: get"].result is Result.OK
-    assert rows["RBAC kubeflow.org/pytorchjobs: create get list watch delete"].result is Result.OK
+    assert rows["RBAC kubeflow.org/pytorchjobs: create get list watch patch delete"].result is Result.OK
     # A namespaced Role cannot grant reading CRDs (cluster-scoped): said, not failed.
     assert rows["PyTorchJob CRD pytorchjobs.kubeflow.org"].detail == "unknown (no permission)"
     # The UI's Role is a subset of the provider's.

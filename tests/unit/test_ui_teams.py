@@ -21,6 +21,23 @@ from tests.unit.test_ui_hardening import CountingKube, FakeSummaries, _live
 TEAMS = {"team-a": "a_train", "team-b": "b_train"}
 
 
+BUNDLES = {team: f"ui-teams-bundle-{team}" for team in TEAMS} | {None: "ui-teams-bundle-shared"}
+
+
+def _clear_teams(session: Any) -> None:
+    """This module's rows only: the session's database holds other tests' DAGs and runs."""
+    from airflow.models.dag import DagModel
+    from airflow.models.dagbundle import DagBundleModel
+    from airflow.models.team import Team
+
+    session.query(DagModel).filter(DagModel.dag_id.in_([*TEAMS.values(), "untagged"])).delete()
+    for bundle in session.query(DagBundleModel).filter(DagBundleModel.name.in_(BUNDLES.values())):
+        bundle.teams.clear()
+        session.delete(bundle)
+    session.flush()
+    session.query(Team).filter(Team.name.in_(TEAMS)).delete()
+
+
 @pytest.fixture
 def teams_db(airflow_db: None) -> Iterator[None]:
     """Each team's DAG in a bundle of that team, and a DAG of no team."""
@@ -30,19 +47,19 @@ def teams_db(airflow_db: None) -> Iterator[None]:
     from airflow.utils.session import create_session
 
     with create_session() as session:
+        _clear_teams(session)
         for team, dag_id in TEAMS.items():
-            bundle = DagBundleModel(name=f"bundle-{team}")
+            bundle = DagBundleModel(name=BUNDLES[team])
             bundle.teams.append(Team(name=team))
             session.add(bundle)
             session.flush()
             session.add(DagModel(dag_id=dag_id, bundle_name=bundle.name))
-        session.add(DagBundleModel(name="shared"))
+        session.add(DagBundleModel(name=BUNDLES[None]))
         session.flush()
-        session.add(DagModel(dag_id="untagged", bundle_name="shared"))
+        session.add(DagModel(dag_id="untagged", bundle_name=BUNDLES[None]))
     yield
     with create_session() as session:
-        for model in (DagModel, DagBundleModel, Team):
-            session.query(model).delete()
+        _clear_teams(session)
 
 
 @pytest.fixture
