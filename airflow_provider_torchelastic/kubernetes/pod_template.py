@@ -17,7 +17,7 @@ from decimal import Decimal, InvalidOperation
 from typing import Any, Final, TypeAlias
 
 from airflow_provider_torchelastic.core.config import TaskConfig
-from airflow_provider_torchelastic.core.launch import nccl_env_defaults
+from airflow_provider_torchelastic.core.launch import LaunchSpec, nccl_env_defaults, runner_command
 from airflow_provider_torchelastic.core.naming import (
     TRAINING_CONTAINER,
 )
@@ -365,6 +365,20 @@ class RenderInputs:
     result_url: str | None = None
     #: The sha256 (hex) of the payload this try wrote: the runner refuses any other (``--payload-sha256``).
     payload_sha256: str | None = None
+
+
+def pod_runner_command(inputs: RenderInputs, launch: LaunchSpec, *, nnodes: str | None = None) -> list[str]:
+    """The runner's command line in a pod of every kind: the payload at its mount, the result in the termination
+    message. ``nnodes`` only where nothing in the pod supplies ``PET_NNODES``."""
+    return runner_command(
+        launch,
+        payload_path=PAYLOAD_PATH,
+        result_file=RESULT_FILE,
+        max_result_bytes=MAX_RESULT_BYTES,
+        nnodes=nnodes,
+        result_url=inputs.result_url,
+        payload_sha256=inputs.payload_sha256,
+    )
 
 
 def job_metadata(inputs: RenderInputs) -> JsonDict:

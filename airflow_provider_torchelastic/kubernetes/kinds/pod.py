@@ -9,17 +9,15 @@ from collections.abc import Mapping
 from typing import Any, Final
 
 from airflow_provider_torchelastic.core.config import Elastic, TaskConfig
-from airflow_provider_torchelastic.core.launch import config_to_launch_spec, runner_command
+from airflow_provider_torchelastic.core.launch import config_to_launch_spec
 from airflow_provider_torchelastic.core.outcome import Verdict, decide_run
 from airflow_provider_torchelastic.kubernetes.kinds.descriptor import JobKind
 from airflow_provider_torchelastic.kubernetes.pod_template import (
-    MAX_RESULT_BYTES,
-    PAYLOAD_PATH,
-    RESULT_FILE,
     JsonDict,
     PodSettings,
     RenderInputs,
     invalid,
+    pod_runner_command,
     pod_spec_digest,
     render_pod_template,
     set_field,
@@ -63,15 +61,7 @@ def render_pod(inputs: RenderInputs) -> JsonDict:
             "For Kueue, label the pod: PodOptions(labels={'kueue.x-k8s.io/queue-name': ...})",
         )
     spec = config_to_launch_spec(config)
-    command = runner_command(
-        spec,
-        payload_path=PAYLOAD_PATH,
-        result_file=RESULT_FILE,
-        max_result_bytes=MAX_RESULT_BYTES,
-        nnodes="1",
-        result_url=inputs.result_url,
-        payload_sha256=inputs.payload_sha256,
-    )
+    command = pod_runner_command(inputs, spec, nnodes="1")
     template = render_pod_template(
         PodSettings(
             where="Pod",

@@ -12,18 +12,16 @@ from dataclasses import replace
 from typing import Any, Final
 
 from airflow_provider_torchelastic.core.config import Elastic, Master, TaskConfig, Worker
-from airflow_provider_torchelastic.core.launch import config_to_launch_spec, runner_command
+from airflow_provider_torchelastic.core.launch import config_to_launch_spec
 from airflow_provider_torchelastic.core.outcome import Verdict, decide_run
 from airflow_provider_torchelastic.core.pod_options import merge_pod_options
 from airflow_provider_torchelastic.kubernetes.kinds.descriptor import JobKind
 from airflow_provider_torchelastic.kubernetes.pod_template import (
-    MAX_RESULT_BYTES,
-    PAYLOAD_PATH,
-    RESULT_FILE,
     JsonDict,
     PodSettings,
     RenderInputs,
     job_metadata,
+    pod_runner_command,
     pod_spec_digest,
     render_pod_template,
 )
@@ -126,14 +124,7 @@ def render_pytorchjob(inputs: RenderInputs) -> JsonDict:
     config = inputs.config
     launch = config_to_launch_spec(config)
     # No --nnodes: the training operator sets PET_NNODES ("min:max" for elastic, the replica count otherwise).
-    command = runner_command(
-        launch,
-        payload_path=PAYLOAD_PATH,
-        result_file=RESULT_FILE,
-        max_result_bytes=MAX_RESULT_BYTES,
-        result_url=inputs.result_url,
-        payload_sha256=inputs.payload_sha256,
-    )
+    command = pod_runner_command(inputs, launch)
     spec: JsonDict = {}
     if isinstance(config, Elastic):
         # Rendezvous settings travel on the runner's command line (--rdzv-conf), not as rdzvConf: an empty rdzvConf

@@ -28,7 +28,7 @@ from types import MappingProxyType
 from typing import Any, Final
 
 from airflow_provider_torchelastic.core.config import Elastic, Master, PyTorch, RestartPolicy, TaskConfig, Worker
-from airflow_provider_torchelastic.core.launch import config_to_launch_spec, runner_command
+from airflow_provider_torchelastic.core.launch import config_to_launch_spec
 from airflow_provider_torchelastic.core.naming import LABEL_PREFIX, RunIdentity, fit_job_name, job_name
 from airflow_provider_torchelastic.core.outcome import Verdict, decide_run
 from airflow_provider_torchelastic.core.pod_options import JobOptions, PodOptions, merge_pod_options
@@ -37,13 +37,11 @@ from airflow_provider_torchelastic.kubernetes.kinds.descriptor import JobKind
 from airflow_provider_torchelastic.kubernetes.ownership import controlled_pods, uid_of
 from airflow_provider_torchelastic.kubernetes.pod_template import (
     CONTAINER_NAME,
-    MAX_RESULT_BYTES,
-    PAYLOAD_PATH,
-    RESULT_FILE,
     JsonDict,
     PodSettings,
     RenderInputs,
     job_metadata,
+    pod_runner_command,
     render_pod_template,
 )
 from airflow_provider_torchelastic.kubernetes.status import JobRef, Observed, Phase, Snapshot, WaitDecision, WaitPolicy
@@ -304,14 +302,7 @@ def render_trainjob(inputs: RenderInputs, runtime: Runtime = TORCH_DISTRIBUTED) 
     check_trainjob_options(options, inputs.job_options)
     launch = config_to_launch_spec(config)
     # No --nnodes: the torch plugin sets PET_NNODES to trainer.numNodes (and the rest the runner reads).
-    command = runner_command(
-        launch,
-        payload_path=PAYLOAD_PATH,
-        result_file=RESULT_FILE,
-        max_result_bytes=MAX_RESULT_BYTES,
-        result_url=inputs.result_url,
-        payload_sha256=inputs.payload_sha256,
-    )
+    command = pod_runner_command(inputs, launch)
     template = render_pod_template(
         PodSettings(
             where="TrainJob pod",
