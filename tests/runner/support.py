@@ -13,12 +13,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from airflow_provider_torchelastic.core.outcome import NodeOutcome, decode_outcome
 from airflow_provider_torchelastic.core.payload import dump_payload
 
 RUNNER = "airflow_provider_torchelastic.runner"
 # Variables of the machine running the tests that would change what the runner does.
 _SCRUBBED = ("OMP_NUM_THREADS", "MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "GROUP_RANK")
+
+
+def gone(pid: int) -> bool:
+    """Whether process ``pid`` has ended (a zombie has: only its parent's reaping is left)."""
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
 
 
 def runner_env(**overrides: str) -> dict[str, str]:

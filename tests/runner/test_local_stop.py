@@ -10,12 +10,12 @@ import subprocess
 import threading
 import time
 
-import psutil
 import pytest
 
 from airflow_provider_torchelastic.core.launch import LaunchSpec
 from airflow_provider_torchelastic.core.payload import dump_payload
 from airflow_provider_torchelastic.local.run import LocalRun, run_locally
+from tests.runner.support import gone
 
 pytestmark = pytest.mark.slow
 
@@ -25,13 +25,6 @@ def start_a_helper_and_sleep() -> None:
     helper = subprocess.Popen(["sleep", "300"], start_new_session=True)
     print(f"started: worker={os.getpid()} helper={helper.pid}", flush=True)
     time.sleep(300)
-
-
-def _gone(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
 
 
 @pytest.mark.parametrize("start_method", ["spawn", "fork"])
@@ -65,7 +58,7 @@ def test_a_stopped_local_run_leaves_no_worker_and_nothing_they_started(start_met
         verdict = result[0]
         assert "stopped" in verdict.detail  # type: ignore[attr-defined]
         # run_locally promises every process is gone when it returns: no waiting here.
-        assert [pid for pid in pids if not _gone(pid)] == [], "\n".join(lines)
+        assert [pid for pid in pids if not gone(pid)] == [], "\n".join(lines)
     finally:
         for pid in pids:
             with contextlib.suppress(ProcessLookupError):

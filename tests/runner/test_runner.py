@@ -18,14 +18,13 @@ import threading
 import time
 from pathlib import Path
 
-import psutil
 import pytest
 
 from airflow_provider_torchelastic import RecoverableError
 from airflow_provider_torchelastic.core.outcome import encode_success
 from airflow_provider_torchelastic.core.payload import MAGIC, dump_payload
 from airflow_provider_torchelastic.errors import EXIT_FAILED, EXIT_OK, EXIT_RECOVERABLE, EXIT_USAGE
-from tests.runner.support import run_runner, runner_command, runner_env, write_payload
+from tests.runner.support import gone, run_runner, runner_command, runner_env, write_payload
 
 pytestmark = pytest.mark.slow
 
@@ -242,11 +241,14 @@ def _read_lines(stream, lines: queue.Queue[str]) -> None:
         lines.put(line.rstrip("\n"))
 
 
-def _gone(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
+def _kill(proc: subprocess.Popen[str], workers: dict[int, int]) -> None:
+    """Whatever a test left of the runner and its workers (their own sessions: the group kill misses them)."""
+    for pid in workers:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
 
 
 def _start_sleeping_workers(
@@ -291,16 +293,11 @@ def test_each_worker_has_its_own_session_and_dies_with_a_killed_agent(tmp_path: 
         proc.kill()
         proc.wait(timeout=30)
         deadline = time.monotonic() + 30
-        while not all(_gone(pid) for pid in workers) and time.monotonic() < deadline:
+        while not all(gone(pid) for pid in workers) and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert [pid for pid in workers if not _gone(pid)] == [], "workers outlived their SIGKILLed agent"
+        assert [pid for pid in workers if not gone(pid)] == [], "workers outlived their SIGKILLed agent"
     finally:
-        for pid in workers:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+        _kill(proc, workers)
 
 
 def test_sigterm_while_training_exits_143_without_a_failure_report(tmp_path: Path) -> None:
@@ -317,14 +314,9 @@ def test_sigterm_while_training_exits_143_without_a_failure_report(tmp_path: Pat
         assert not result_file.exists() or result_file.read_text() == "", result_file.read_text()
         assert "stopped by SIGTERM" in output
         # The workers went with the runner: it stopped them itself (they are not in its process group).
-        assert [pid for pid in workers if not _gone(pid)] == [], output
+        assert [pid for pid in workers if not gone(pid)] == [], output
     finally:
-        for pid in workers:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+        _kill(proc, workers)
 
 
 def _never_unpickled() -> None:  # pragma: no cover - the point is that it never runs
