@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +27,7 @@ from airflow_provider_torchelastic.kubernetes.sweep import NOT_AFTER_LABEL
 from tests import fake_kind
 from tests.airflow_services.deployment import RUNNER_IMAGE
 from tests.airflow_services.services import AirflowServices
+from tests.deployment.test_airflow_deployment import wait_for
 
 pytestmark = pytest.mark.cluster
 
@@ -40,17 +41,6 @@ NODE = "fakejob-controller-node"
 #: What the test reports as rank 0's return value.
 RESULT = {"rank": 0, "kind": "FakeJob", "value": 3}
 MERGE_PATCH = "application/merge-patch+json"
-
-
-def wait_for(condition: Callable[[], Any], timeout: float, what: str, interval: float = 0.5) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(interval)
 
 
 def rfc3339_now() -> str:
