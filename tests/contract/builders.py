@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from airflow_provider_torchelastic.core.config import TaskConfig
 from airflow_provider_torchelastic.core.naming import RunIdentity
 from airflow_provider_torchelastic.core.pod_options import JobOptions, PodOptions
+from airflow_provider_torchelastic.kubernetes.pod_template import RenderInputs
 from airflow_provider_torchelastic.kubernetes.render import render_manifests
 
 IMAGE = "registry.example.com/ml/train:1.0"
@@ -33,6 +35,7 @@ def render(
     image: str | None = IMAGE,
     default_image: str | None = None,
     payload: bytes = PAYLOAD,
+    renderer: Callable[[RenderInputs], dict[str, Any]] | None = None,
     **identity_overrides: Any,
 ) -> list[dict[str, Any]]:
     return render_manifests(
@@ -44,6 +47,7 @@ def render(
         pod_options=pod_options,
         job_options=job_options,
         default_image=default_image,
+        renderer=renderer,
     )
 
 

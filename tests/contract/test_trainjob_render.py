@@ -19,10 +19,10 @@ from airflow_provider_torchelastic.core.naming import MAX_JOB_NAME_LENGTH, fit_j
 from airflow_provider_torchelastic.core.pod_options import JobOptions, PodOptions, secret_key_ref
 from airflow_provider_torchelastic.kubernetes.kinds import trainjob
 from airflow_provider_torchelastic.kubernetes.pod_template import MAX_RESULT_BYTES, PAYLOAD_PATH, RESULT_FILE
-from airflow_provider_torchelastic.kubernetes.render import render_manifests
 from airflow_provider_torchelastic.kubernetes.sweep import lease_labels
 from airflow_provider_torchelastic.runner.agent import parse_settings
-from tests.contract.builders import IMAGE, PAYLOAD, identity
+from tests.contract import builders
+from tests.contract.builders import IMAGE, identity
 from tests.contract.schemas import KUBERNETES_VERSIONS, validate_pod_template, validate_secret
 from tests.contract.trainjob_schemas import (
     MIRRORED_CEL_RULES,
@@ -97,15 +97,13 @@ def render(
     image: str | None = IMAGE,
     **identity_overrides: Any,
 ) -> list[dict[str, Any]]:
-    return render_manifests(
+    return builders.render(
         config,
-        identity=identity(**identity_overrides),
-        namespace="ml",
-        image=image,
-        payload=PAYLOAD,
         pod_options=pod_options,
         job_options=job_options,
+        image=image,
         renderer=functools.partial(trainjob.render_trainjob, runtime=runtime),
+        **identity_overrides,
     )
 
 
