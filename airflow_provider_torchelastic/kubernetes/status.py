@@ -339,6 +339,20 @@ class Observed:
     def waiting_for_capacity(self) -> list[CapacityWait]:
         return [wait for pod in self.pods if (wait := capacity_wait(pod, self.created)) is not None]
 
+    @property
+    def placed(self) -> int:
+        """Pods that got capacity and have not failed: starting on their node, running, or done.
+
+        What a job needs to make progress. Counting only Running pods would take a pod that already succeeded
+        (its job's Succeeded condition not yet written) or one still starting its container for one that waits.
+        """
+        waiting = {wait.pod for wait in self.waiting_for_capacity}
+        return sum(
+            1
+            for pod in self.pods
+            if pod.get("metadata", {}).get("name") not in waiting and pod.get("status", {}).get("phase") != "Failed"
+        )
+
     def decision(
         self,
         phase: Phase,

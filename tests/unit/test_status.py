@@ -198,6 +198,22 @@ def test_elastic_job_below_its_minimum_waits_for_capacity_until_scheduling_timeo
     assert late.verdict.node == "w1" and "scheduling_timeout=300" in late.verdict.detail
 
 
+def test_elastic_job_at_its_minimum_is_not_timed_out_while_its_pod_starts_or_has_just_succeeded() -> None:
+    # The pod that got capacity counts as progress while its container starts, and once it has succeeded before
+    # the training operator writes the job's Succeeded condition; only pods still waiting are not progress.
+    policy = WaitPolicy(scheduling_timeout=5)
+    job = elastic_job(1, 2, "Created", "Running")
+    starting = make_pod("w0", "Pending", waiting="ContainerCreating")
+    done = make_pod("w0", "Succeeded", exit_code=0, message=encode_success('{"nodes": 1}'))
+    for w0 in (starting, done):
+        d = decide(JOB, Snapshot(job=job, pods=[w0, make_pod("w1", unschedulable=True)], now=T0 + 60), policy)
+        assert d.phase is not Phase.FAILED and d.verdict is None, (w0["status"], d)
+    # A failed pod is not progress: below its minimum, the wait for capacity is bounded again.
+    failed = make_pod("w0", "Failed", exit_code=1)
+    d = decide(JOB, Snapshot(job=job, pods=[failed, make_pod("w1", unschedulable=True)], now=T0 + 60), policy)
+    assert d.phase is Phase.FAILED and d.verdict is not None and d.verdict.node == "w1"
+
+
 def test_a_fixed_size_job_needs_all_its_pods() -> None:
     pods = [make_pod("m0"), make_pod("w0", unschedulable=True)]
     job = make_job("Created", "Running", replicas={"Master": 1, "Worker": 1})

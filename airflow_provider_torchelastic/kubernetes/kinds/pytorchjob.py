@@ -254,7 +254,7 @@ def _decide_pytorchjob(ref: JobRef, snapshot: Snapshot, policy: WaitPolicy) -> W
         # can host it; without it no other worker can join, however many run.
         what = f"{describe_wait(host_wait)} (it hosts the rendezvous; no worker can start without it)"
         return replace(out_of_patience(seen, policy, host_wait.since, what, host_wait.pod), wake_at=wake_at)
-    if waits and seen.running < _min_nodes(job, seen.total):
+    if waits and seen.placed < _min_nodes(job, seen.total):
         # The job cannot start (or go on) without these pods: waiting for capacity, bounded by scheduling_timeout.
         first = min(waits, key=lambda wait: wait.since)
         return replace(out_of_patience(seen, policy, first.since, describe_wait(first), first.pod), wake_at=wake_at)
