@@ -398,6 +398,51 @@ class Deployment:
         self._wait_healthy(info, time.monotonic() + timeout, since=since if name in HEARTBEATS else None)
         return pid
 
+    # -- another api-server -------------------------------------------------------------------------------------
+
+    def start_api_server(self, name: str, overrides: Mapping[str, str], *, timeout: float = 120.0) -> str:
+        """Another ``airflow api-server`` on the deployment's database, with ``AIRFLOW__...`` ``overrides`` of its
+        own (another auth configuration, say) and a port of its own; returns its base URL once it answers.
+
+        It is one of the deployment's processes: stopped by :meth:`stop_process`, or with the deployment.
+        """
+        info = self._require_info()
+        if name in SERVICES or name == "postgres":
+            raise ValueError(f"{name!r} is one of the deployment's own processes")
+        (port,) = free_ports(1)
+        base_url = f"http://127.0.0.1:{port}"
+        env = {**service_env(info), "AIRFLOW__API__PORT": str(port), "AIRFLOW__API__BASE_URL": base_url, **overrides}
+        self._spawn(name, [sys.executable, "-m", "airflow", *SERVICES["api-server"]], env=env, cwd=info.home)
+        deadline = time.monotonic() + timeout
+        last = "no answer yet"
+        while True:
+            self._check_alive()
+            try:
+                answer = httpx.get(f"{base_url}/api/v2/monitor/health", timeout=5)
+                if answer.status_code == 200:
+                    return base_url
+                last = f"HTTP {answer.status_code}"
+            except httpx.HTTPError as e:
+                last = f"{type(e).__name__}: {e}"
+            if time.monotonic() > deadline:
+                self.stop_process(name)
+                raise DeploymentError(f"{name} did not answer in time ({last}); see {info.log_file(name)}")
+            time.sleep(0.5)
+
+    def stop_process(self, name: str, timeout: float = 20.0) -> None:
+        """Stop one process this object started (its whole tree) and forget it."""
+        record = self._records.pop(name, None)
+        popen = self._popen.pop(name, None)
+        if record is not None and (proc := record.process()) is not None:
+            tree = _tree(proc)
+            _signal_tree(proc, tree, signal.SIGTERM)
+            for left in wait_gone(tree, timeout):
+                signal_proc(left, signal.SIGKILL)
+        if popen is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                popen.wait(timeout=5)
+        write_pids(self.state_dir, self._records.values())
+
     # -- stop ---------------------------------------------------------------------------------------------------
 
     def stop(self, timeout: float = 20.0) -> list[str]:
