@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from tests.cluster import control_plane as cp
+from tests.cluster import real_node
 
 
 def _log(msg: str) -> None:
@@ -33,6 +34,13 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="up: have the kube-apiserver write an audit log (JSON lines, one per request) to this path",
     )
+    parser.add_argument(
+        "--node",
+        choices=("sim", "real"),
+        default=None,
+        help="up: `sim` (the default), the simulated kubelet; `real`, a real kubelet, scheduler, controller-manager "
+        "and containerd (tests/cluster/real_node.py; cgroup v1, root). Default: $TORCHELASTIC_NODE or sim",
+    )
     args = parser.parse_args(argv)
     state_dir = (args.state_dir or cp.default_state_dir()).resolve()
 
@@ -44,7 +52,13 @@ def main(argv: list[str] | None = None) -> int:
             print(info.kubeconfig)
             return 0
         try:
-            info = cp.ControlPlane(state_dir, log=_log, show_build_output=True, audit_log=args.audit_log).start()
+            info = cp.ControlPlane(
+                state_dir,
+                log=_log,
+                show_build_output=True,
+                audit_log=args.audit_log,
+                node=real_node.node_mode(args.node),
+            ).start()
         except cp.ClusterError as e:
             _log(f"ERROR: {e}")
             return 1

@@ -287,8 +287,14 @@ class ControlPlane:
         show_build_output: bool = False,
         log: Any = None,
         audit_log: Path | None = None,
+        node: str = "sim",
     ) -> None:
         self.state_dir = Path(state_dir).resolve()
+        #: ``sim``: the simulated kubelet (the default); ``real``: a real kubelet, scheduler, controller-manager and
+        #: containerd (tests/cluster/real_node.py), which also turns ServiceAccount admission and client certs on.
+        self.node = node
+        self._node_binaries: Path | None = None
+        self._tokens: dict[str, str] = {}
         #: Where the apiserver writes its audit log (one JSON line per request, Metadata level), to count requests by
         #: identity in benchmarks; None: no audit log.
         self.audit_log = Path(audit_log).resolve() if audit_log is not None else None
@@ -305,7 +311,11 @@ class ControlPlane:
         """Start etcd, the apiserver, RBAC, namespaces and the CRD, then the simulators. Stops everything on error."""
         crd = crd_path()  # fail before starting anything
         apiserver = ensure_apiserver_binary(log=self._log, show_output=self.show_build_output)
-        if self.start_simulators:
+        if self.node == "real":
+            from tests.cluster import real_node
+
+            self._node_binaries = real_node.preflight(log=self._log, show_output=self.show_build_output)
+        elif self.start_simulators:
             try:  # the pods' interpreter; built here so that a cold build happens before anything is started
                 runner_env.ensure_base(log=self._log, show_output=self.show_build_output)
             except runner_env.RunnerEnvError as e:
@@ -345,7 +355,7 @@ class ControlPlane:
     def _fresh_state_dir(self) -> None:
         # Only clear what we create: the dir may be a user-chosen path with other files in it.
         self.state_dir.mkdir(parents=True, exist_ok=True)
-        for name in ("etcd", "certs", "logs", "kubelet", runner_env.LAYER_DIRNAME):
+        for name in ("etcd", "certs", "logs", "kubelet", "node", runner_env.LAYER_DIRNAME):
             shutil.rmtree(self.state_dir / name, ignore_errors=True)
         for name in ("state.json", "pids.json", "tokens.csv", "sa.key", *_KUBECONFIG_NAMES.values()):
             (self.state_dir / name).unlink(missing_ok=True)
@@ -354,7 +364,15 @@ class ControlPlane:
 
     def _start(self, apiserver: Path, crd: Path, ready_timeout: float) -> ClusterInfo:
         state = self.state_dir
-        tokens = {user: secrets.token_hex(24) for user in (ADMIN_USER, OPERATOR_USER, KUBELET_USER, SA_USER)}
+        users = [ADMIN_USER, OPERATOR_USER, KUBELET_USER, SA_USER]
+        node_args: list[str] = []
+        if self.node == "real":
+            from tests.cluster import real_node
+
+            users += [real_node.SCHEDULER_USER, real_node.CONTROLLER_MANAGER_USER]
+            node_args = real_node.apiserver_args(real_node.prepare(state))
+        tokens = {user: secrets.token_hex(24) for user in users}
+        self._tokens = tokens
         _write_token_file(state / "tokens.csv", tokens)
         _write_signing_key(state / "sa.key")
 
@@ -398,10 +416,18 @@ class ControlPlane:
                 f"--service-account-key-file={state / 'sa.key'}",
                 f"--service-account-signing-key-file={state / 'sa.key'}",
                 f"--token-auth-file={state / 'tokens.csv'}",
-                "--authorization-mode=RBAC",
-                # Without a controller-manager nobody creates the `default` ServiceAccount that this plugin requires
-                # on every pod create.
-                "--disable-admission-plugins=ServiceAccount",
+                *(
+                    # A real node brings the controller-manager (and its token controller): ServiceAccount admission
+                    # stays on, and the Node authorizer confines each kubelet to its own pods.
+                    ["--authorization-mode=Node,RBAC", *node_args]
+                    if self.node == "real"
+                    else [
+                        "--authorization-mode=RBAC",
+                        # Without a controller-manager nobody creates the `default` ServiceAccount that this plugin
+                        # requires on every pod create.
+                        "--disable-admission-plugins=ServiceAccount",
+                    ]
+                ),
                 "--enable-priority-and-fairness=false",
                 # Silences a loop complaining that 127.0.0.1 "may not be in the loopback range".
                 "--endpoint-reconciler-type=none",
@@ -466,6 +492,15 @@ class ControlPlane:
 
         if self.start_simulators:
             self._start_simulators(info)
+        if self.node == "real":
+            from tests.cluster import real_node
+
+            layout = real_node.load_layout(state)
+            assert layout is not None and self._node_binaries is not None  # prepare() and start() made them
+            node = real_node.RealNode(
+                layout, self._node_binaries, spawn=self._spawn, check_alive=self._check_alive, log=self._log
+            )
+            node.start(info, self._tokens)
         (state / "state.json").write_text(json.dumps(info.to_json(), indent=2) + "\n")
         return info
 
@@ -495,6 +530,9 @@ class ControlPlane:
         ]
 
     def _start_simulators(self, info: ClusterInfo) -> None:
+        if self.node == "real":  # pods run images on the real node: neither the simulated kubelet nor its layer
+            self._start_simulator_modules(info, [m for m in SIMULATORS if m != "sim_kubelet"], {})
+            return
         # Pods run this checkout's code as the runner image would have it: installed into a layer of this cluster's
         # own on the cached runner env (the checkout changes between clusters, the env does not).
         self._log(f"installing this checkout into {info.state_dir / runner_env.LAYER_DIRNAME}")
@@ -517,8 +555,16 @@ class ControlPlane:
                 "0.1",
             ],
         }
+        self._start_simulator_modules(info, list(SIMULATORS), args)
+
+    def _start_simulator_modules(self, info: ClusterInfo, modules: list[str], args: dict[str, list[str]]) -> None:
+        args = {
+            "sim_operator": ["--kubeconfig", str(info.operator_kubeconfig)],
+            "sim_webhook": ["--cert-dir", str(info.state_dir / "webhook")],
+            **args,
+        }
         started = []
-        for module in SIMULATORS:
+        for module in modules:
             if not (REPO_ROOT / "tests" / "cluster" / f"{module}.py").is_file():
                 # A log line, not warnings.warn: a suite running with -W error would turn it into a setup error.
                 self._log(f"WARNING: tests/cluster/{module}.py does not exist (yet); starting the cluster without it")
@@ -598,6 +644,12 @@ def stop_cluster(state_dir: Path, *, timeout: float = 15.0, log: Any = None) -> 
     """
     state_dir = Path(state_dir).resolve()
     say = log or (lambda msg: None)
+    node_left: list[str] = []
+    if (state_dir / "node" / "node.json").exists():
+        # A real node (real_node.py) first: its kubelet, pod containers and containerd, then its host changes.
+        from tests.cluster import real_node
+
+        node_left = real_node.stop_node(state_dir, timeout=timeout, log=say)
     records = {r.name: r for r in read_pids(state_dir)}
     ordered = [records[n] for n in PROCESS_STOP_ORDER if n in records] + [
         r for n, r in records.items() if n not in PROCESS_STOP_ORDER
@@ -622,7 +674,7 @@ def stop_cluster(state_dir: Path, *, timeout: float = 15.0, log: Any = None) -> 
 
     survivors = [f"{r.name} (pid {r.pid})" for r in records.values() if r.process() is not None]
     survivors += [f"pid {p.pid} ({' '.join(cmdline(p))[:120]})" for p in _processes_inside(state_dir)]
-    return survivors
+    return survivors + node_left
 
 
 def _terminate(records: Iterable[ProcessRecord], timeout: float, say: Any) -> None:
@@ -819,6 +871,8 @@ def write_kubeconfig(
 def _write_token_file(path: Path, tokens: Mapping[str, str]) -> None:
     groups = {
         ADMIN_USER: "system:masters",
+        # Only in tokens.csv with a real node (real_node.py): one identity for all of its controllers.
+        "system:kube-controller-manager": "system:masters",
         SA_USER: f"system:serviceaccounts,system:serviceaccounts:{TEST_NAMESPACE}",
     }
     # Format: token,user,uid,"group1,group2"

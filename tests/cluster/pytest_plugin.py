@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 
 from tests.cluster import control_plane as cp
-from tests.cluster import runner_env
+from tests.cluster import real_node, runner_env
 from tests.cluster.proxy import FaultProxy
 
 SKIP_ENV = "TORCHELASTIC_SKIP_CLUSTER"
@@ -171,7 +171,8 @@ def kube_cluster(
 ) -> Iterator[KubeCluster]:
     state_dir = tmp_path_factory.mktemp("kube-cluster")
     progress: list[str] = []
-    plane = cp.ControlPlane(state_dir, log=progress.append)
+    # TORCHELASTIC_NODE=real: a real kubelet, scheduler and controller-manager (real_node.py); default: simulated.
+    plane = cp.ControlPlane(state_dir, log=progress.append, node=real_node.node_mode())
     try:
         info = plane.start()
     except cp.ClusterError as e:
