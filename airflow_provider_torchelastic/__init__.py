@@ -36,6 +36,7 @@ __all__ = [
     "RunPolicy",
     "TorchElasticOperator",
     "Worker",
+    "artifacts",
     "checkpoint",
     "context",
     "report",
@@ -53,8 +54,9 @@ _LAZY = {
     "RecoverableError": "airflow_provider_torchelastic.errors",
     "report": "airflow_provider_torchelastic.worker.metrics",
 }
-# Modules for training functions (``context.current()``, ``checkpoint.save``): imported on first access too.
-_LAZY_MODULES = frozenset({"checkpoint", "context"})
+# Modules for training functions (``context.current()``, ``checkpoint.save``) and for the tasks downstream of them
+# (``artifacts.load``): imported on first access too.
+_LAZY_MODULES = frozenset({"artifacts", "checkpoint", "context"})
 # Submodules that importing the package used to import (and so bind as its attributes): still attributes of it.
 _BOUND_MODULES = frozenset({"core", "errors", "metrics", "pod", "worker"})
 
@@ -163,6 +165,26 @@ def get_provider_info() -> dict[str, Any]:
                         "type": "integer",
                         "example": "104857600",
                         "default": "1073741824",
+                    },
+                    "artifact_storage": {
+                        "description": "Where the tensors, numpy arrays, state dicts and Modules in rank 0's value "
+                        "go, as safetensors files (the XCom holds plain-JSON references to them), and arguments too "
+                        "large for the payload: {artifact_storage}/{dag_id}/{run_id}/{task_id}/{map_index}/"
+                        "{try_number}/artifacts/. An fsspec URL or a path reachable from the pods and the Airflow "
+                        "workers. Kept: they are outputs (give the store a lifecycle rule). Empty: result_storage.",
+                        "version_added": "0.1.0",
+                        "type": "string",
+                        "example": "s3://ml-artifacts/airflow",
+                        "default": "",
+                    },
+                    "artifact_storage_conn_id": {
+                        "description": "The Airflow connection with which Airflow tasks read artifacts "
+                        "(artifacts.load) and write spilled arguments (the pods use their own environment's "
+                        "credentials). Empty: result_storage_conn_id.",
+                        "version_added": "0.1.0",
+                        "type": "string",
+                        "example": "aws_default",
+                        "default": "",
                     },
                     "report_interval": {
                         "description": "Seconds between two metrics lines of rank 0 (report() in the training "

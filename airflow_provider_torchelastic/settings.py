@@ -24,8 +24,10 @@ __all__ = [
     "DEFAULT_EARLY_EVENT_HOLD",
     "DEFAULT_RESULT_MAX_BYTES",
     "EXECUTIONS",
+    "ArtifactStorage",
     "ResultStorage",
     "Settings",
+    "read_artifact_storage",
     "read_execution",
     "read_execution_option",
     "read_image",
@@ -102,6 +104,27 @@ class ResultStorage:
     keep: bool
     #: ``result_storage_max_bytes``: the most the Airflow side reads of one result (a bigger one fails the try).
     max_bytes: int = DEFAULT_RESULT_MAX_BYTES
+
+
+@dataclass(frozen=True, kw_only=True)
+class ArtifactStorage:
+    """``[torch_elastic] artifact_storage*``: where tensors, state dicts, Modules and arrays of rank 0's value go,
+    and arguments too large for the payload; each option defaults to its ``result_storage`` counterpart."""
+
+    url: str
+    #: The connection the Airflow side reads (``artifacts.load``) and writes (spilled arguments) with.
+    conn_id: str | None
+
+
+def read_artifact_storage() -> ArtifactStorage | None:
+    """``[torch_elastic] artifact_storage`` and ``artifact_storage_conn_id``, else ``result_storage`` and
+    ``result_storage_conn_id``; None when neither storage is set."""
+    url = _text("artifact_storage") or _text("result_storage")
+    if not url:
+        return None
+    return ArtifactStorage(
+        url=url, conn_id=_text("artifact_storage_conn_id") or _text("result_storage_conn_id") or None
+    )
 
 
 def read_execution() -> str:
@@ -193,6 +216,8 @@ class Settings:
     checkpoint_root: str | None
     #: ``result_storage``, ``result_storage_conn_id``, ``result_storage_keep``, ``result_storage_max_bytes``.
     result_storage: ResultStorage | None
+    #: ``artifact_storage``, ``artifact_storage_conn_id`` (defaults: the ``result_storage`` options).
+    artifact_storage: ArtifactStorage | None = None
     #: ``report_interval``: seconds between rank 0's metrics lines; None: ``report()``'s default.
     report_interval: float | None
     #: ``early_event_hold``: a deferred task's trigger fires no sooner than this many seconds after the deferral.
@@ -222,6 +247,7 @@ class Settings:
             image=_configured_image() if execution == "kubernetes" else None,
             checkpoint_root=_text("checkpoint_root") or None,
             result_storage=_result_storage(),
+            artifact_storage=read_artifact_storage(),
             report_interval=_seconds("report_interval"),
             early_event_hold=_early_event_hold() if deferrable else DEFAULT_EARLY_EVENT_HOLD,
             job_lease=_job_lease() if execution == "kubernetes" else DEFAULT_JOB_LEASE,

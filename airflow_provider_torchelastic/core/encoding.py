@@ -67,8 +67,9 @@ _HINT: Final = (
     "enums, dates and paths are converted; see 'Result encoding' in the README)"
 )
 _SAVE_HINT: Final = (
-    "return a summary (a mean, a norm, .tolist() of a slice), or save it to storage (torch.save, numpy.save to a "
-    "shared path or bucket) and return the path"
+    "set the Airflow option [torch_elastic] artifact_storage (or result_storage) to pass tensors, arrays, state dicts "
+    "and Modules of any size as artifacts (see 'Results: models and tensors' in the README), or return a summary "
+    "(a mean, a norm, .tolist() of a slice)"
 )
 #: numpy dtype kinds that become JSON: bool, signed and unsigned int, float, str, and object (each item converted).
 _NUMPY_KINDS: Final = frozenset("biufUO")

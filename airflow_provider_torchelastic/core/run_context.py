@@ -38,6 +38,7 @@ __all__ = [
     "CONTEXT_ENV",
     "NoRunContextError",
     "TaskContext",
+    "artifact_location",
     "checkpoint_location",
     "result_location",
     "safe_path_piece",
@@ -47,6 +48,8 @@ __all__ = [
 CONTEXT_ENV: Final = "TORCHELASTIC_CONTEXT"
 #: The file name of a result written to ``[torch_elastic] result_storage``.
 RESULT_FILE_NAME: Final = "result.json"
+#: The folder, beside a try's result file, of the try's artifacts (``[torch_elastic] artifact_storage``).
+ARTIFACTS_FOLDER: Final = "artifacts"
 
 _SAFE_PIECE = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9._=-]*\Z")
 
@@ -76,6 +79,9 @@ class TaskContext:
     logical_date: str | None = None
     #: Where this task instance's checkpoints go (an fsspec URL or a path), or None when none is configured.
     checkpoint_uri: str | None = None
+    #: Where this try's artifacts go (tensors, state dicts, modules and arrays in rank 0's value, arguments too large
+    #: for the payload), or None when ``[torch_elastic] artifact_storage`` (or ``result_storage``) is not set.
+    artifact_uri: str | None = None
 
     def __post_init__(self) -> None:
         for name in ("dag_id", "task_id", "run_id"):
@@ -86,14 +92,20 @@ class TaskContext:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
                 raise TypeError(f"TaskContext.{name}: expected an int >= {minimum}, got {value!r}")
-        for name in ("logical_date", "checkpoint_uri"):
+        for name in ("logical_date", "checkpoint_uri", "artifact_uri"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, str) or not value):
                 raise TypeError(f"TaskContext.{name}: expected a non-empty str or None, got {value!r}")
 
     def to_env_value(self) -> str:
-        """The value of :data:`CONTEXT_ENV`: compact JSON with sorted keys, so the same context renders the same."""
-        return json.dumps(asdict(self), sort_keys=True, separators=(",", ":"))
+        """The value of :data:`CONTEXT_ENV`: compact JSON with sorted keys, so the same context renders the same.
+
+        ``artifact_uri`` is left out when None: a try without artifact storage renders as it did before the field
+        existed (an older runner image reads the context it always read)."""
+        fields = asdict(self)
+        if fields["artifact_uri"] is None:
+            del fields["artifact_uri"]
+        return json.dumps(fields, sort_keys=True, separators=(",", ":"))
 
     @classmethod
     def from_env_value(cls, text: str) -> TaskContext:
@@ -155,3 +167,12 @@ def result_location(root: str, task: TaskContext) -> str:
         raise ValueError(f"result storage: expected an fsspec URL or a path, got {root!r}")
     folder = _join(root, task.dag_id, task.run_id, task.task_id, str(task.map_index), str(task.try_number))
     return f"{folder}/{RESULT_FILE_NAME}"
+
+
+def artifact_location(root: str, task: TaskContext) -> str:
+    """``{root}/{dag_id}/{run_id}/{task_id}/{map_index}/{try_number}/artifacts``: one folder per try, beside its
+    result file when both storages are the same. A try's artifacts are accepted only from here."""
+    if not isinstance(root, str) or not root.strip():
+        raise ValueError(f"artifact storage: expected an fsspec URL or a path, got {root!r}")
+    folder = _join(root, task.dag_id, task.run_id, task.task_id, str(task.map_index), str(task.try_number))
+    return f"{folder}/{ARTIFACTS_FOLDER}"

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from airflow_provider_torchelastic.core.naming import RunIdentity, placeholder_identity
 from airflow_provider_torchelastic.core.payload import dump_payload
-from airflow_provider_torchelastic.core.run_context import TaskContext, checkpoint_location
+from airflow_provider_torchelastic.core.run_context import TaskContext, artifact_location, checkpoint_location
 from airflow_provider_torchelastic.core.validation import is_templated
 from airflow_provider_torchelastic.kubernetes import kinds
 from airflow_provider_torchelastic.kubernetes import render as kubernetes_render
@@ -66,6 +66,10 @@ def task_context_of(
         )
     # What the identity alone gives (render_manifests without a run uses the same), then what the run knows.
     task_context = replace(kubernetes_render.task_context_for(identity), checkpoint_uri=checkpoint_uri)
+    if settings.artifact_storage is not None:
+        task_context = replace(
+            task_context, artifact_uri=artifact_location(settings.artifact_storage.url, task_context)
+        )
     if context is None:
         return task_context
     logical_date = context.get("logical_date")

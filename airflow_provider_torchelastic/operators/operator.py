@@ -208,7 +208,12 @@ class TorchElasticOperator(BaseOperator):
         if settings is None:
             settings = Settings.read(execution="local", deferrable=False)  # reads no option it does not use
         return results.result_or_raise(
-            self.log, verdict, settings.result_storage, last_metrics=last_metrics, task_context=task_context
+            self.log,
+            verdict,
+            settings.result_storage,
+            last_metrics=last_metrics,
+            task_context=task_context,
+            artifacts=settings.artifact_storage,
         )
 
     def render_manifests(self, context: Context | None = None) -> list[dict[str, Any]]:

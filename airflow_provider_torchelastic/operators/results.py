@@ -7,10 +7,11 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
+from airflow_provider_torchelastic.core.artifact_ref import ArtifactRef, ArtifactRefError, check_refs_under
 from airflow_provider_torchelastic.core.outcome import Verdict
-from airflow_provider_torchelastic.core.run_context import TaskContext, result_location
+from airflow_provider_torchelastic.core.run_context import TaskContext, artifact_location, result_location
 from airflow_provider_torchelastic.operators.exceptions import TrainingFailedError, TrainingRecoverableError
-from airflow_provider_torchelastic.settings import ResultStorage
+from airflow_provider_torchelastic.settings import ArtifactStorage, ResultStorage
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -24,6 +25,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ResultStorage",
+    "checked_artifacts",
     "expected_result_ref",
     "job_summary",
     "local_summary",
@@ -93,6 +95,22 @@ def read_stored_result(url: str, storage: ResultStorage | None) -> Any:
     return value
 
 
+def checked_artifacts(
+    value: Any, storage: ArtifactStorage | None, task_context: TaskContext | None
+) -> list[ArtifactRef]:
+    """The artifact references in rank 0's value, each checked to lie under this try's artifact location
+    (recomputed here from the try's own context and ``[torch_elastic] artifact_storage``), else
+    :class:`TrainingFailedError`: the value came from a pod, which must not point the next task at another try's
+    objects, or at anything else the platform's credentials could read."""
+    location = artifact_location(storage.url, task_context) if storage is not None and task_context else None
+    try:
+        return check_refs_under(value, location)
+    except ArtifactRefError as e:
+        raise TrainingFailedError(
+            f"Training succeeded but its value cannot be accepted: {e}; refusing it (a retry will not help)"
+        ) from None
+
+
 def result_or_raise(
     log: Log,
     verdict: Verdict,
@@ -100,12 +118,31 @@ def result_or_raise(
     *,
     last_metrics: str = "",
     task_context: TaskContext | None = None,
+    artifacts: ArtifactStorage | None = None,
 ) -> Any:
     """The body of ``TorchElasticOperator.result_or_raise`` (its docstring says what it promises).
 
-    ``task_context``: the try's, from which the only acceptable result reference is recomputed; without it a
-    verdict that carries a reference fails.
+    ``task_context``: the try's, from which the only acceptable result reference and artifact location are
+    recomputed; without it a verdict that carries a reference fails. ``artifacts``: the try's artifact storage.
     """
+    value = _result_or_raise(log, verdict, storage, last_metrics=last_metrics, task_context=task_context)
+    found = checked_artifacts(value, artifacts, task_context)
+    if found:
+        total = sum(ref.bytes for ref in found)
+        log.info("Rank 0's value holds %d artifact(s), %d bytes in all:", len(found), total)
+        for ref in found:
+            log.info("  %s (%s, %d bytes)", ref.url, ref.kind, ref.bytes)
+    return value
+
+
+def _result_or_raise(
+    log: Log,
+    verdict: Verdict,
+    storage: ResultStorage | None,
+    *,
+    last_metrics: str = "",
+    task_context: TaskContext | None = None,
+) -> Any:
     suffix = f"; {last_metrics}" if last_metrics else ""
     if verdict.succeeded and verdict.result_ref is not None:
         url = expected_result_ref(verdict.result_ref, storage, task_context)

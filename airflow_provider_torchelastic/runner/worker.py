@@ -29,6 +29,12 @@ EXCEPTION_MARKER: Final = "exception"
 _MARKER_MESSAGE_CHARS: Final = 4096
 _METRICS_MODULE: Final = "airflow_provider_torchelastic.worker.metrics"
 _ERRORS_MODULE: Final = "airflow_provider_torchelastic.errors"
+#: The run context's variable (:data:`airflow_provider_torchelastic.core.run_context.CONTEXT_ENV`), named here so that
+#: a worker that needs no context imports nothing to find out.
+_CONTEXT_ENV: Final = "TORCHELASTIC_CONTEXT"
+#: :data:`airflow_provider_torchelastic.core.artifact_ref.MARKER`, for the same reason.
+_ARTIFACT_MARKER: Final = "__torchelastic_artifact__"
+_MAX_DEPTH: Final = 64
 
 
 def _is_recoverable(exc: BaseException) -> bool:
@@ -76,20 +82,76 @@ def _flush_metrics() -> None:
         metrics.flush()
 
 
+def _artifact_location() -> str | None:
+    """This try's artifact location, from the run context (None: no artifact storage, or no context)."""
+    try:
+        location = json.loads(os.environ.get(_CONTEXT_ENV) or "{}").get("artifact_uri")
+    except (ValueError, AttributeError):  # not our context: context.current() says what is wrong with it
+        return None
+    return location if isinstance(location, str) and location else None
+
+
+def _holds_refs(value: Any, depth: int = 0) -> bool:
+    """Whether an artifact reference is anywhere in the arguments' lists, tuples and dicts (without importing the
+    references' module, which a worker given none does not need)."""
+    if depth >= _MAX_DEPTH:
+        return False
+    if isinstance(value, dict):
+        return _ARTIFACT_MARKER in value or any(_holds_refs(item, depth + 1) for item in value.values())
+    if isinstance(value, list | tuple):
+        return any(_holds_refs(item, depth + 1) for item in value)
+    return False
+
+
+def _materialized(args: Sequence[Any], kwargs: Mapping[str, Any]) -> tuple[Sequence[Any], Mapping[str, Any]]:
+    """The arguments with every artifact reference in them loaded (an upstream task's model, a spilled tensor): the
+    function gets tensors, arrays and state dicts, never references. Each rank loads them itself."""
+    if not _holds_refs([args, kwargs]):
+        return args, kwargs
+    from airflow_provider_torchelastic.worker.artifacts import load
+
+    # The payload that brought these references is itself a pickle this try wrote: pickled modules load here too.
+    return tuple(load(list(args), allow_pickle=True)), load(dict(kwargs), allow_pickle=True)
+
+
+def _saved_artifacts(value: Any, location: str | None) -> Any:
+    """Rank 0's value with its tensors, arrays, state dicts and Modules written as artifacts (when this try has an
+    artifact location); a store that fails is worth a retry, a value that cannot be saved is not."""
+    if location is None:
+        return value
+    from airflow_provider_torchelastic.worker.artifacts import save_value
+
+    try:
+        return save_value(value, location)
+    except (TypeError, ValueError):
+        raise
+    except Exception as e:
+        from airflow_provider_torchelastic.errors import RecoverableError
+
+        raise RecoverableError(f"could not write rank 0's artifacts to {location}: {type(e).__name__}: {e}") from e
+
+
 def call_training_function(fn: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any]) -> str | None:
     """Run the user's function in a worker; rank 0 returns its value as JSON, the others None."""
     if os.environ.get("RANK", "0") == "0":  # with the "[rank0]:" prefix, it tells the trigger whose log to stream
         print("this node holds rank 0", flush=True)
     try:
+        args, kwargs = _materialized(args, kwargs)
         value = fn(*args, **kwargs)
+        location = _artifact_location()
+        if location is not None:
+            from airflow_provider_torchelastic.worker.artifacts import gather_full_state_dicts
+
+            gather_full_state_dicts(value)  # a collective: FSDP modules' full state dicts, on every rank
+        if int(os.environ.get("RANK", "0")) != 0:
+            return None
+        value = _saved_artifacts(value, location)
     except Exception as e:
         _leave_failure_markers(e)
         raise
     finally:
         # A forked worker ends with os._exit, which skips atexit.
         _flush_metrics()
-    if int(os.environ.get("RANK", "0")) != 0:
-        return None
     # Encode in the worker, so that a bad value fails with rank 0's traceback instead of a pickling error later.
     return encode_result(value)
 

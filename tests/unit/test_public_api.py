@@ -34,6 +34,9 @@ EXPORTED = {
     # checkpoint helpers.
     "checkpoint",
     "context",
+    # Downstream of a training task: artifacts.load(value) materializes its tensors, state dicts and models
+    # (standard library only when imported; torch, numpy and safetensors when an artifact is read).
+    "artifacts",
     # report(step=..., **metrics) from the training function (metrics.py, standard library only).
     "report",
 }
@@ -59,10 +62,10 @@ def test_all_is_exactly_the_intended_surface() -> None:
 
 
 def test_every_exported_name_resolves_to_its_definition() -> None:
-    from airflow_provider_torchelastic import checkpoint, context
+    from airflow_provider_torchelastic import artifacts, checkpoint, context
     from airflow_provider_torchelastic.operators import TorchElasticOperator
 
-    modules = {"checkpoint": checkpoint, "context": context}
+    modules = {"checkpoint": checkpoint, "context": context, "artifacts": artifacts}
     expected = {
         "TorchElasticOperator": TorchElasticOperator,
         "RecoverableError": errors.RecoverableError,
@@ -98,8 +101,9 @@ HEAVY_MODULES_CHECK = """
         "from airflow_provider_torchelastic import TorchElasticOperator, Elastic, PyTorch",
         "import airflow_provider_torchelastic.decorators",
         "import example_dags.torch_elastic_quickstart",
+        "from airflow_provider_torchelastic import artifacts",
     ],
-    ids=["package", "operator", "decorator", "quickstart-dag"],
+    ids=["package", "operator", "decorator", "quickstart-dag", "artifacts"],
 )
 def test_dag_file_imports_leave_torch_and_kubernetes_out(imports: str) -> None:
     # The quickstart names no image: where Kubernetes is the default execution, the configured image is its image.

@@ -27,6 +27,7 @@ PINNED: dict[str, tuple[str, ...]] = {
     f"{PACKAGE}.context": ("current", "RunContext", "TaskContext", "NoRunContextError", "CONTEXT_ENV"),
     f"{PACKAGE}.checkpoint": ("save", "latest", "load_latest", "save_sharded", "load_sharded_latest", "Checkpoint"),
     f"{PACKAGE}.metrics": ("report", "flush"),
+    f"{PACKAGE}.artifacts": ("load", "pickled", "ArtifactIntegrityError", "ArtifactRefError"),
     f"{PACKAGE}.errors": ("RecoverableError", "KubeError", "EXIT_OK", "EXIT_FAILED", "EXIT_RECOVERABLE"),
     f"{PACKAGE}.operators": (
         "TorchElasticOperator",

@@ -1,0 +1,218 @@
+"""References to artifacts: the marked plain-JSON form in which a tensor, a state dict, a Module or an array travels
+in XCom (and a spilled argument in the payload), and the checks made before one is accepted.
+
+A reference is a JSON object with the key :data:`MARKER`::
+
+    {"__torchelastic_artifact__": 1, "kind": "module", "url": "s3://.../artifacts/0000-model.safetensors",
+     "format": "safetensors", "bytes": 1234, "sha256": "...", "class": "my_dag.Net",
+     "tensors": {"fc.weight": {"dtype": "F32", "shape": [10, 4]}, ...}}
+
+Nothing in it is ever unpickled: the Airflow side reads it as JSON, checks that its URL lies under the try's own
+artifact location (:func:`check_refs_under`), and a loader later verifies the bytes against ``sha256``. Standard
+library only: the Airflow side, the runner and the workers share it.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+__all__ = [
+    "KINDS",
+    "MARKER",
+    "ArtifactRef",
+    "ArtifactRefError",
+    "TensorInfo",
+    "check_refs_under",
+    "is_ref",
+    "iter_refs",
+    "map_refs",
+]
+
+#: The key that marks a JSON object as a reference; its value is the reference format's version.
+MARKER: Final = "__torchelastic_artifact__"
+VERSION: Final = 1
+#: What an artifact holds, and the format of its file.
+KIND_TENSOR: Final = "tensor"
+KIND_NDARRAY: Final = "ndarray"
+KIND_STATE_DICT: Final = "state_dict"
+KIND_MODULE: Final = "module"
+#: A whole module pickled with ``torch.save``: opt-in (``artifacts.pickled(module)``), loaded only where pickles are
+#: allowed (the workers of a torch_elastic task, or ``load(..., allow_pickle=True)``).
+KIND_PICKLED_MODULE: Final = "pickled_module"
+#: A task's arguments too large for its payload: a cloudpickle, unpickled only in the workers, after its sha256.
+KIND_ARGUMENTS: Final = "arguments"
+FORMAT_SAFETENSORS: Final = "safetensors"
+FORMAT_OF_KIND: Final[Mapping[str, str]] = {
+    KIND_TENSOR: FORMAT_SAFETENSORS,
+    KIND_NDARRAY: FORMAT_SAFETENSORS,
+    KIND_STATE_DICT: FORMAT_SAFETENSORS,
+    KIND_MODULE: FORMAT_SAFETENSORS,
+    KIND_PICKLED_MODULE: "torch.save",
+    KIND_ARGUMENTS: "cloudpickle",
+}
+KINDS: Final = tuple(FORMAT_OF_KIND)
+#: The one tensor's name in the file of a ``tensor`` or ``ndarray`` artifact.
+SINGLE_TENSOR: Final = "value"
+#: The safetensors dtype names.
+SAFETENSORS_DTYPES: Final = frozenset(
+    {"BOOL", "U8", "I8", "I16", "U16", "F16", "BF16", "I32", "U32", "F32", "F64", "I64", "U64", "F8_E4M3", "F8_E5M2"}
+)
+_SHA256: Final = re.compile(r"[0-9a-f]{64}\Z")
+_CLASS_PATH: Final = re.compile(r"[A-Za-z_][\w.<>]*\Z")
+
+
+class ArtifactRefError(ValueError):
+    """A reference that is malformed, or not where the artifacts of this try belong."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class TensorInfo:
+    dtype: str
+    shape: tuple[int, ...]
+
+
+@dataclass(frozen=True, kw_only=True)
+class ArtifactRef:
+    url: str
+    kind: str
+    bytes: int
+    sha256: str
+    #: Tensor name -> dtype and shape, in the file's order (the state dict's order), for safetensors artifacts.
+    tensors: Mapping[str, TensorInfo] = field(default_factory=dict)
+    #: ``module.qualname`` of a Module's class (``module`` and ``pickled_module`` artifacts).
+    class_path: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        doc: dict[str, Any] = {
+            MARKER: VERSION,
+            "kind": self.kind,
+            "url": self.url,
+            "format": FORMAT_OF_KIND[self.kind],
+            "bytes": self.bytes,
+            "sha256": self.sha256,
+        }
+        if self.class_path is not None:
+            doc["class"] = self.class_path
+        if self.tensors:
+            doc["tensors"] = {
+                name: {"dtype": info.dtype, "shape": list(info.shape)} for name, info in self.tensors.items()
+            }
+        return doc
+
+    @classmethod
+    def from_json(cls, doc: Any) -> ArtifactRef:
+        """The reference in ``doc`` (a marked JSON object), checked field by field; :class:`ArtifactRefError` names
+        the first field that is wrong."""
+        if not is_ref(doc):
+            raise ArtifactRefError(f"not an artifact reference (a JSON object with {MARKER!r}): {_short(doc)}")
+        if doc[MARKER] != VERSION:
+            raise ArtifactRefError(f"artifact reference {MARKER}: expected {VERSION}, got {_short(doc[MARKER])}")
+        kind = doc.get("kind")
+        if kind not in FORMAT_OF_KIND:
+            raise ArtifactRefError(f"artifact reference kind: expected one of {', '.join(KINDS)}, got {_short(kind)}")
+        url, size, digest = doc.get("url"), doc.get("bytes"), doc.get("sha256")
+        if not isinstance(url, str) or not url:
+            raise ArtifactRefError(f"artifact reference url: expected a non-empty str, got {_short(url)}")
+        if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+            raise ArtifactRefError(f"artifact reference bytes: expected an int >= 0, got {_short(size)}")
+        if not isinstance(digest, str) or not _SHA256.match(digest):
+            raise ArtifactRefError(f"artifact reference sha256: expected 64 lowercase hex digits, got {_short(digest)}")
+        class_path = doc.get("class")
+        if class_path is not None and (not isinstance(class_path, str) or not _CLASS_PATH.match(class_path)):
+            raise ArtifactRefError(f"artifact reference class: expected a dotted class path, got {_short(class_path)}")
+        return cls(
+            url=url,
+            kind=kind,
+            bytes=size,
+            sha256=digest,
+            tensors=_tensors(doc.get("tensors", {})),
+            class_path=class_path,
+        )
+
+
+def _tensors(raw: Any) -> dict[str, TensorInfo]:
+    if not isinstance(raw, dict):
+        raise ArtifactRefError(f"artifact reference tensors: expected an object, got {_short(raw)}")
+    found: dict[str, TensorInfo] = {}
+    for name, info in raw.items():
+        dtype = info.get("dtype") if isinstance(info, dict) else None
+        shape = info.get("shape") if isinstance(info, dict) else None
+        if dtype not in SAFETENSORS_DTYPES or not isinstance(shape, list):
+            raise ArtifactRefError(
+                f"artifact reference tensors[{name!r}]: expected {{'dtype': a safetensors dtype, 'shape': a list}}, "
+                f"got {_short(info)}"
+            )
+        if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in shape):
+            raise ArtifactRefError(f"artifact reference tensors[{name!r}] shape: expected ints >= 0, got {shape!r}")
+        found[name] = TensorInfo(dtype=dtype, shape=tuple(shape))
+    return found
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 200 else text[:200] + "..."
+
+
+def is_ref(value: Any) -> bool:
+    """Whether ``value`` is a JSON object marked as a reference (well-formed or not)."""
+    return isinstance(value, dict) and MARKER in value
+
+
+def iter_refs(value: Any) -> Iterator[ArtifactRef]:
+    """Every reference in a JSON value (lists and objects, at any depth), parsed; a malformed one raises."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if is_ref(item):
+            yield ArtifactRef.from_json(item)
+        elif isinstance(item, dict):
+            stack.extend(reversed(list(item.values())))
+        elif isinstance(item, list | tuple):
+            stack.extend(reversed(item))
+
+
+def map_refs(value: Any, load: Callable[[ArtifactRef], Any]) -> Any:
+    """``value`` with each reference replaced by ``load(reference)``; containers are copied, nothing else is."""
+    if is_ref(value):
+        return load(ArtifactRef.from_json(value))
+    if isinstance(value, dict):
+        return {key: map_refs(item, load) for key, item in value.items()}
+    if isinstance(value, list):
+        return [map_refs(item, load) for item in value]
+    if isinstance(value, tuple):
+        return tuple(map_refs(item, load) for item in value)
+    return value
+
+
+def is_under(url: str, location: str) -> bool:
+    """Whether ``url`` names a file inside the folder ``location`` (no ``..``, ``.``, empty, query or fragment part
+    that could lead it out)."""
+    folder = location.rstrip("/") + "/"
+    if not url.startswith(folder):
+        return False
+    rest = url[len(folder) :]
+    return bool(rest) and not any(piece in ("", ".", "..") for piece in rest.split("/")) and not set("?#\\") & set(rest)
+
+
+def check_refs_under(value: Any, location: str | None) -> list[ArtifactRef]:
+    """Every reference in ``value``, each checked to lie under ``location`` (the try's own artifact location,
+    recomputed by the caller); :class:`ArtifactRefError` for the first that does not, or for any when there is no
+    location (no artifact storage for this try)."""
+    refs = list(iter_refs(value))
+    for ref in refs:
+        if location is None:
+            raise ArtifactRefError(
+                f"rank 0's value holds an artifact reference to {ref.url!r}, but this try has no artifact location "
+                "([torch_elastic] artifact_storage and result_storage are unset)"
+            )
+        if ref.kind == KIND_ARGUMENTS:
+            raise ArtifactRefError(f"rank 0's value holds a reference to spilled arguments ({ref.url!r})")
+        if not is_under(ref.url, location):
+            raise ArtifactRefError(
+                f"rank 0's value holds an artifact reference to {ref.url!r}, which is not under this try's artifact "
+                f"location {location!r}"
+            )
+    return refs

@@ -1,0 +1,114 @@
+"""The DAG of tests/e2e/test_local_artifacts.py (issue 23): models and tensors between tasks.
+
+``init_model`` (a training task) returns a Module, a 100 MB state dict, a numpy array and a dataclass;
+``train(config, model, sample)`` (two workers, DDP) gets the model's state dict materialized in its workers and a 5 MB
+tensor argument, and returns the trained Module DDP-wrapped; ``evaluate`` (a plain task) loads every artifact with
+``artifacts.load`` and returns plain JSON the test checks. Artifact storage comes from the Airflow options the test
+sets.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pendulum
+from airflow.sdk import DAG, task
+
+from airflow_provider_torchelastic import Elastic
+
+START = pendulum.datetime(2026, 1, 1, tz="UTC")
+#: 4 tensors of 25 MB: a 100 MB state dict.
+BIG_TENSORS, BIG_ELEMENTS = 4, 25 * (1 << 20) // 4
+#: A 5 MB tensor argument, over the payload's limit.
+SAMPLE_ELEMENTS = 5 * (1 << 20) // 4
+
+
+@dataclasses.dataclass
+class TrainConfig:
+    lr: float
+    steps: int
+
+
+def make_net():  # torch is imported where it runs (workers, the evaluating task), never at parse
+    import torch
+
+    class Net(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = torch.nn.Linear(8, 2)
+
+    torch.manual_seed(0)
+    return Net()
+
+
+def big_state_dict() -> dict:
+    import torch
+
+    return {f"layer{i}.weight": torch.full((BIG_ELEMENTS,), float(i) + 0.5) for i in range(BIG_TENSORS)}
+
+
+def sample() -> object:
+    import torch
+
+    return torch.arange(SAMPLE_ELEMENTS, dtype=torch.float32)
+
+
+with DAG("te_artifacts", start_date=START, schedule=None, catchup=False):
+
+    @task.torch_elastic(task_config=Elastic(nproc_per_node=1), execution="local")
+    def init_model() -> dict:
+        import numpy as np
+
+        return {
+            "model": make_net(),
+            "big": big_state_dict(),
+            "array": np.arange(12, dtype=np.float64).reshape(3, 4),
+            "config": TrainConfig(lr=0.5, steps=2),
+        }
+
+    @task.torch_elastic(task_config=Elastic(nproc_per_node=2), execution="local")
+    def train(config: dict, model: dict, sample: object) -> dict:
+        import torch
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo")
+        net = make_net()
+        with torch.no_grad():
+            net.fc.weight.zero_()
+        # The reference arrived materialized: the workers got the upstream model's state dict.
+        net.load_state_dict(model)
+        ddp = torch.nn.parallel.DistributedDataParallel(net)
+        with torch.no_grad():
+            for _ in range(config["steps"]):
+                net.fc.bias.add_(config["lr"])
+        received = float(sample.sum()) if isinstance(sample, torch.Tensor) else -1.0
+        dist.barrier()
+        return {"model": ddp, "sample_sum": received, "sample_type": type(sample).__name__}
+
+    @task
+    def evaluate(init: dict, trained: dict) -> dict:
+        import numpy as np
+        import torch
+
+        from airflow_provider_torchelastic import artifacts
+
+        upstream = artifacts.load(init)
+        big = upstream["big"]
+        net = artifacts.load(trained["model"], into=make_net())
+        return {
+            "model_keys": sorted(upstream["model"]),
+            "model_equal": bool(torch.equal(upstream["model"]["fc.weight"], make_net().fc.weight.detach())),
+            "big_ok": all(
+                bool(torch.all(big[f"layer{i}.weight"] == i + 0.5)) and big[f"layer{i}.weight"].numel() == BIG_ELEMENTS
+                for i in range(BIG_TENSORS)
+            ),
+            "array": np.asarray(upstream["array"]).tolist(),
+            "config": upstream["config"],
+            "trained_bias": net.fc.bias.tolist(),
+            "sample_sum": trained["sample_sum"],
+            "sample_type": trained["sample_type"],
+        }
+
+    first = init_model()
+    trained = train(first["config"], first["model"], sample())
+    evaluate(first, trained)
