@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import ast
 import dis
+import hashlib
+import hmac
 import inspect
 import io
 import json
@@ -92,8 +94,28 @@ def _python_version() -> str:
     return f"{sys.version_info.major}.{sys.version_info.minor}"
 
 
-def dump_payload(fn: Callable[..., Any], args: Iterable[Any] = (), kwargs: Mapping[str, Any] | None = None) -> bytes:
-    """Pickle ``fn(*args, **kwargs)`` so that it can run where the DAG file does not exist."""
+#: Writes a task's arguments elsewhere when the payload would be too large: given the arguments, returns them with
+#: their tensors replaced by references (written as artifacts), and a function that stores the arguments' pickle and
+#: returns its reference (a JSON object with ``url``, ``bytes`` and ``sha256``).
+Spill = Callable[[tuple[Any, ...], dict[str, Any]], tuple[tuple[Any, ...], dict[str, Any], Callable[[bytes], Any]]]
+#: Reads spilled arguments' bytes back, given their reference (the runner: from the store, bounded by ``bytes``).
+Fetch = Callable[[Mapping[str, Any]], bytes]
+
+
+def dump_payload(
+    fn: Callable[..., Any],
+    args: Iterable[Any] = (),
+    kwargs: Mapping[str, Any] | None = None,
+    *,
+    max_bytes: int | None = None,
+    spill: Spill | None = None,
+) -> bytes:
+    """Pickle ``fn(*args, **kwargs)`` so that it can run where the DAG file does not exist.
+
+    ``spill``: when the payload would be larger than ``max_bytes``, the arguments go through it instead (their
+    tensors as artifacts, the rest as one pickle in the store), and the payload carries only the pickle's reference
+    and sha256, which the runner checks before it unpickles anything (:func:`load_payload`).
+    """
     if not callable(fn):
         raise TypeError(f"python_callable: expected a callable, got {fn!r}")
     call_args, call_kwargs = tuple(args), dict(kwargs or {})
@@ -104,6 +126,7 @@ def dump_payload(fn: Callable[..., Any], args: Iterable[Any] = (), kwargs: Mappi
         "kwargs": call_kwargs,
         "sources": _source_locations(local.modules),
     }
+    header = json.dumps(PayloadHeader.current().__dict__, sort_keys=True).encode()
     registered: list[types.ModuleType] = []
     try:
         for module in local.modules:
@@ -112,12 +135,20 @@ def dump_payload(fn: Callable[..., Any], args: Iterable[Any] = (), kwargs: Mappi
         # Each pickled on its own: a name that cannot be pickled here, or loaded there, is left out, not fatal.
         body["extra_globals"] = _pickle_each(local.extra_globals)
         pickled: bytes = cloudpickle.dumps(body)
+        if spill is not None and max_bytes is not None and len(MAGIC) + len(header) + 1 + len(pickled) > max_bytes:
+            # Pickled while the DAG file's modules are registered, as the payload is: their classes travel by value.
+            spilled_args, spilled_kwargs, store = spill(call_args, call_kwargs)
+            ref = store(cloudpickle.dumps({"args": spilled_args, "kwargs": spilled_kwargs}))
+            pickled = cloudpickle.dumps({**body, "args": (), "kwargs": {}, ARGUMENTS_REF_KEY: ref})
     finally:
         # Registration is process-global state; leave the interpreter as we found it.
         for module in registered:
             cloudpickle.unregister_pickle_by_value(module)
-    header = json.dumps(PayloadHeader.current().__dict__, sort_keys=True).encode()
     return MAGIC + header + b"\n" + pickled
+
+
+#: The body's key of the reference to spilled arguments.
+ARGUMENTS_REF_KEY: Final = "arguments_ref"
 
 
 def read_header(data: bytes) -> tuple[PayloadHeader, bytes]:
@@ -160,7 +191,26 @@ def check_compatible(header: PayloadHeader) -> None:
         )
 
 
-def load_payload(data: bytes) -> Payload:
+def _spilled_arguments(ref: Mapping[str, Any], fetch: Fetch | None, namespaces: Namespaces) -> dict[str, Any]:
+    """The arguments a payload spilled to the store, unpickled only once their bytes match the reference's sha256
+    (the reference came in the payload, whose own sha256 the runner checked)."""
+    if fetch is None:
+        raise PayloadError(
+            f"the payload's arguments were spilled to {ref.get('url')!r}, and nothing can fetch them here"
+        )
+    data = fetch(ref)
+    digest = hashlib.sha256(data).hexdigest()
+    if not hmac.compare_digest(digest, str(ref.get("sha256"))):
+        raise PayloadError(
+            f"the spilled arguments at {ref.get('url')!r} are not the ones this try wrote (sha256 {digest}, expected "
+            f"{ref.get('sha256')}): refusing to unpickle them"
+        )
+    content = PayloadUnpickler(io.BytesIO(data), namespaces).load()
+    return {"args": tuple(content["args"]), "kwargs": dict(content["kwargs"])}
+
+
+def load_payload(data: bytes, *, fetch: Fetch | None = None) -> Payload:
+    """The payload's function and arguments; ``fetch`` reads spilled arguments (see :func:`dump_payload`)."""
     header, body = read_header(data)
     check_compatible(header)
     # cloudpickle is backward compatible across patch releases; a differing version is worth a note, not a failure.
@@ -172,6 +222,9 @@ def load_payload(data: bytes) -> Payload:
     namespaces = Namespaces()
     try:
         content = PayloadUnpickler(io.BytesIO(body), namespaces).load()
+        ref = content.get(ARGUMENTS_REF_KEY)
+        if ref is not None:
+            content.update(_spilled_arguments(ref, fetch, namespaces))
         namespaces.add_extra_globals(content.get("extra_globals") or {})
         namespaces.bind_definitions()
     except (pickle.UnpicklingError, EOFError) as e:

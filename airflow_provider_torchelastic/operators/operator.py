@@ -18,7 +18,6 @@ from airflow_provider_torchelastic.compat import mark_expanded
 from airflow_provider_torchelastic.core.config import TaskConfig
 from airflow_provider_torchelastic.core.launch import config_to_launch_spec
 from airflow_provider_torchelastic.core.outcome import Verdict
-from airflow_provider_torchelastic.core.payload import dump_payload
 from airflow_provider_torchelastic.core.pod_options import JobOptions, PodOptions
 from airflow_provider_torchelastic.operators import on_kubernetes, results
 from airflow_provider_torchelastic.operators.arguments import (
@@ -29,6 +28,7 @@ from airflow_provider_torchelastic.operators.arguments import (
 )
 from airflow_provider_torchelastic.operators.dry_run import identity_of, render_without_run, task_context_of
 from airflow_provider_torchelastic.operators.links import TorchElasticJobLink, TorchElasticLogsLink
+from airflow_provider_torchelastic.operators.spill import dump_try_payload
 from airflow_provider_torchelastic.settings import Settings, read_execution
 
 if TYPE_CHECKING:
@@ -147,7 +147,13 @@ class TorchElasticOperator(BaseOperator):
         execution = self.resolve_execution()
         # Every option this try uses, read once: the rest of the try sees these values only.
         settings = Settings.read(execution=execution, deferrable=self.deferrable)
-        payload = dump_payload(self.python_callable, self.op_args, self.op_kwargs)
+        payload = dump_try_payload(
+            self.python_callable,
+            self.op_args,
+            self.op_kwargs,
+            storage=settings.artifact_storage,
+            task_context=task_context_of(identity_of(self, context), context, self.checkpoint_uri, settings),
+        )
         self.log.info(
             "Running %s with %s (%s execution), payload %d bytes",
             getattr(self.python_callable, "__qualname__", self.python_callable),

@@ -45,6 +45,7 @@ from airflow_provider_torchelastic.runner.worker import (
     EXCEPTION_MARKER,
     FAILED_AT_MARKER,
     RECOVERABLE_MARKER,
+    _fetch_arguments,
     _spawn_entrypoint,
     forked_entrypoint,
 )
@@ -454,7 +455,7 @@ def run(settings: RunnerSettings) -> int:
     if settings.start_method == "spawn":
         entrypoint, entry_args = _spawn_entrypoint, (settings.payload, agent_pid)
     else:
-        payload = load_payload(data)
+        payload = load_payload(data, fetch=_fetch_arguments)
         entrypoint = forked_entrypoint(payload.fn, payload.args, payload.kwargs, agent_pid)
 
     # A real log dir, not os.devnull: torch only gives workers a TORCHELASTIC_ERROR_FILE (where exceptions and the

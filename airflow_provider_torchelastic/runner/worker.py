@@ -82,6 +82,13 @@ def _flush_metrics() -> None:
         metrics.flush()
 
 
+def _fetch_arguments(ref: Mapping[str, Any]) -> bytes:
+    """Spilled arguments (a payload over its limit), read from the store with this worker's credentials."""
+    from airflow_provider_torchelastic.worker.artifacts import fetch_arguments
+
+    return fetch_arguments(ref)
+
+
 def _artifact_location() -> str | None:
     """This try's artifact location, from the run context (None: no artifact storage, or no context)."""
     try:
@@ -201,5 +208,5 @@ def _spawn_entrypoint(payload_path: str, agent_pid: int | None = None) -> str | 
         leave_agent_session(agent_pid)
     from airflow_provider_torchelastic.core.payload import load_payload
 
-    payload = load_payload(Path(payload_path).read_bytes())
+    payload = load_payload(Path(payload_path).read_bytes(), fetch=_fetch_arguments)
     return call_training_function(payload.fn, payload.args, payload.kwargs)

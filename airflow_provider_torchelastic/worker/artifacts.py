@@ -48,10 +48,12 @@ __all__ = [
     "ArtifactIntegrityError",
     "ArtifactPickleRefusedError",
     "PickledModule",
+    "fetch_arguments",
     "gather_full_state_dicts",
     "load",
     "pickled",
     "save_value",
+    "spill_arguments",
 ]
 
 SUFFIX: Final = ".safetensors"
@@ -124,10 +126,11 @@ def _class_path(obj: Any) -> str:
 class _Writer:
     """Writes one value's artifacts under ``location``, numbering them in the order they are met."""
 
-    def __init__(self, location: str, prefix: str = "") -> None:
+    def __init__(self, location: str, prefix: str = "", open_write: WriteOpener | None = None) -> None:
         self.location = location.rstrip("/")
         self.prefix = prefix
         self.count = 0
+        self.open_write = open_write
         self.store: Any = None  # opened at the first artifact: a value without any needs no fsspec
 
     def _name(self, where: Sequence[str], suffix: str) -> str:
@@ -138,6 +141,10 @@ class _Writer:
 
     @contextlib.contextmanager
     def _open(self, name: str) -> Iterator[IO[bytes]]:
+        if self.open_write is not None:
+            with self.open_write(f"{self.location}/{name}") as handle:
+                yield handle
+            return
         if self.store is None:
             self.store = open_store(self.location)
             self.store.makedirs(self.store.root)
@@ -173,6 +180,25 @@ class _Writer:
         return ArtifactRef(
             url=f"{self.location}/{name}", kind=kind, bytes=len(data), sha256=hashlib.sha256(data).hexdigest()
         ).to_json()
+
+
+#: Opens a URL for writing, with credentials the caller knows (the Airflow side: a connection).
+WriteOpener = Callable[[str], IO[bytes]]
+#: The pickle of a task's spilled arguments, in ``{artifact location}/arguments/``.
+ARGUMENTS_FILE: Final = "arguments.pkl"
+
+
+def spill_arguments(location: str, *, open_write: WriteOpener | None = None) -> Any:
+    """The ``spill`` of :func:`airflow_provider_torchelastic.core.payload.dump_payload`: tensors, arrays and state
+    dicts in the arguments become safetensors artifacts under ``location``, and the rest one pickle beside them."""
+
+    def spill(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        writer = _Writer(location, open_write=open_write)
+        saved_args = _save(list(args), writer, ("args",), False, set())
+        saved_kwargs = _save(dict(kwargs), writer, ("kwargs",), False, set())
+        return tuple(saved_args), saved_kwargs, lambda data: writer.blob(ARGUMENTS_FILE, data, refs.KIND_ARGUMENTS)
+
+    return spill
 
 
 def save_value(value: Any, location: str, *, arguments: bool = False, prefix: str = "") -> Any:
@@ -318,6 +344,14 @@ def _verified_file(ref: ArtifactRef, opener: Opener | None) -> Iterator[Path]:
         yield path
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def fetch_arguments(ref: Mapping[str, Any]) -> bytes:
+    """The bytes of a payload's spilled arguments (``core.payload``'s ``fetch``), at most as many as the reference
+    says: the payload checks their sha256 before it unpickles them."""
+    url, size = str(ref["url"]), int(ref["bytes"])
+    with _default_opener(url) as source:
+        return bytes(source.read(size + 1))
 
 
 def _read(ref: ArtifactRef, *, allow_pickle: bool, opener: Opener | None) -> Any:

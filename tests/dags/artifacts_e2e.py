@@ -20,7 +20,7 @@ START = pendulum.datetime(2026, 1, 1, tz="UTC")
 #: 4 tensors of 25 MB: a 100 MB state dict.
 BIG_TENSORS, BIG_ELEMENTS = 4, 25 * (1 << 20) // 4
 #: A 5 MB tensor argument, over the payload's limit.
-SAMPLE_ELEMENTS = 5 * (1 << 20) // 4
+SAMPLE_ELEMENTS = 5 * (1 << 20) // 8
 
 
 @dataclasses.dataclass
@@ -50,12 +50,12 @@ def big_state_dict() -> dict:
 def sample() -> object:
     import torch
 
-    return torch.arange(SAMPLE_ELEMENTS, dtype=torch.float32)
+    return torch.arange(SAMPLE_ELEMENTS, dtype=torch.float64)
 
 
 with DAG("te_artifacts", start_date=START, schedule=None, catchup=False):
-
-    @task.torch_elastic(task_config=Elastic(nproc_per_node=1), execution="local")
+    # fork: the workers start without importing torch again (the e2e tests' time); spawn is the runner tests' business.
+    @task.torch_elastic(task_config=Elastic(nproc_per_node=1, start_method="fork"), execution="local")
     def init_model() -> dict:
         import numpy as np
 
@@ -66,7 +66,7 @@ with DAG("te_artifacts", start_date=START, schedule=None, catchup=False):
             "config": TrainConfig(lr=0.5, steps=2),
         }
 
-    @task.torch_elastic(task_config=Elastic(nproc_per_node=2), execution="local")
+    @task.torch_elastic(task_config=Elastic(nproc_per_node=2, start_method="fork"), execution="local")
     def train(config: dict, model: dict, sample: object) -> dict:
         import torch
         import torch.distributed as dist

@@ -1,5 +1,6 @@
 """Artifacts (issue 23): the safetensors writer read back by the ``safetensors`` package, references that are plain
-JSON and accepted only under the try's own location, and loads that refuse bytes whose sha256 differs."""
+JSON and accepted only under the try's own location, loads that refuse bytes whose sha256 differs, and arguments
+over the payload's limit spilled to the store and checked before they are unpickled."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import dataclasses
 import hashlib
 import json
 import logging
+import pickle
 import pickletools
 from pathlib import Path
 from typing import Any
@@ -21,12 +23,13 @@ from airflow_provider_torchelastic import artifacts
 from airflow_provider_torchelastic.core.artifact_ref import MARKER, ArtifactRef, ArtifactRefError, check_refs_under
 from airflow_provider_torchelastic.core.encoding import value_to_json
 from airflow_provider_torchelastic.core.outcome import Verdict
+from airflow_provider_torchelastic.core.payload import PayloadError, dump_payload, load_payload
 from airflow_provider_torchelastic.core.run_context import TaskContext, artifact_location
 from airflow_provider_torchelastic.operators import results
 from airflow_provider_torchelastic.operators.exceptions import TrainingFailedError
 from airflow_provider_torchelastic.runner import worker as runner_worker
 from airflow_provider_torchelastic.settings import ArtifactStorage
-from airflow_provider_torchelastic.worker.artifacts import load, save_value
+from airflow_provider_torchelastic.worker.artifacts import fetch_arguments, load, save_value, spill_arguments
 from airflow_provider_torchelastic.worker.safetensors_io import read_safetensors_plain, write_safetensors
 
 TRY_2 = TaskContext(dag_id="d", task_id="t", run_id="manual__1", try_number=2)
@@ -221,3 +224,47 @@ def test_no_pickle_opcode_in_a_reference() -> None:
     text = json.dumps(ref.to_json())
     with pytest.raises(ValueError):
         list(pickletools.genops(text.encode()))
+
+
+# --- arguments over the payload's limit (item 3) ----------------------------------------------------------------
+
+
+def train_with(sample: Any, *, blob: bytes, config: Config) -> float:
+    return float(sample.sum()) + len(blob) + config.lr
+
+
+def spilled_payload(tmp_path: Path, max_bytes: int = 100_000) -> bytes:
+    sample = torch.arange(300_000, dtype=torch.float64)
+    spill = spill_arguments(f"file://{tmp_path}/arguments")
+    kwargs = {"blob": b"x" * 200_000, "config": Config(lr=0.5, layers=[2])}
+    return dump_payload(train_with, (sample,), kwargs, max_bytes=max_bytes, spill=spill)
+
+
+def test_arguments_over_the_limit_spill_and_reach_the_function_whole(tmp_path: Path) -> None:
+    data = spilled_payload(tmp_path)
+    assert len(data) < 100_000
+    files = sorted(p.name for p in (tmp_path / "arguments").iterdir())
+    assert files == ["0000-args.0.safetensors", "arguments.pkl"], "the tensor as safetensors, the rest pickled"
+    payload = load_payload(data, fetch=fetch_arguments)
+    (sample_ref,) = payload.args
+    assert sample_ref["kind"] == "tensor" and isinstance(payload.kwargs["config"], Config)
+    args, kwargs = runner_worker._materialized(payload.args, payload.kwargs)
+    assert payload.fn(*args, **kwargs) == float(sum(range(300_000))) + 200_000 + 0.5
+
+
+def test_a_payload_under_the_limit_spills_nothing(tmp_path: Path) -> None:
+    data = spilled_payload(tmp_path, max_bytes=10_000_000)
+    assert not (tmp_path / "arguments").exists()
+    assert load_payload(data).kwargs["blob"] == b"x" * 200_000
+
+
+def test_replaced_spilled_arguments_are_refused_before_they_are_unpickled(tmp_path: Path) -> None:
+    data = spilled_payload(tmp_path)
+
+    class Boom:
+        def __reduce__(self) -> Any:
+            return (exec, ("raise SystemExit('unpickled!')",))
+
+    (tmp_path / "arguments" / "arguments.pkl").write_bytes(pickle.dumps(Boom()))
+    with pytest.raises(PayloadError, match="sha256"):
+        load_payload(data, fetch=fetch_arguments)
