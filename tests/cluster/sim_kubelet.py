@@ -20,8 +20,9 @@ What it does
   path), so a pod can use only what travels in its payload, as on a real cluster.
 * The process gets only what a container gets on a real node, nothing of this process's environment: the image's
   ENV (``PATH`` with the runner env's bin first, ``PYTHONUNBUFFERED=1``, ``LANG``, ``HOME``), ``HOSTNAME`` = the
-  pod name, ``KUBERNETES_SERVICE_HOST``/``KUBERNETES_SERVICE_PORT`` (the API server this kubelet talks to), and the
-  manifest's ``env``/``envFrom`` with downward API values, which win over all of these. Its working directory is
+  pod's hostname (``spec.hostname``, else the pod name), ``KUBERNETES_SERVICE_HOST``/``KUBERNETES_SERVICE_PORT``
+  (the API server this kubelet talks to), and the manifest's ``env``/``envFrom`` with downward API values, which
+  win over all of these. Its working directory is
   the container's ``workingDir``: a directory of the container's own (paths under it are rewritten like mount
   paths, see below) unless it lies on a volume; with no ``workingDir``, an empty directory of the container's own.
   That directory and ``HOME`` start empty for every container instance, as a new container's writable layer does.
@@ -65,7 +66,9 @@ into the code.
 
 Networking
 ----------
-All pods share this machine's loopback, so every pod and Service name resolves to ``127.0.0.1`` and every
+All pods share this machine's loopback, so every pod and Service name resolves to ``127.0.0.1`` (and so does
+``<hostname>.<subdomain>`` of a pod with ``spec.hostname``/``spec.subdomain`` that a headless Service named as the
+subdomain selects, as JobSet's pods; the name then stands for that pod, for the port map too) and every
 declared ``containerPort`` of a pod (or Service port) gets its own free host port, allocated on first sight and
 shared by all pods (key: namespace, pod-or-service name, port). Env values are rewritten: ``<host>:<port>`` (also
 inside URLs and ``host.ns.svc[.cluster.local]`` forms) where ``host`` is a pod or Service of the cluster becomes
@@ -417,6 +420,38 @@ def split_cluster_host(host: str, namespace: str) -> tuple[str, str] | None:
     if len(parts) == 2:
         return parts[1], parts[0]
     return None
+
+
+def split_pod_hostname(host: str, namespace: str) -> tuple[str, str, str] | None:
+    """(namespace, hostname, subdomain) of a pod DNS name ``hostname.subdomain[.ns[.svc[.cluster.local]]]``.
+
+    A pod with ``spec.hostname`` and ``spec.subdomain`` gets that name when a headless Service named as the subdomain
+    selects it (what JobSet's pods use: ``<job>-<index>.<jobset>``). The search path tries this form first, before
+    ``name.ns`` (``a.b`` is looked up as ``a.b.<ns>.svc.cluster.local`` before ``a.b.svc.cluster.local``).
+    """
+    if not re.fullmatch(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?", host):
+        return None
+    parts = host.split(".")
+    if parts[-2:] == ["cluster", "local"]:
+        parts = parts[:-2]
+        if parts[-1:] != ["svc"]:
+            return None
+    if parts[-1:] == ["svc"]:
+        parts = parts[:-1]
+        if len(parts) != 3:
+            return None
+    if len(parts) == 2:
+        return namespace, parts[0], parts[1]
+    if len(parts) == 3:
+        return parts[2], parts[0], parts[1]
+    return None
+
+
+def pod_dns_hostname(pod: dict[str, Any]) -> str:
+    """The pod's hostname, as the kubelet gives it (``GeneratePodHostNameAndDomain``): ``spec.hostname``, else the
+    pod name cut to 63 characters (without a trailing ``-``/``.``)."""
+    spec = pod.get("spec") or {}
+    return str(spec.get("hostname") or pod["metadata"]["name"][:63].rstrip("-."))
 
 
 RDZV_ENDPOINT_FLAGS = ("--rdzv-endpoint", "--rdzv_endpoint")
@@ -2125,7 +2160,11 @@ class Kubelet:
     # -- env and networking ---------------------------------------------------------------------------------------
 
     def resolve_cluster_host(self, host: str, namespace: str) -> tuple[str, str] | None:
-        """(namespace, name) when ``host`` names a pod or Service of the cluster."""
+        """(namespace, name) when ``host`` names a pod or Service of the cluster (or a pod by its
+        ``hostname.subdomain``: then the name is the pod's)."""
+        by_hostname = self.resolve_pod_hostname(host, namespace)
+        if by_hostname is not None:
+            return by_hostname
         target = split_cluster_host(host, namespace)
         if target is None:
             return None
@@ -2150,6 +2189,40 @@ class Kubelet:
         with self._lock:
             self._name_cache[(ns, name)] = (found, time.monotonic() + (300.0 if found else 2.0))
         return target if found else None
+
+    def resolve_pod_hostname(self, host: str, namespace: str) -> tuple[str, str] | None:
+        """(namespace, pod name) of the pod that ``hostname.subdomain[.ns...]`` names: a known pod with that
+        ``spec.hostname`` and ``spec.subdomain`` that a headless Service named as the subdomain selects (an active
+        pod before a finished one, then the newest)."""
+        target = split_pod_hostname(host, namespace)
+        if target is None:
+            return None
+        ns, hostname, subdomain = target
+        with self._lock:
+            candidates = [
+                p
+                for (pns, _), p in self._pods.items()
+                if pns == ns
+                and (p.get("spec") or {}).get("hostname") == hostname
+                and (p.get("spec") or {}).get("subdomain") == subdomain
+            ]
+        if not candidates:
+            return None
+        selector = self._headless_selector(ns, subdomain)
+        if not selector:
+            return None
+        matching = [
+            p for p in candidates if all((p["metadata"].get("labels") or {}).get(k) == v for k, v in selector.items())
+        ]
+        if not matching:
+            return None
+
+        def rank(p: dict[str, Any]) -> tuple[bool, str]:
+            phase = (p.get("status") or {}).get("phase")
+            live = phase not in ("Succeeded", "Failed") and not p["metadata"].get("deletionTimestamp")
+            return (live, str(p["metadata"].get("creationTimestamp") or ""))
+
+        return ns, max(matching, key=rank)["metadata"]["name"]
 
     def hosts_rdzv_store(self, pod: dict[str, Any], endpoint: str) -> bool | None:
         """Whether this pod is the host of the c10d ``endpoint`` (None: the host is no pod or Service here).
@@ -2298,7 +2371,7 @@ class Kubelet:
         argv = python_argv(argv, python) or [python, "-c", "pass"]
         home = container_dir / "home"
         # Lowest to highest precedence, as containerd and the kubelet layer them.
-        env = {"HOSTNAME": pod["metadata"]["name"], **image_env(python, str(home)), **services, **pod_env}
+        env = {"HOSTNAME": pod_dns_hostname(pod), **image_env(python, str(home)), **services, **pod_env}
         return ProcessConfig(
             argv=argv, env=env, cwd=cwd, container_dir=container_dir, home=home, term_path=term_host_path
         )
