@@ -112,8 +112,9 @@ def check_cluster(
     rules for the served kinds, the UI's (optional), the LocalQueue ``queue``, and the smoke job."""
     checks: list[Check] = [_version(kube)]
     served: list[kinds.JobKind] = []
+    apis = decide.with_alternatives({kind: _api(kube, kind) for kind in kinds.registered()})
     for kind in kinds.registered():
-        api = _api(kube, kind)
+        api = apis[kind.kind]
         checks.append(api)
         if not kind.is_core:
             checks.append(_crd(kube, kind))

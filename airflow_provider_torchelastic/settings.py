@@ -18,6 +18,7 @@ from typing import Any, Final
 from airflow.sdk.exceptions import AirflowFailException
 
 from airflow_provider_torchelastic.core.validation import check_image
+from airflow_provider_torchelastic.kubernetes.kinds import JOB_KIND_CHOICES
 
 __all__ = [
     "SECTION",
@@ -31,6 +32,7 @@ __all__ = [
     "read_execution",
     "read_execution_option",
     "read_image",
+    "read_job_kind_option",
     "url_template",
 ]
 
@@ -49,6 +51,9 @@ DEFAULT_JOB_LEASE: Final = 3600.0
 MIN_JOB_LEASE: Final = 300.0
 #: The option with the image of tasks that name none themselves (env AIRFLOW__TORCH_ELASTIC__IMAGE).
 IMAGE_OPTION: Final = "image"
+#: What runs a multi-node task on Kubernetes: ``auto`` (ask the cluster), ``pytorchjob`` or ``trainjob``.
+JOB_KIND_OPTION: Final = "job_kind"
+JOB_KINDS: Final = JOB_KIND_CHOICES
 
 
 def _env(option: str) -> str:
@@ -88,6 +93,18 @@ def read_image() -> str | None:
 def read_execution_option() -> str:
     """``[torch_elastic] execution`` as written, unchecked: the DAG-parse checks only ask whether it is ``local``."""
     return str(_conf().get(SECTION, "execution", fallback="kubernetes"))
+
+
+def read_job_kind_option() -> str:
+    """``[torch_elastic] job_kind`` (``auto`` when unset), checked: the DAG-parse checks read it, since a kind known
+    at parse time is checked then (``trainjob`` with a config a TrainJob cannot run is a parse error)."""
+    value = str(_conf().get(SECTION, JOB_KIND_OPTION, fallback="auto") or "auto")
+    if value not in JOB_KINDS:
+        expected = ", ".join(map(repr, JOB_KINDS))
+        raise ValueError(
+            f"[{SECTION}] {JOB_KIND_OPTION}: expected one of {expected}, got {value!r} (env {_env(JOB_KIND_OPTION)})"
+        )
+    return value
 
 
 def url_template(option: str) -> str:
@@ -193,6 +210,13 @@ def _job_lease() -> float:
     return value
 
 
+def _job_kind() -> str:
+    try:
+        return read_job_kind_option()
+    except ValueError as e:
+        raise AirflowFailException(str(e)) from e
+
+
 def _configured_image() -> str | None:
     try:
         return read_image()
@@ -229,9 +253,13 @@ class Settings:
     #: The job is created with a lease this long, its waiter (worker or trigger) renews it while it waits, and the
     #: sweep deletes a job whose lease ran out (no waiter renewed it: the try is gone). Read on Kubernetes only.
     job_lease: float = DEFAULT_JOB_LEASE
+    #: ``job_kind``: what runs a multi-node task (the task's own, else the option); read on Kubernetes only.
+    job_kind: str = "auto"
 
     @classmethod
-    def read(cls, *, execution: str | None = None, deferrable: bool | None = None) -> Settings:
+    def read(
+        cls, *, execution: str | None = None, deferrable: bool | None = None, job_kind: str | None = None
+    ) -> Settings:
         """The options as configured now; an invalid one raises ``AirflowFailException`` naming it and its env var
         (a retry reads the same configuration).
 
@@ -251,4 +279,5 @@ class Settings:
             report_interval=_seconds("report_interval"),
             early_event_hold=_early_event_hold() if deferrable else DEFAULT_EARLY_EVENT_HOLD,
             job_lease=_job_lease() if execution == "kubernetes" else DEFAULT_JOB_LEASE,
+            job_kind=job_kind if job_kind is not None else _job_kind() if execution == "kubernetes" else "auto",
         )

@@ -13,27 +13,27 @@ The kubernetes clients are imported lazily: importing this module must stay chea
 
 from __future__ import annotations
 
-import asyncio
 import email.utils
 import json
 import math
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from typing import Any, Final, TypeVar
-
-import tenacity
+from collections.abc import AsyncIterator, Callable, Mapping
+from typing import Any, Final
 
 from airflow_provider_torchelastic.core.naming import TRAINING_CONTAINER
 from airflow_provider_torchelastic.errors import KubeError
 from airflow_provider_torchelastic.kubernetes import kinds
+from airflow_provider_torchelastic.kubernetes.kinds import OwnerQuery
 from airflow_provider_torchelastic.kubernetes.pod_template import payload_secret_name
+from airflow_provider_torchelastic.kubernetes.retry import LONGEST_WAIT as LONGEST_WAIT
+from airflow_provider_torchelastic.kubernetes.retry import MAX_RECOVERABLE_FAILURES as MAX_RECOVERABLE_FAILURES
+from airflow_provider_torchelastic.kubernetes.retry import retry_async, retry_sync
 from airflow_provider_torchelastic.kubernetes.status import JobRef, Snapshot
 
 __all__ = ["AsyncKube", "KubeError", "SyncKube", "retry_async", "retry_sync", "sync_kube_from_config"]
 
 _REQUEST_TIMEOUT: Final = 60  # seconds: a half-open connection must not hang a poll forever
 
-T = TypeVar("T")
 
 
 def _from_api_exception(exc: Any) -> KubeError:
@@ -137,13 +137,22 @@ def _log_call(
     since_seconds: int | None,
     tail_lines: int | None = None,
     *,
+    container: str = TRAINING_CONTAINER,
     limit_bytes: int | None = None,
     timestamps: bool = True,
 ) -> _Call:
     # None leaves a parameter to the server's default (for timestamps: without).
     options = {"since_seconds": since_seconds, "tail_lines": tail_lines, "limit_bytes": limit_bytes}
     kwargs = {name: value for name, value in {**options, "timestamps": timestamps or None}.items() if value is not None}
-    return core.read_namespaced_pod_log, (pod, namespace), {"container": TRAINING_CONTAINER, **kwargs}
+    return core.read_namespaced_pod_log, (pod, namespace), {"container": container, **kwargs}
+
+
+def _owners_call(custom: Any, query: OwnerQuery, name: str, namespace: str) -> _Call:
+    """List the objects ``query`` selects for job ``name`` (the path is the same for built-in groups, ``batch``)."""
+    selectors = {"label_selector": query.label_selector(name), "field_selector": query.field_selector(name)}
+    kwargs = {key: value for key, value in selectors.items() if value is not None}
+    path = (query.group, query.version, namespace, query.plural)
+    return custom.list_namespaced_custom_object, path, kwargs
 
 
 def _collection_call(core: Any, custom: Any, kind: str, namespace: str, **kwargs: Any) -> _Call:
@@ -229,8 +238,13 @@ class SyncKube:
         kind = kinds.get(ref.kind)
         selector = kind.pod_selector(ref.name)
         pods = self.list_pods(ref.namespace, selector) if selector is not None and job else []
+        owners = [owner for query in (kind.intermediates if pods else ()) for owner in self.owners(query, ref)]
         # The label found them; only the job's controller ownerReference makes them the job's.
-        return Snapshot(job=job, pods=kind.controlled_pods(job, pods), now=time.time())
+        return Snapshot(job=job, pods=kind.controlled_pods(job, pods, owners), now=time.time())
+
+    def owners(self, query: OwnerQuery, ref: JobRef) -> list[dict[str, Any]]:
+        """The objects between job ``ref`` and its pods that ``query`` selects (a TrainJob's JobSet, its Jobs)."""
+        return list(_json(self._body(_owners_call(self._custom, query, ref.name, ref.namespace))).get("items") or [])
 
     def read_log(
         self,
@@ -239,13 +253,21 @@ class SyncKube:
         since_seconds: int | None,
         tail_lines: int | None = None,
         *,
+        container: str = TRAINING_CONTAINER,
         limit_bytes: int | None = None,
         timestamps: bool = True,
     ) -> str:
-        """The training container's log; ``limit_bytes`` bounds what one read may cost, and ``timestamps=False``
-        leaves the lines as the container wrote them (what a person reads)."""
+        """The training container's log (the kind's ``log_container``); ``limit_bytes`` bounds what one read may
+        cost, and ``timestamps=False`` leaves the lines as the container wrote them (what a person reads)."""
         call = _log_call(
-            self._core, pod, namespace, since_seconds, tail_lines, limit_bytes=limit_bytes, timestamps=timestamps
+            self._core,
+            pod,
+            namespace,
+            since_seconds,
+            tail_lines,
+            container=container,
+            limit_bytes=limit_bytes,
+            timestamps=timestamps,
         )
         return self._body(call).decode("utf-8", errors="replace")
 
@@ -382,10 +404,23 @@ class AsyncKube:
         kind = kinds.get(ref.kind)
         selector = kind.pod_selector(ref.name)
         pods = await self.list_pods(ref.namespace, selector) if selector is not None and job else []
-        return Snapshot(job=job, pods=kind.controlled_pods(job, pods), now=time.time())
+        owners: list[dict[str, Any]] = []
+        for query in kind.intermediates if pods else ():
+            owners += (
+                _json(await self._body(_owners_call(self._custom, query, ref.name, ref.namespace))).get("items") or []
+            )
+        return Snapshot(job=job, pods=kind.controlled_pods(job, pods, owners), now=time.time())
 
-    async def read_log(self, pod: str, namespace: str, since_seconds: int | None, tail_lines: int | None = None) -> str:
-        body = await self._body(_log_call(self._core, pod, namespace, since_seconds, tail_lines))
+    async def read_log(
+        self,
+        pod: str,
+        namespace: str,
+        since_seconds: int | None,
+        tail_lines: int | None = None,
+        *,
+        container: str = TRAINING_CONTAINER,
+    ) -> str:
+        body = await self._body(_log_call(self._core, pod, namespace, since_seconds, tail_lines, container=container))
         return body.decode("utf-8", errors="replace")
 
     async def list_objects(self, kind: str, namespace: str, label_selector: str) -> dict[str, Any]:
@@ -474,60 +509,3 @@ def _json(body: bytes) -> dict[str, Any]:
     if not isinstance(doc, dict):
         raise KubeError(0, "InvalidResponse", f"expected a JSON object, got {body[:200]!r}")
     return doc
-
-
-# --- retries ----------------------------------------------------------------------------------------------------
-
-#: Consecutive recoverable failures of one call tolerated before giving up (about 5 minutes of backoff).
-MAX_RECOVERABLE_FAILURES: Final = 12
-#: The longest wait between two tries, seconds: the backoff's ceiling, and the most of a server's ``Retry-After``
-#: honoured (a proxy's "come back in an hour" must not hold a task that long without a word).
-LONGEST_WAIT: Final = 30.0
-
-# 1, 2, 4, 8, 16, 30, 30... seconds, jittered so that many triggers do not retry in step.
-_backoff: Final = tenacity.wait_random_exponential(multiplier=1, max=LONGEST_WAIT)
-
-
-def _wait(state: tenacity.RetryCallState) -> float:
-    """How long to wait before the next try: our own backoff, and never sooner than the server asked for
-    (``Retry-After``, capped at :data:`LONGEST_WAIT`)."""
-    error = state.outcome.exception() if state.outcome is not None else None
-    backoff = float(_backoff(state))
-    if isinstance(error, KubeError) and error.retry_after is not None:
-        # The server knows its load (API Priority and Fairness computes the 429's Retry-After): trying sooner is
-        # refused again. Not shorter than the backoff either: the API server says "1 s" to every throttled request,
-        # and the retries would then give up after a dozen seconds of throttling instead of minutes.
-        return max(min(error.retry_after, LONGEST_WAIT), backoff)
-    return backoff
-
-
-def _retrying(log: Callable[[str], None]) -> dict[str, Any]:
-    """tenacity settings shared by both loops: repeat only recoverable API errors, waiting as :func:`_wait` says."""
-
-    def before_sleep(state: tenacity.RetryCallState) -> None:
-        error = state.outcome.exception() if state.outcome is not None else None
-        delay = state.next_action.sleep if state.next_action is not None else 0.0
-        asked = " as the server asked" if isinstance(error, KubeError) and error.retry_after is not None else ""
-        log(f"Kubernetes API error ({error}); retrying in {delay:.0f} s{asked}")
-
-    return {
-        "retry": tenacity.retry_if_exception(lambda e: isinstance(e, KubeError) and e.recoverable),
-        "wait": _wait,
-        "stop": tenacity.stop_after_attempt(MAX_RECOVERABLE_FAILURES + 1),
-        "before_sleep": before_sleep,
-        "reraise": True,
-    }
-
-
-def retry_sync(call: Callable[[], T], log: Callable[[str], None], sleep: Callable[[float], None] = time.sleep) -> T:
-    """``call()``, repeated while the API answers 429/5xx or the connection fails; other errors raise at once.
-
-    Between tries it waits the server's ``Retry-After`` when the answer had one (capped at :data:`LONGEST_WAIT`),
-    else a jittered exponential backoff.
-    """
-    return tenacity.Retrying(sleep=sleep, **_retrying(log))(call)
-
-
-async def retry_async(call: Callable[[], Awaitable[T]], log: Callable[[str], None]) -> T:
-    """The same as :func:`retry_sync`, awaiting."""
-    return await tenacity.AsyncRetrying(sleep=asyncio.sleep, **_retrying(log))(call)

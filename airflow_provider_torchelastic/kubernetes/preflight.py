@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Any, Final
 
@@ -192,20 +192,36 @@ def provider_rules(job_kinds: Iterable[JobKind]) -> tuple[Rule, ...]:
         else:
             rules[key] = rule
 
+    job_kinds = tuple(job_kinds)
     for kind in job_kinds:
         add(Rule(kind.group, kind.plural, JOB_VERBS, f"{kind.kind} jobs"))
+    for rule in _owner_rules(job_kinds, "objects between"):
+        add(rule)
     add(Rule("", "pods", POD_READ_VERBS, "pods of jobs"))
     add(Rule("", "pods/log", ("get",), "pod logs"))
     add(Rule("", "secrets", SECRET_VERBS, "payload Secret"))
     return tuple(rules.values())
 
 
+def _owner_rules(job_kinds: Iterable[JobKind], why: str) -> list[Rule]:
+    """``list`` on the objects between each kind's jobs and their pods (a TrainJob's JobSets and Jobs): the pods'
+    controllers are followed through them, by uid, to the job."""
+    return [
+        Rule(query.group, query.plural, ("list",), f"{why} {kind.kind} jobs and their pods")
+        for kind in job_kinds
+        for query in kind.intermediates
+    ]
+
+
 def ui_rules(job_kinds: Iterable[JobKind]) -> tuple[Rule, ...]:
     """What the UI's connection reads (``deploy/rbac-ui.yaml``): one list of each job kind and of pods, and rank 0's
     log tail. The Pod kind's list is the pods' list."""
     rules: dict[tuple[str, str], Rule] = {}
+    job_kinds = tuple(job_kinds)
     for kind in job_kinds:
         rules.setdefault((kind.group, kind.plural), Rule(kind.group, kind.plural, ("list",), f"UI: {kind.kind} jobs"))
+    for rule in _owner_rules(job_kinds, "UI: objects between"):
+        rules.setdefault((rule.group, rule.resource), rule)
     rules.setdefault(("", "pods"), Rule("", "pods", ("list",), "UI: pods"))
     rules[("", "pods/log")] = Rule("", "pods/log", ("get",), "UI: pod logs")
     return tuple(rules.values())
@@ -224,6 +240,20 @@ def api_check(kind: JobKind, served: Sequence[str] | None, error: str = "") -> C
         return Check(name=name, result=Result.OK, detail="served")
     detail = f"{kind.api_version} not served" if served is None else f"{kind.api_version} served without {kind.plural}"
     return Check(name=name, result=Result.MISSING, detail=detail, fix=_install_fix(kind))
+
+
+def with_alternatives(apis: Mapping[JobKind, Check]) -> dict[str, Check]:
+    """The API rows by kind name, an unserved custom kind made optional where another custom kind is served: one
+    kind of multi-node job is enough (a PyTorchJob where Kubeflow Trainer v2 is not installed, or the other way
+    round); the missing one is needed only by tasks that ask for it by ``job_kind``."""
+    served = [kind.kind for kind, check in apis.items() if not kind.is_core and check.result is Result.OK]
+    rows: dict[str, Check] = {}
+    for kind, check in apis.items():
+        if check.result is Result.MISSING and not kind.is_core and served:
+            detail = f"{check.detail}; {', '.join(served)} served instead: needed only where job_kind asks for it"
+            check = replace(check, detail=detail, required=False)
+        rows[kind.kind] = check
+    return rows
 
 
 def _install_fix(kind: JobKind) -> str:

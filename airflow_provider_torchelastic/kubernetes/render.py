@@ -184,11 +184,13 @@ def check_renderable(
     namespace: str = "default",
     default_image: str | None = None,
     require_image: bool = True,
+    renderer: Callable[[RenderInputs], JsonDict] | None = None,
 ) -> None:
     """Render once with a placeholder identity and an empty payload, so that conflicts fail at DAG-parse time.
 
     ``require_image=False`` where the image is only known at run time (a templated or mapped image, or an execution
-    mode read from the configuration then): everything else is still checked.
+    mode read from the configuration then): everything else is still checked. ``renderer``: the kind's, where it is
+    known at parse time (else :func:`kinds.for_config`'s).
     """
     render_manifests(
         config,
@@ -200,6 +202,7 @@ def check_renderable(
         job_options=job_options,
         default_image=default_image,
         require_image=require_image,
+        renderer=renderer,
     )
 
 

@@ -24,6 +24,7 @@ from collections.abc import Awaitable, Callable, Generator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Final, Protocol, TypeAlias
 
+from airflow_provider_torchelastic.core.naming import TRAINING_CONTAINER
 from airflow_provider_torchelastic.core.outcome import Verdict
 from airflow_provider_torchelastic.errors import KubeError
 from airflow_provider_torchelastic.kubernetes import deadline, kinds
@@ -80,6 +81,8 @@ class ReadLog:
     namespace: str
     since_seconds: int | None
     tail_lines: int | None = None
+    #: The kind's training container (``JobKind.log_container``).
+    container: str = TRAINING_CONTAINER
 
 
 @dataclass(frozen=True)
@@ -115,7 +118,15 @@ class JobSource(Protocol):
 
     def snapshot(self, ref: JobRef) -> Snapshot: ...
 
-    def read_log(self, pod: str, namespace: str, since_seconds: int | None, tail_lines: int | None = None) -> str: ...
+    def read_log(
+        self,
+        pod: str,
+        namespace: str,
+        since_seconds: int | None,
+        tail_lines: int | None = None,
+        *,
+        container: str = TRAINING_CONTAINER,
+    ) -> str: ...
 
     def delete_job(self, ref: JobRef) -> bool: ...
 
@@ -128,7 +139,13 @@ class AsyncJobSource(Protocol):
     async def snapshot(self, ref: JobRef) -> Snapshot: ...
 
     async def read_log(
-        self, pod: str, namespace: str, since_seconds: int | None, tail_lines: int | None = None
+        self,
+        pod: str,
+        namespace: str,
+        since_seconds: int | None,
+        tail_lines: int | None = None,
+        *,
+        container: str = TRAINING_CONTAINER,
     ) -> str: ...
 
     async def delete_job(self, ref: JobRef) -> bool: ...
@@ -295,6 +312,7 @@ def _stream_logs(
     ``log_pods`` failed pods over the whole wait, plus one last read of rank 0 when the job ended.
     """
     own_pod = kind.pod_selector(ref.name) is None
+    container = kind.log_container
     pods = [snapshot.job] if own_pod and snapshot.job is not None else list(snapshot.pods)
     started = sorted(
         (p for p in pods if p.get("status", {}).get("phase") in ("Running", "Succeeded", "Failed")),
@@ -311,7 +329,9 @@ def _stream_logs(
         if not failed or name in state.tails or name == state.rank0_pod or len(state.tails) >= policy.log_pods:
             continue
         state.tails.add(name)
-        text = yield ReadLog(pod=name, namespace=ref.namespace, since_seconds=None, tail_lines=FAILED_TAIL_LINES)
+        text = yield ReadLog(
+            pod=name, namespace=ref.namespace, since_seconds=None, tail_lines=FAILED_TAIL_LINES, container=container
+        )
         # A fresh cursor: what a probe read of this pod saw was not printed, and the tail holds the error.
         lines, state.cursors[name] = new_log_lines(LogCursor(), text or "")
         for line in lines:
@@ -333,7 +353,9 @@ def _stream_logs(
         # A first read (or the first after a triggerer restart) takes the end of the log, not all of it: a pod
         # that has run for days may have printed gigabytes.
         first = FIRST_READ_TAIL_LINES if since is None else None
-        text = yield ReadLog(pod=target, namespace=ref.namespace, since_seconds=since, tail_lines=first)
+        text = yield ReadLog(
+            pod=target, namespace=ref.namespace, since_seconds=since, tail_lines=first, container=container
+        )
         lines, state.cursors[target] = new_log_lines(cursor, text or "")
         if target != state.rank0_pod and any(line.startswith(RANK0_PREFIX) for line in lines):
             state.rank0_pod = target
@@ -387,7 +409,9 @@ def drive_sync(
                 answer = FetchFailed(str(e))
         elif isinstance(request, ReadLog):
             try:
-                answer = source.read_log(request.pod, request.namespace, request.since_seconds, *_tail(request))
+                answer = source.read_log(
+                    request.pod, request.namespace, request.since_seconds, *_tail(request), container=request.container
+                )
             except KubeError as e:
                 answer = _no_log_text(e, log)
         elif isinstance(request, DeleteJob):
@@ -431,7 +455,9 @@ async def drive_async(
                 answer = FetchFailed(str(e))
         elif isinstance(request, ReadLog):
             try:
-                answer = await source.read_log(request.pod, request.namespace, request.since_seconds, *_tail(request))
+                answer = await source.read_log(
+                    request.pod, request.namespace, request.since_seconds, *_tail(request), container=request.container
+                )
             except KubeError as e:
                 answer = _no_log_text(e, log)
         elif isinstance(request, DeleteJob):

@@ -36,7 +36,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequenc
 from dataclasses import dataclass
 from typing import Any, Final
 
-from airflow_provider_torchelastic.core.naming import LABEL_MANAGED_BY, MANAGED_BY
+from airflow_provider_torchelastic.core.naming import LABEL_MANAGED_BY, MANAGED_BY, TRAINING_CONTAINER
 from airflow_provider_torchelastic.errors import KubeError
 from airflow_provider_torchelastic.kubernetes import kinds
 from airflow_provider_torchelastic.kubernetes.status import JobRef, Snapshot
@@ -319,7 +319,9 @@ async def watch_namespace(kube: Any, namespace: str) -> AsyncIterator[StreamUpda
     """
     cache = JobCache(namespace, kube)
     # The Pod kind's objects double as the pods of every other kind: one pod watch serves all.
-    kind_names = {"Pod"} | {k.kind for k in kinds.registered()}
+    # A kind with objects between its pods and itself (a TrainJob's JobSet and Jobs) is not watched: its pods' owners
+    # are not in this cache, so its triggers poll on their own (:meth:`JobCache.watches` says no).
+    kind_names = {"Pod"} | {k.kind for k in kinds.registered() if not k.intermediates}
     cache.kinds = tuple(sorted(kind_names))
     watchers = [
         asyncio.create_task(_list_and_watch(cache, kind), name=f"torchelastic-watch-{kind}") for kind in kind_names
@@ -440,13 +442,23 @@ class SharedSource:
         if self._direct is not None and (left := deadline - time.monotonic()) > 0:
             await asyncio.sleep(left)
 
-    async def read_log(self, pod: str, namespace: str, since_seconds: int | None, tail_lines: int | None = None) -> str:
+    async def read_log(
+        self,
+        pod: str,
+        namespace: str,
+        since_seconds: int | None,
+        tail_lines: int | None = None,
+        *,
+        container: str = TRAINING_CONTAINER,
+    ) -> str:
         cache = self._cache
         if self._direct is None and cache is not None and not cache.closed:
-            text: str = await cache.request(lambda: cache.kube.read_log(pod, namespace, since_seconds, tail_lines))
+            text: str = await cache.request(
+                lambda: cache.kube.read_log(pod, namespace, since_seconds, tail_lines, container=container)
+            )
             return text
         direct = self._direct or await self._fall_back("the shared watch ended")
-        text = await direct.read_log(pod, namespace, since_seconds, tail_lines)
+        text = await direct.read_log(pod, namespace, since_seconds, tail_lines, container=container)
         return text
 
     async def delete_job(self, ref: JobRef) -> bool:

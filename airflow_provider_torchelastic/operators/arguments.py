@@ -17,9 +17,17 @@ from airflow_provider_torchelastic.compat import CheckedOperatorPartial
 from airflow_provider_torchelastic.core.config import Elastic, TaskConfig, check_task_config
 from airflow_provider_torchelastic.core.pod_options import JobOptions, PodOptions
 from airflow_provider_torchelastic.core.validation import check_image, check_seconds, fail, is_templated
+from airflow_provider_torchelastic.kubernetes import kinds
+from airflow_provider_torchelastic.kubernetes.kinds import JobKind
 from airflow_provider_torchelastic.kubernetes.render import check_renderable
 from airflow_provider_torchelastic.kubernetes.status import FINISH_ACTIONS
-from airflow_provider_torchelastic.settings import EXECUTIONS, read_execution_option, read_image
+from airflow_provider_torchelastic.settings import (
+    EXECUTIONS,
+    JOB_KINDS,
+    read_execution_option,
+    read_image,
+    read_job_kind_option,
+)
 
 __all__ = [
     "DEFAULTS",
@@ -94,6 +102,13 @@ def _check_finish_action(value: object) -> object:
     return value
 
 
+def _check_job_kind(value: object) -> str | None:
+    if value is None or value in JOB_KINDS:
+        return value
+    expected = f"one of {', '.join(map(repr, JOB_KINDS))}, or None for [torch_elastic] job_kind"
+    raise fail("", "job_kind", value, expected, TypeError if not isinstance(value, str) else ValueError)
+
+
 def _unchecked(value: object) -> object:
     return value
 
@@ -122,6 +137,7 @@ class OperatorArguments:
     on_finish_action: str = "delete_succeeded"
     scheduling_timeout: float | None = None
     checkpoint_uri: str | None = None
+    job_kind: str | None = None
 
     @classmethod
     def pick(cls, values: Mapping[str, Any]) -> OperatorArguments:
@@ -172,6 +188,7 @@ _ARGUMENT_CHECKS: Final = (
         lambda value: None if value is None else check_seconds("", "scheduling_timeout", value),
         lambda _: None,
     ),
+    _Argument("job_kind", _check_job_kind, lambda _: None),
 )
 #: The arguments ``check_operator_arguments`` knows.
 _ARGUMENTS: Final = tuple(argument.name for argument in _ARGUMENT_CHECKS)
@@ -183,6 +200,7 @@ class CheckedArguments:
 
     task_config: TaskConfig
     execution: str | None
+    job_kind: str | None
     poll_interval: float
     pending_grace_seconds: float
     scheduling_timeout: float | None
@@ -212,6 +230,7 @@ def check_operator_arguments(
     checked = CheckedArguments(
         task_config=config,
         execution=values["execution"],
+        job_kind=values["job_kind"],
         poll_interval=values["poll_interval"],
         pending_grace_seconds=values["pending_grace_seconds"],
         scheduling_timeout=values["scheduling_timeout"],
@@ -229,6 +248,9 @@ def check_operator_arguments(
     on_kubernetes = known("execution") and (checked.execution == "kubernetes" or read_execution_option() != "local")
     image = arguments.image
     image_now = image if known("image") and not is_templated(image) else None
+    # The kind, where it does not depend on the cluster: a job_kind that names TrainJob checks now what a TrainJob
+    # cannot run, and renders one. `auto` (the default) is decided at submit, by what the cluster serves.
+    kind = _fixed_kind(config, checked.job_kind) if on_kubernetes and known("job_kind") else None
     check_renderable(
         config,
         image=image_now,
@@ -239,8 +261,20 @@ def check_operator_arguments(
         default_image=read_image(),
         # A templated or mapped image reaches every pod at run time.
         require_image=on_kubernetes and known("image") and not is_templated(image),
+        renderer=kind.render if kind is not None else None,
     )
     return checked
+
+
+def _fixed_kind(config: TaskConfig, job_kind: str | None) -> JobKind | None:
+    """The kind that will run ``config`` when ``job_kind`` (else ``[torch_elastic] job_kind``) fixes it; a
+    ValueError naming the field, the value and why when that kind cannot run it."""
+    where = f"job_kind={job_kind!r}" if job_kind is not None else f"[torch_elastic] job_kind={read_job_kind_option()!r}"
+    try:
+        choice = kinds.fixed_choice(config, job_kind if job_kind is not None else read_job_kind_option())
+    except ValueError as e:
+        raise ValueError(f"{e} ({where})") from e
+    return choice[0] if choice is not None else None
 
 
 def check_mapped_arguments(kwargs: Mapping[str, Any], *, mapped: Collection[str] | None) -> None:

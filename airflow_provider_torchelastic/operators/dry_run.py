@@ -89,9 +89,17 @@ def render_objects(
     *,
     image: str | None = None,
     task_context: TaskContext | None = None,
+    kind: kinds.JobKind | None = None,
 ) -> list[dict[str, Any]]:
     """The manifests of one try; ``image`` (rendered) replaces the operator's when given. Where neither the
-    replicas, the operator nor the pod template names an image, ``[torch_elastic] image`` does."""
+    replicas, the operator nor the pod template names an image, ``[torch_elastic] image`` does.
+
+    ``kind``: the one the submit chose (:func:`kinds.choose`); without it, the one ``job_kind`` fixes, else (``auto``
+    with several nodes, which only the cluster decides) a PyTorchJob.
+    """
+    if kind is None:
+        fixed = kinds.fixed_choice(op.task_config, settings.job_kind)
+        kind = fixed[0] if fixed is not None else kinds.for_config(op.task_config)
     return kubernetes_render.render_manifests(
         op.task_config,
         identity=identity,
@@ -101,7 +109,7 @@ def render_objects(
         pod_options=op.pod_options,
         job_options=op.job_options,
         default_image=settings.image,
-        renderer=kinds.for_config(op.task_config).render,
+        renderer=kind.render,
         task_context=task_context,
         result_url=result_url(settings.result_storage, task_context) if task_context is not None else None,
         report_interval=settings.report_interval,

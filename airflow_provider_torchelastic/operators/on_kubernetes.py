@@ -7,6 +7,7 @@ The Airflow side of the backend: the hook, XCom, the task state store, deferral 
 from __future__ import annotations
 
 import datetime
+import functools
 import json
 import time
 from collections.abc import Callable, Sequence
@@ -15,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Final, NoReturn
 from airflow_provider_torchelastic.core.outcome import Verdict
 from airflow_provider_torchelastic.core.redaction import redacting
 from airflow_provider_torchelastic.errors import KubeError
-from airflow_provider_torchelastic.kubernetes import submit, sweep
+from airflow_provider_torchelastic.kubernetes import kinds, submit, sweep
 from airflow_provider_torchelastic.kubernetes.render import elide_payload, summarize_for_ui, task_context_for
 from airflow_provider_torchelastic.kubernetes.status import JobRef, WaitDecision, WaitPolicy
 from airflow_provider_torchelastic.operators import results
@@ -62,6 +63,27 @@ def _check_one_cluster_source(conn_id: str, hook: Any) -> None:
             f"connection {conn_id!r} sets {' and '.join(chosen)}; expected one of {', '.join(submit.CLUSTER_SOURCES)} "
             "(the Kubernetes hook cannot use more than one); fix the connection (a retry will not help)"
         )
+
+
+#: What each connection's cluster serves, by kind: ``(time read, served)``; asked again after this many seconds.
+_SERVED_TTL: Final = 300.0
+_served_cache: dict[tuple[str, str], tuple[float, bool]] = {}
+
+
+def _served(kube: SyncKube, conn_id: str, kind: kinds.JobKind) -> bool:
+    """Whether the cluster serves ``kind`` (API discovery of its group version), cached per connection: ``auto``
+    asks it for each multi-node task, and an answer outlives a try by minutes. A discovery that fails counts as not
+    served: the submit of the kind chosen instead says what is missing."""
+    key, now = (conn_id, kind.kind), time.monotonic()
+    cached = _served_cache.get(key)
+    if cached is not None and now - cached[0] < _SERVED_TTL:
+        return cached[1]
+    try:
+        served = kind.plural in (kube.served_resources(kind.group, kind.version) or [])
+    except KubeError:
+        return False  # not cached: the next task asks again
+    _served_cache[key] = (now, served)
+    return served
 
 
 def _submit_error(ref: JobRef, error: KubeError) -> Exception:
@@ -154,10 +176,15 @@ def execute_on_kubernetes(op: TorchElasticOperator, context: Context, payload: b
     kubernetes_hook = hook(op.kubernetes_conn_id)
     _check_one_cluster_source(op.kubernetes_conn_id, kubernetes_hook)
     namespace = op.namespace or kubernetes_hook.get_namespace() or "default"
+    kube = SyncKube(kubernetes_hook.api_client)
     try:
         identity = identity_of(op, context)
         task_context = task_context_of(identity, context, op.checkpoint_uri, settings)
-        manifests = render_objects(op, identity, namespace, payload, settings, task_context=task_context)
+        kind, why = kinds.choose(
+            op.task_config, settings.job_kind, functools.partial(_served, kube, op.kubernetes_conn_id)
+        )
+        op.log.info("Job kind: %s (%s)", kind.kind, why)
+        manifests = render_objects(op, identity, namespace, payload, settings, task_context=task_context, kind=kind)
     except (ValueError, TypeError) as e:
         # A setting only known at run time (templated image, the connection's namespace, the payload's size)
         # is wrong: the same try would fail the same way, so do not spend retries on it.
@@ -169,7 +196,6 @@ def execute_on_kubernetes(op: TorchElasticOperator, context: Context, payload: b
     elided = mask_manifests([elide_payload(manifest) for manifest in manifests], secrets)
     op.rendered_job = summarize_for_ui(elided)
     op.log.info("Manifests to submit (payload elided, secrets masked):\n%s", json.dumps(elided, indent=2))
-    kube = SyncKube(kubernetes_hook.api_client)
     ref = _submit(op, kube, ref, secret, workload, context, lease=settings.job_lease)
     op._job = ref
     submit.warn_if_it_may_queue_forever(

@@ -73,6 +73,10 @@ class TorchElasticOperator(BaseOperator):
     :param checkpoint_uri: this task's checkpoint location (a path or fsspec URL; templated), in place of
         ``{[torch_elastic] checkpoint_root}/{dag_id}/{run_id}/{task_id}/{map_index}``. The workers read it from
         ``context.current().checkpoint_uri``; the ``checkpoint`` helpers use it.
+    :param job_kind: what runs a task of several nodes: ``auto`` (ask the cluster at submit: a TrainJob where
+        Kubeflow Trainer v2 is installed and the task fits one, else a PyTorchJob), ``pytorchjob`` or ``trainjob``;
+        default ``[torch_elastic] job_kind`` (``auto``). One node is always a Pod. A kind known at parse time is
+        checked then: what a TrainJob cannot run is an error naming the field.
     """
 
     operator_extra_links = (TorchElasticJobLink(), TorchElasticLogsLink())
@@ -104,6 +108,7 @@ class TorchElasticOperator(BaseOperator):
         on_finish_action: str = DEFAULTS.on_finish_action,
         scheduling_timeout: float | None = DEFAULTS.scheduling_timeout,
         checkpoint_uri: str | None = DEFAULTS.checkpoint_uri,
+        job_kind: str | None = DEFAULTS.job_kind,
         **kwargs: Any,
     ) -> None:
         arguments = OperatorArguments.pick(locals())
@@ -126,6 +131,7 @@ class TorchElasticOperator(BaseOperator):
         self.scheduling_timeout = checked.scheduling_timeout
         self.on_finish_action = on_finish_action
         self.checkpoint_uri = checkpoint_uri
+        self.job_kind = checked.job_kind
         self.rendered_job: str | None = None
         self._local_run: LocalRun | None = None
         self._job: JobRef | None = None
@@ -146,7 +152,7 @@ class TorchElasticOperator(BaseOperator):
     def execute(self, context: Context) -> Any:
         execution = self.resolve_execution()
         # Every option this try uses, read once: the rest of the try sees these values only.
-        settings = Settings.read(execution=execution, deferrable=self.deferrable)
+        settings = Settings.read(execution=execution, deferrable=self.deferrable, job_kind=self.job_kind)
         payload = dump_try_payload(
             self.python_callable,
             self.op_args,
@@ -233,7 +239,8 @@ class TorchElasticOperator(BaseOperator):
         itself is not changed.
         """
         # Rendered as on Kubernetes whatever the execution; deferring is no part of the manifests.
-        return render_without_run(self, context, Settings.read(execution="kubernetes", deferrable=False))
+        settings = Settings.read(execution="kubernetes", deferrable=False, job_kind=self.job_kind)
+        return render_without_run(self, context, settings)
 
     def execute_complete(self, context: Context, event: dict[str, Any]) -> Any:
         """Resume after the trigger fired: a fresh operator instance, so everything comes from the event and XCom.

@@ -12,6 +12,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any, Final, Protocol
 
 from airflow_provider_torchelastic.core.metrics_format import MetricSeries, format_metrics, parse_metrics_line
+from airflow_provider_torchelastic.kubernetes import kinds
 from airflow_provider_torchelastic.plugin import views
 from airflow_provider_torchelastic.plugin.sources import LOG_PODS, KubeJobs, Summaries, SummaryQuery
 from airflow_provider_torchelastic.plugin.views import Identity, LiveJob
@@ -202,7 +203,9 @@ class JobsService:
             if budget <= 0:
                 break
             budget -= 1
-            series = self.metrics.feed(job.key, self.kube.log_tail(job.namespace, name))
+            series = self.metrics.feed(
+                job.key, self.kube.log_tail(job.namespace, name, kinds.get(job.kind).log_container)
+            )
             if len(series):
                 self._metrics_pod[job.key] = name
                 if len(self._metrics_pod) > MAX_TRACKED_JOBS:

@@ -11,6 +11,7 @@ The kubernetes client and Airflow's ORM are imported on first use, never when th
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import OrderedDict
@@ -18,10 +19,11 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Generic, TypeVar
 
-from airflow_provider_torchelastic.core.naming import LABEL_MANAGED_BY, MANAGED_BY
+from airflow_provider_torchelastic.core.naming import LABEL_MANAGED_BY, MANAGED_BY, TRAINING_CONTAINER
 from airflow_provider_torchelastic.errors import KubeError
 from airflow_provider_torchelastic.kubernetes import kinds
 from airflow_provider_torchelastic.kubernetes.client import SyncKube
+from airflow_provider_torchelastic.kubernetes.status import JobRef
 from airflow_provider_torchelastic.plugin.views import (
     SUMMARY_XCOM_KEY,
     Identity,
@@ -33,6 +35,8 @@ from airflow_provider_torchelastic.plugin.views import (
 )
 
 __all__ = ["KubeJobs", "Summaries", "SummaryQuery", "active_job_namespaces", "check_name", "check_namespace"]
+
+_log = logging.getLogger(__name__)
 
 #: Seconds a namespace's lists are reused: every page view within it costs the API server nothing.
 LIST_TTL: Final = 5.0
@@ -146,7 +150,15 @@ class KubeJobs:
             self.calls += 1
         return kube.list_kind(kind, check_namespace(namespace), _MANAGED)
 
-    def read_log_tail(self, namespace: str, pod: str) -> str:
+    def _owners(self, kind: str, name: str, namespace: str) -> list[dict[str, Any]]:
+        """What is between one job and its pods (a TrainJob's JobSet and Jobs): a list per query, per job."""
+        kube = self._kube()
+        with self._guard:
+            self.calls += len(kinds.get(kind).intermediates)
+        ref = JobRef(kind=kind, name=name, namespace=namespace)
+        return [owner for query in kinds.get(kind).intermediates for owner in kube.owners(query, ref)]
+
+    def read_log_tail(self, namespace: str, pod: str, container: str = TRAINING_CONTAINER) -> str:
         """The last lines of the pod's training container log, read now; raises :class:`KubeError`."""
         check_namespace(namespace)
         check_name(pod)
@@ -154,7 +166,9 @@ class KubeJobs:
         with self._guard:
             self.calls += 1
         # Without timestamps: the page shows the lines as the container wrote them.
-        return kube.read_log(pod, namespace, None, LOG_TAIL_LINES, limit_bytes=LOG_TAIL_BYTES, timestamps=False)
+        return kube.read_log(
+            pod, namespace, None, LOG_TAIL_LINES, container=container, limit_bytes=LOG_TAIL_BYTES, timestamps=False
+        )
 
     def _lock_of(self, namespace: str) -> threading.Lock:
         with self._guard:
@@ -195,10 +209,20 @@ class KubeJobs:
                 try:
                     objects[kind] = self._list(kind, namespace)
                 except KubeError as e:
-                    if e.status != 404:
+                    # 404: the cluster does not serve the kind. 403: a Role from before the kind was one (or for a
+                    # cluster without it); the other kinds' jobs still show, and the api-server's log says why.
+                    if e.status not in (404, 403) or kinds.get(kind).is_core:
                         raise
+                    if e.status == 403:
+                        _log.warning("The UI may not list %s in %s (%s); see deploy/rbac-ui.yaml", kind, namespace, e)
                     objects[kind] = []
-            listing = _Listing(at=self._clock(), jobs=tuple(group_live_jobs(objects, pods)))
+            owners = {
+                (kind, name): self._owners(kind, name, namespace)
+                for kind, items in objects.items()
+                if kinds.get(kind).intermediates
+                for name in (item.get("metadata", {}).get("name", "") for item in items)
+            }
+            listing = _Listing(at=self._clock(), jobs=tuple(group_live_jobs(objects, pods, owners)))
             # Forget the logs of pods that are gone, so the cache stays as small as what runs.
             alive = {(namespace, p.get("metadata", {}).get("name", "")) for p in pods}
             with self._guard:
@@ -209,9 +233,9 @@ class KubeJobs:
     def find(self, namespace: str, name: str) -> LiveJob | None:
         return next((job for job in self.jobs(namespace) if job.name == name), None)
 
-    def log_tail(self, namespace: str, pod: str) -> str:
+    def log_tail(self, namespace: str, pod: str, container: str = TRAINING_CONTAINER) -> str:
         """The last lines of the pod's training container log (cached ``LOG_TTL`` seconds); "" if unreadable, and
-        without a read for a name Kubernetes cannot have."""
+        without a read for a name Kubernetes cannot have. ``container``: the job kind's ``log_container``."""
         if not (is_namespace(namespace) and is_object_name(pod)):
             return ""
         key = (namespace, pod)
@@ -220,7 +244,7 @@ class KubeJobs:
         if cached is not None and self._clock() - cached[0] < LOG_TTL:
             return cached[1]
         try:
-            text = self.read_log_tail(namespace, pod)
+            text = self.read_log_tail(namespace, pod, container)
         except KubeError:
             # A pod still starting (or deleted meanwhile) has no log yet: show none rather than fail the page.
             text = ""
@@ -230,7 +254,8 @@ class KubeJobs:
 
     def log_tails(self, job: LiveJob) -> dict[str, str]:
         names = [p.get("metadata", {}).get("name", "") for p in job.pods][:LOG_PODS]
-        return {name: self.log_tail(job.namespace, name) for name in names if is_object_name(name)}
+        container = kinds.get(job.kind).log_container
+        return {name: self.log_tail(job.namespace, name, container) for name in names if is_object_name(name)}
 
 
 def _kinds() -> Sequence[str]:

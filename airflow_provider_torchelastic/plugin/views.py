@@ -146,11 +146,14 @@ def _selector_matches(selector: str, labels: Mapping[str, str]) -> bool:
 
 
 def group_live_jobs(
-    objects: Mapping[str, Sequence[Mapping[str, Any]]], pods: Sequence[Mapping[str, Any]]
+    objects: Mapping[str, Sequence[Mapping[str, Any]]],
+    pods: Sequence[Mapping[str, Any]],
+    owners: Mapping[tuple[str, str], Sequence[Mapping[str, Any]]] | None = None,
 ) -> list[LiveJob]:
     """Jobs of each kind (``{kind: [objects]}``) with their pods, picked from one pod list of the namespace.
 
     A kind whose object is its own only pod (``pod_selector`` gives None, e.g. ``Pod``) is its own pod list.
+    ``owners``: by ``(kind, name)``, the objects between such a job and its pods (a TrainJob's JobSet and Jobs).
     """
     jobs: list[LiveJob] = []
     for kind, items in objects.items():
@@ -164,7 +167,7 @@ def group_live_jobs(
             labelled = [p for p in pods if _selector_matches(selector, p.get("metadata", {}).get("labels") or {})]
             # A pod with the labels but another controller (or none) is not this job's: its logs and its state stay
             # out of the job's row and of its log view.
-            mine = descriptor.controlled_pods(obj, labelled)
+            mine = descriptor.controlled_pods(obj, labelled, (owners or {}).get((kind, name), ()))
             jobs.append(LiveJob(kind=kind, obj=obj, pods=tuple(sorted(mine, key=_pod_order))))
     return jobs
 

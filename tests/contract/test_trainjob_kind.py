@@ -288,11 +288,12 @@ def test_finished_replica_count_and_digest() -> None:
     assert digest == {"runtimeRef": {"name": "r"}, "trainer": {"numNodes": 2}}
 
 
-# ------------------------------------------------------------------------------------------- not selectable yet
+# ------------------------------------------------------------------------------------------------ choosing the kind
 
 
-def test_the_kind_is_not_in_the_table_yet_and_imports_nothing_heavy() -> None:
-    assert trainjob.KIND not in kinds.BUILT_IN and "TrainJob" not in {kind.kind for kind in kinds.registered()}
+def test_the_kind_is_in_the_table_last_so_only_choose_picks_it_and_it_imports_nothing_heavy() -> None:
+    assert kinds.BUILT_IN[-1] is trainjob.KIND and kinds.get("TrainJob") is trainjob.KIND
+    assert kinds.for_config(Elastic(nnodes=2)) is kinds.PYTORCHJOB, "without a cluster, several nodes: a PyTorchJob"
     assert trainjob.KIND.api_version == "trainer.kubeflow.org/v1alpha1" and trainjob.KIND.plural == "trainjobs"
     owner = trainjob.KIND.owner_reference(owner_name=NAME, owner_uid="tj-uid")
     assert owner["metadata"]["ownerReferences"][0]["kind"] == "TrainJob"
@@ -302,3 +303,78 @@ def test_the_kind_is_not_in_the_table_yet_and_imports_nothing_heavy() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def _served(*names: str) -> Any:
+    asked: list[str] = []
+
+    def served(kind: kinds.JobKind) -> bool:
+        asked.append(kind.kind)
+        return kind.kind in names
+
+    served.asked = asked  # type: ignore[attr-defined]
+    return served
+
+
+@pytest.mark.parametrize(
+    ("config", "job_kind", "served", "expected"),
+    [
+        # One node is a Pod whatever job_kind says, and nothing asks the cluster.
+        (Elastic(nnodes=1), "trainjob", (), "Pod"),
+        (Elastic(nnodes=1), "auto", ("TrainJob",), "Pod"),
+        (Elastic(nnodes=2), "pytorchjob", ("TrainJob",), "PyTorchJob"),
+        (Elastic(nnodes=2), "trainjob", (), "TrainJob"),
+        # auto: a TrainJob where the cluster serves it (PyTorchJob v1 is in maintenance), else a PyTorchJob.
+        (Elastic(nnodes=2), "auto", ("TrainJob", "PyTorchJob"), "TrainJob"),
+        (Elastic(nnodes=2), "auto", ("PyTorchJob",), "PyTorchJob"),
+        (Elastic(nnodes=2), "auto", (), "PyTorchJob"),
+        # What a TrainJob cannot run goes to a PyTorchJob under auto, without asking the cluster.
+        (Elastic(nnodes="1:4"), "auto", ("TrainJob", "PyTorchJob"), "PyTorchJob"),
+    ],
+)
+def test_choose_picks_the_kind_from_job_kind_and_what_the_cluster_serves(
+    config: Any, job_kind: str, served: tuple[str, ...], expected: str
+) -> None:
+    ask = _served(*served)
+    kind, why = kinds.choose(config, job_kind, ask)
+    assert kind.kind == expected, why
+    assert why, "the task log says why"
+    if expected == "Pod" or job_kind != "auto" or config.min_nodes != config.max_nodes:
+        assert ask.asked == [], "only auto with a config a TrainJob runs asks the cluster"
+
+
+def test_a_config_a_trainjob_cannot_run_is_an_error_naming_the_field_when_job_kind_says_trainjob() -> None:
+    with pytest.raises(ValueError, match=r"Elastic.nnodes: a TrainJob cannot take '1:4'.*KEP-2903"):
+        kinds.fixed_choice(Elastic(nnodes="1:4"), "trainjob")
+    with pytest.raises(ValueError, match=r"job_kind: expected one of 'auto', 'pytorchjob', 'trainjob'.*got 'tfjob'"):
+        kinds.fixed_choice(Elastic(nnodes=2), "tfjob")
+    assert kinds.fixed_choice(Elastic(nnodes=2), "auto") is None, "auto with a fitting config asks the cluster"
+
+
+def test_a_trainjobs_pods_are_its_own_only_through_its_jobset_and_jobs_by_uid() -> None:
+    job = {"metadata": {"name": NAME, "uid": "tj"}}
+
+    def owned(uid: str, kind: str, owner: str) -> dict[str, Any]:
+        return {"metadata": {"uid": uid, "ownerReferences": [{"controller": True, "kind": kind, "uid": owner}]}}
+
+    jobset, batch_job = owned("js", "TrainJob", "tj"), owned("j0", "JobSet", "js")
+    pod = {**owned("p0", "Job", "j0"), "status": {}}
+    assert trainjob.KIND.controlled_pods(job, [pod], [jobset, batch_job]) == [pod]
+    assert trainjob.KIND.controlled_pods(job, [pod], [batch_job]) == [], "without the JobSet the chain is broken"
+    foreign = owned("js", "TrainJob", "another")
+    assert trainjob.KIND.controlled_pods(job, [pod], [foreign, batch_job]) == [], "a JobSet of another TrainJob"
+    queries = {
+        (q.group, q.plural): (q.label_selector(NAME), q.field_selector(NAME)) for q in trainjob.KIND.intermediates
+    }
+    assert queries == {
+        ("jobset.x-k8s.io", "jobsets"): (None, f"metadata.name={NAME}"),
+        ("batch", "jobs"): (f"jobset.sigs.k8s.io/jobset-name={NAME}", None),
+    }
+    assert trainjob.KIND.log_container == "node" and kinds.PYTORCHJOB.log_container == "pytorch"
+
+
+def test_a_kind_with_a_longer_controller_chain_must_say_how_to_read_what_is_in_between() -> None:
+    from dataclasses import replace
+
+    with pytest.raises(ValueError, match="intermediates: expected an OwnerQuery"):
+        replace(trainjob.KIND, intermediates=())

@@ -17,6 +17,7 @@ import urllib3
 
 from airflow_provider_torchelastic.errors import KubeError
 from airflow_provider_torchelastic.kubernetes import client as kube
+from airflow_provider_torchelastic.kubernetes import retry
 from airflow_provider_torchelastic.kubernetes.client import AsyncKube, SyncKube, retry_async, retry_sync
 from tests.unit.fake_kube_api import Answer, fake_api, items, json_answer, status_answer
 
@@ -83,7 +84,7 @@ def test_retry_after_does_not_make_an_error_recoverable() -> None:
 
 
 def test_retry_after_still_counts_against_the_failures_tolerated(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(kube, "MAX_RECOVERABLE_FAILURES", 2)
+    monkeypatch.setattr(retry, "MAX_RECOVERABLE_FAILURES", 2)
     calls: list[int] = []
     naps: list[float] = []
     errors = [KubeError(429, "TooManyRequests", "", retry_after=1.0) for _ in range(5)]

@@ -115,7 +115,7 @@ def test_the_wait_wakes_at_the_deadline_and_deletes_the_job_whatever_on_finish_a
         def snapshot(self, ref: JobRef) -> Snapshot:
             return Snapshot(job=quiet, pods=[pod("w0"), pod("w1")], now=clock[0])
 
-        def read_log(self, *args: Any) -> str:
+        def read_log(self, *args: Any, **kwargs: Any) -> str:
             return ""
 
         def delete_job(self, ref: JobRef) -> bool:
@@ -126,7 +126,7 @@ def test_the_wait_wakes_at_the_deadline_and_deletes_the_job_whatever_on_finish_a
         async def snapshot(self, ref: JobRef) -> Snapshot:
             return Source().snapshot(ref)
 
-        async def read_log(self, *args: Any) -> str:
+        async def read_log(self, *args: Any, **kwargs: Any) -> str:
             return ""
 
         async def delete_job(self, ref: JobRef) -> bool:
@@ -249,7 +249,7 @@ def test_the_wait_keeps_what_it_saw_last_for_a_job_that_vanishes() -> None:
         def snapshot(self, ref: JobRef) -> Snapshot:
             return answers.pop(0)
 
-        def read_log(self, *args: Any) -> str:
+        def read_log(self, *args: Any, **kwargs: Any) -> str:
             return ""
 
         def delete_job(self, ref: JobRef) -> bool:

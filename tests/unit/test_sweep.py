@@ -53,13 +53,17 @@ def test_only_the_providers_running_jobs_well_past_their_deadline_are_swept(obj:
 
 
 class Kube:
-    def __init__(self, objects: dict[str, list[dict]], missing: tuple[str, ...] = ()) -> None:
-        self.objects, self.missing, self.deleted, self.selectors = objects, missing, [], []
+    def __init__(
+        self, objects: dict[str, list[dict]], missing: tuple[str, ...] = (), denied: tuple[str, ...] = ()
+    ) -> None:
+        self.objects, self.missing, self.denied, self.deleted, self.selectors = objects, missing, denied, [], []
 
     def list_kind(self, kind: str, namespace: str, label_selector: str) -> list[dict]:
         self.selectors.append(label_selector)
         if kind in self.missing:
             raise KubeError(404, "NotFound", "the server could not find the requested resource")
+        if kind in self.denied:
+            raise KubeError(403, "Forbidden", f"cannot list resource {kind.lower()}s")
         return self.objects.get(kind, [])
 
     def delete_job(self, ref: JobRef) -> bool:
@@ -86,6 +90,18 @@ def test_a_sweep_lists_each_kind_once_and_deletes_only_what_is_overdue() -> None
 def test_a_kind_the_cluster_does_not_serve_is_skipped_not_an_error() -> None:
     kube = Kube({"Pod": [job("Pod", deadline=str(int(NOW - 3600)))]}, missing=("PyTorchJob",))
     assert [ref.kind for ref in sweep.sweep_namespace(kube, "ml", now=NOW, info=print, warning=print)] == ["Pod"]
+
+
+def test_a_custom_kind_the_role_may_not_list_is_warned_about_and_the_others_are_swept() -> None:
+    # A Role from before TrainJob was a kind (no trainjobs rule): the PyTorchJobs and Pods are still swept.
+    late = str(int(NOW - 3600))
+    kube = Kube({"PyTorchJob": [job(deadline=late)]}, denied=("TrainJob",))
+    warnings: list[str] = []
+    swept = sweep.sweep_namespace(kube, "ml", now=NOW, info=print, warning=lambda m, *a: warnings.append(m % a))
+    assert [ref.kind for ref in swept] == ["PyTorchJob"]
+    assert len(warnings) == 1 and "Cannot list TrainJob in ml" in warnings[0] and "not swept" in warnings[0]
+    with pytest.raises(KubeError):
+        sweep.sweep_namespace(Kube({}, denied=("Pod",)), "ml", now=NOW, info=print, warning=print)
 
 
 # --- the lease of a job whose task has no execution_timeout ---------------------------------------------------------
@@ -117,7 +133,9 @@ class LeasedSource:
             self.job["status"] = {"phase": "Succeeded"}
         return Snapshot(job=self.job, pods=[], now=self.clock[0])
 
-    def read_log(self, pod: str, namespace: str, since_seconds: int | None, tail_lines: int | None = None) -> str:
+    def read_log(
+        self, pod: str, namespace: str, since_seconds: int | None, tail_lines: int | None = None, *, container: str = ""
+    ) -> str:
         return ""
 
     def delete_job(self, ref: JobRef) -> bool:

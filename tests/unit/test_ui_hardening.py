@@ -115,7 +115,7 @@ class CountingKube:
         self.calls.append(("logs", job.namespace))
         return {pod["metadata"]["name"]: f"step 1\npassword={SECRET}\n" for pod in job.pods}
 
-    def log_tail(self, namespace: str, pod: str) -> str:
+    def log_tail(self, namespace: str, pod: str, container: str = "pytorch") -> str:
         self.calls.append(("log", namespace))
         return ""
 

@@ -257,6 +257,58 @@ def test_the_pages_list_jobs_and_read_log_tails_through_the_providers_client(
     }
 
 
+def test_a_trainjob_lists_with_the_pods_its_jobset_and_jobs_lead_to_and_a_kind_the_role_may_not_list_is_skipped(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A TrainJob's pods are its own through its JobSet and Jobs (listed for it, by field and by label), its log
+    tails come from the ``node`` container, and a 403 on another custom kind (a Role from before it) hides none."""
+    from airflow_provider_torchelastic.core.naming import LABEL_MANAGED_BY, MANAGED_BY
+    from airflow_provider_torchelastic.plugin.sources import KubeJobs
+    from tests.unit.fake_kube_api import Answer, fake_api, items
+
+    name = "train-abc"
+
+    def owned(kind: str, uid: str, owner_kind: str, owner_uid: str, **meta: Any) -> dict[str, Any]:
+        ref = {"kind": owner_kind, "name": name, "uid": owner_uid, "controller": True}
+        return {"kind": kind, "metadata": {"uid": uid, "namespace": "ml", "ownerReferences": [ref], **meta}}
+
+    trainjob = {
+        "kind": "TrainJob",
+        "metadata": {"name": name, "namespace": "ml", "uid": "tj", "labels": {LABEL_MANAGED_BY: MANAGED_BY}},
+        "spec": {"trainer": {"numNodes": 2}},
+    }
+    jobset = owned("JobSet", "js", "TrainJob", "tj", name=name)
+    job = owned("Job", "j0", "JobSet", "js", name=f"{name}-node-0")
+    labels = {"jobset.sigs.k8s.io/jobset-name": name, "jobset.sigs.k8s.io/replicatedjob-name": "node"}
+    pods = [
+        {
+            **owned("Pod", f"p{i}", "Job", "j0", name=f"{name}-node-0-{i}-abcde", labels=labels),
+            "status": {"phase": "Running"},
+        }
+        for i in range(2)
+    ]
+    stranger = {**owned("Pod", "px", "Job", "another", name=f"{name}-node-0-0-zzzzz", labels=labels), "status": {}}
+    paths = {
+        "/api/v1/namespaces/ml/pods": items(*pods, stranger),
+        "/apis/trainer.kubeflow.org/v1alpha1/namespaces/ml/trainjobs": items(trainjob),
+        "/apis/jobset.x-k8s.io/v1alpha2/namespaces/ml/jobsets": items(jobset),
+        "/apis/batch/v1/namespaces/ml/jobs": items(job),
+        "/apis/kubeflow.org/v1/namespaces/ml/pytorchjobs": Answer(403, b'{"kind":"Status","code":403}'),
+        f"/api/v1/namespaces/ml/pods/{name}-node-0-0-abcde/log": Answer(200, b"[rank0]:hi\n"),
+    }
+
+    with fake_api(lambda method, path, query: paths.get(path) or Answer(404, b"404 page not found\n")) as api:
+        kube = KubeJobs(_ui_connection(monkeypatch, api.kubeconfig(tmp_path)))
+        [live] = kube.jobs("ml")
+        assert (live.kind, live.name) == ("TrainJob", name)
+        assert [p["metadata"]["uid"] for p in live.pods] == ["p0", "p1"], "the stranger's chain leads elsewhere"
+        assert kube.log_tails(live)[f"{name}-node-0-0-abcde"] == "[rank0]:hi\n"
+    queries = {request.path.rsplit("/", 1)[-1]: request.query for request in api.requests}
+    assert queries["jobsets"] == {"fieldSelector": f"metadata.name={name}"}
+    assert queries["jobs"] == {"labelSelector": f"jobset.sigs.k8s.io/jobset-name={name}"}
+    assert queries["log"]["container"] == "node"
+
+
 def test_an_api_refusal_reaches_the_pages_as_the_clients_kube_error(
     tmp_path: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:

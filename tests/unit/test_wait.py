@@ -72,7 +72,9 @@ class FakeSource:
             raise answer
         return Snapshot(job=answer, pods=[], now=self.clock[0])
 
-    def read_log(self, pod: str, namespace: str, since_seconds: int | None, tail_lines: int | None = None) -> str:
+    def read_log(
+        self, pod: str, namespace: str, since_seconds: int | None, tail_lines: int | None = None, *, container: str = ""
+    ) -> str:
         return ""
 
     def delete_job(self, ref: JobRef) -> bool:
@@ -92,7 +94,9 @@ class AsyncFakeSource:
     async def snapshot(self, ref: JobRef) -> Snapshot:
         return self.sync.snapshot(ref)
 
-    async def read_log(self, pod: str, namespace: str, since_seconds: int | None, tail_lines: int | None = None) -> str:
+    async def read_log(
+        self, pod: str, namespace: str, since_seconds: int | None, tail_lines: int | None = None, *, container: str = ""
+    ) -> str:
         return ""
 
     async def delete_job(self, ref: JobRef) -> bool:
@@ -301,7 +305,7 @@ def test_a_plugged_in_kind_renders_waits_and_is_addressed_through_its_descriptor
 
         fn, args, _ = _get_call(client.CoreV1Api(), client.CustomObjectsApi(), "FakeJob", "f", "ml")
         assert fn.__name__ == "get_namespaced_custom_object" and args == ("example.dev", "v1", "ml", "fakejobs", "f")
-    with pytest.raises(ValueError, match="job kind: expected one of Pod, PyTorchJob, got 'FakeJob'"):
+    with pytest.raises(ValueError, match="job kind: expected one of Pod, PyTorchJob, TrainJob, got 'FakeJob'"):
         kinds.get("FakeJob")
 
 

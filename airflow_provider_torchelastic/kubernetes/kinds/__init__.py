@@ -1,10 +1,15 @@
-"""The kinds of job: a static table of the built-in kinds (a Pod, a PyTorchJob) plus the kinds other packages
-plug in through the ``airflow_provider_torchelastic.job_kinds`` entry-point group.
+"""The kinds of job: a static table of the built-in kinds (a Pod, a PyTorchJob, a TrainJob) plus the kinds other
+packages plug in through the ``airflow_provider_torchelastic.job_kinds`` entry-point group.
 
 Everything that differs between kinds is in the kind's module and its :class:`JobKind` descriptor (API path,
 renderer, pods, decisions, owner reference, the UI's replica count and its rendered-template view); the rest of the
 provider asks this table instead of testing kind names, so a new kind (Kubeflow Trainer v2's ``TrainJob``) is one
 module and one table entry, or one entry point in another package. Pure: no I/O, no Airflow, no kubernetes.
+
+Which kind runs a task is :func:`choose`'s: a plugged-in kind that accepts the config, else a Pod for one node, else
+what ``job_kind`` says (``pytorchjob``, ``trainjob``, or ``auto``: a TrainJob where the cluster serves it and the
+task fits one, since PyTorchJob v1 is in maintenance; else a PyTorchJob). :func:`for_config` is the choice without a
+cluster: a PyTorchJob for several nodes.
 
 An entry point names a :class:`JobKind` object (``fakejob = my_package.kinds:FAKE_JOB``). Plugged-in kinds come
 before the built-in ones, so that one that accepts a config claims it; a plugged-in kind may not reuse a built-in
@@ -14,19 +19,41 @@ kind's name. The entry points are read once per process, on first use (never at 
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from importlib.metadata import entry_points
 from typing import Final
 
 from airflow_provider_torchelastic.core.config import TaskConfig
-from airflow_provider_torchelastic.kubernetes.kinds import pod, pytorchjob
-from airflow_provider_torchelastic.kubernetes.kinds.descriptor import JobKind
+from airflow_provider_torchelastic.kubernetes.kinds import pod, pytorchjob, trainjob
+from airflow_provider_torchelastic.kubernetes.kinds.descriptor import JobKind, OwnerQuery
 
-__all__ = ["BUILT_IN", "ENTRY_POINT_GROUP", "POD", "PYTORCHJOB", "JobKind", "for_config", "get", "registered"]
+__all__ = [
+    "BUILT_IN",
+    "ENTRY_POINT_GROUP",
+    "JOB_KIND_CHOICES",
+    "POD",
+    "PYTORCHJOB",
+    "TRAINJOB",
+    "Choice",
+    "JobKind",
+    "OwnerQuery",
+    "choose",
+    "fixed_choice",
+    "for_config",
+    "get",
+    "registered",
+]
 
 POD: Final = pod.KIND
 PYTORCHJOB: Final = pytorchjob.KIND
-BUILT_IN: Final = (POD, PYTORCHJOB)
+TRAINJOB: Final = trainjob.KIND
+#: In the order they claim configs: a PyTorchJob runs every multi-node config, so :func:`for_config` never picks a
+#: TrainJob; only :func:`choose` does.
+BUILT_IN: Final = (POD, PYTORCHJOB, TRAINJOB)
 ENTRY_POINT_GROUP: Final = "airflow_provider_torchelastic.job_kinds"
+#: What ``job_kind`` (the operator's argument, ``[torch_elastic] job_kind``) may say.
+JOB_KIND_CHOICES: Final = ("auto", "pytorchjob", "trainjob")
+_BUILT_IN_NAMES: Final = frozenset(kind.kind for kind in BUILT_IN)
 
 
 @functools.cache
@@ -49,7 +76,7 @@ def registered() -> tuple[JobKind, ...]:
 
 def get(name: str) -> JobKind:
     """The descriptor of a kind, by its ``kind`` name."""
-    for kind in BUILT_IN if name in (POD.kind, PYTORCHJOB.kind) else registered():
+    for kind in BUILT_IN if name in _BUILT_IN_NAMES else registered():
         if kind.kind == name:
             return kind
     known = ", ".join(sorted(kind.kind for kind in registered()))
@@ -62,3 +89,51 @@ def for_config(config: TaskConfig) -> JobKind:
         if kind.accepts(config):
             return kind
     raise ValueError(f"task_config: no job kind runs {config!r}")  # pragma: no cover - the built-ins cover all
+
+
+#: A kind and why it was chosen (for the task log).
+Choice = tuple[JobKind, str]
+
+
+def fixed_choice(config: TaskConfig, job_kind: str) -> Choice | None:
+    """The kind that runs ``config`` when it does not depend on the cluster, or None (``auto`` with several nodes).
+
+    A ``ValueError`` naming the field and the value for a ``job_kind`` that is not one of
+    :data:`JOB_KIND_CHOICES`, or for a config the kind it names cannot run: raised while the DAG file is parsed when
+    the kind is known then, and at submit otherwise.
+    """
+    if job_kind not in JOB_KIND_CHOICES:
+        expected = ", ".join(map(repr, JOB_KIND_CHOICES))
+        raise ValueError(
+            f"job_kind: expected one of {expected} (or None for [torch_elastic] job_kind), got {job_kind!r}"
+        )
+    for kind in registered():
+        if kind.kind not in _BUILT_IN_NAMES and kind.accepts(config):
+            return kind, f"the plugged-in kind {kind.kind} runs this task config"
+    if POD.accepts(config):
+        return POD, "one node runs as a Pod"
+    if job_kind == "pytorchjob":
+        return PYTORCHJOB, "job_kind='pytorchjob'"
+    if job_kind == "trainjob":
+        trainjob.check_trainjob_config(config)
+        return TRAINJOB, "job_kind='trainjob'"
+    if not TRAINJOB.accepts(config):
+        return PYTORCHJOB, "job_kind='auto': only a PyTorchJob runs this task config (a TrainJob runs a fixed number "
+        "of nodes, with no restart policy of its own)"
+    return None
+
+
+def choose(config: TaskConfig, job_kind: str, served: Callable[[JobKind], bool]) -> Choice:
+    """The kind that runs ``config`` under ``job_kind``, asking ``served(kind)`` (API discovery) only for ``auto``.
+
+    ``auto`` picks a TrainJob where the cluster serves it (Kubeflow Trainer v2; PyTorchJob v1 is in maintenance),
+    else a PyTorchJob. Neither served: a PyTorchJob, whose submit says what to install.
+    """
+    fixed = fixed_choice(config, job_kind)
+    if fixed is not None:
+        return fixed
+    if served(TRAINJOB):
+        return TRAINJOB, "job_kind='auto': the cluster serves TrainJob (Kubeflow Trainer v2), and this task fits one"
+    if served(PYTORCHJOB):
+        return PYTORCHJOB, "job_kind='auto': the cluster serves PyTorchJob, not TrainJob"
+    return PYTORCHJOB, "job_kind='auto': the cluster serves neither PyTorchJob nor TrainJob"

@@ -7,11 +7,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from airflow_provider_torchelastic.core.config import TaskConfig
-from airflow_provider_torchelastic.kubernetes.ownership import controlled_pods
+from airflow_provider_torchelastic.core.naming import TRAINING_CONTAINER
+from airflow_provider_torchelastic.kubernetes.ownership import controlled_pods, uid_of
 from airflow_provider_torchelastic.kubernetes.pod_template import RenderInputs
 from airflow_provider_torchelastic.kubernetes.status import JobRef, Snapshot, WaitDecision, WaitPolicy
 
-__all__ = ["JobKind"]
+__all__ = ["JobKind", "OwnerQuery"]
 
 JsonDict = dict[str, Any]
 
@@ -22,6 +23,22 @@ def _unchanged(manifest: JsonDict) -> JsonDict:
 
 def _no_replica_count(job: Mapping[str, Any]) -> int | None:
     return None
+
+
+def _no_selector(name: str) -> str | None:
+    return None
+
+
+@dataclass(frozen=True, kw_only=True)
+class OwnerQuery:
+    """Objects between a job and its pods (a TrainJob's JobSet and its Jobs), read beside the pods so that each pod's
+    controller chain can be followed by uid up to the job. Selected by label, or by field, from the job's name."""
+
+    group: str
+    version: str
+    plural: str
+    label_selector: Callable[[str], str | None] = _no_selector
+    field_selector: Callable[[str], str | None] = _no_selector
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -49,6 +66,10 @@ class JobKind:
     #: The pod label whose value is the job's name (what :attr:`pod_selector` selects on), so that a watch of all
     #: pods can file each pod under its job without a request; ``None`` when the object is its own only pod.
     pod_owner_label: str | None = None
+    #: The container whose log is the training's (rank 0's result lines, metrics, failures).
+    log_container: str = TRAINING_CONTAINER
+    #: How to read the objects between the job and its pods, when :attr:`pod_controllers` has more than one hop.
+    intermediates: tuple[OwnerQuery, ...] = ()
     #: The kinds of the controllers from a pod up to the job (nearest first, this kind last), which a pod's
     #: ``controller: true`` ownerReferences must follow, by uid, to be the job's (:mod:`..ownership`). ``()``: the
     #: object is its own only pod. None (the default): one hop, the pod's controller is the job itself. A
@@ -77,6 +98,12 @@ class JobKind:
                 "pod_selector selects on), got None; only a kind whose object is its own pod (pod_controllers=()) "
                 "goes without"
             )
+        if len(self.controller_chain) > 1 and not self.intermediates:
+            # Without the objects in between, no pod's chain can be followed to the job: it would have no pods.
+            raise ValueError(
+                f"JobKind {self.kind}: intermediates: expected an OwnerQuery for the objects between the pods and the "
+                f"job (pod_controllers={self.pod_controllers}), got none"
+            )
 
     @property
     def served_by(self) -> str:
@@ -96,11 +123,16 @@ class JobKind:
         return self.pod_controllers if self.pod_controllers is not None else (self.kind,)
 
     def controlled_pods(
-        self, job: Mapping[str, Any] | None, pods: Sequence[Mapping[str, Any]]
+        self,
+        job: Mapping[str, Any] | None,
+        pods: Sequence[Mapping[str, Any]],
+        owners: Sequence[Mapping[str, Any]] = (),
     ) -> list[Mapping[str, Any]]:
         """The pods (found by label) that ``job`` controls: labels are anyone's to set, ownerReferences by uid
-        tell this job's pods from a foreign controller's, or from a pod made to look like rank 0."""
-        return controlled_pods(job, pods, self.controller_chain)
+        tell this job's pods from a foreign controller's, or from a pod made to look like rank 0. ``owners``: the
+        objects :attr:`intermediates` read, for a chain of more than one hop."""
+        between = {uid: owner for owner in owners if (uid := uid_of(owner)) is not None}
+        return controlled_pods(job, pods, self.controller_chain, between)
 
     def owner_reference(self, *, owner_name: str, owner_uid: str) -> JsonDict:
         """The merge-patch body that makes an object (the payload Secret) a dependent of this kind's job.

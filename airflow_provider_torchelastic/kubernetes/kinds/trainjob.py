@@ -1,8 +1,10 @@
 """The TrainJob kind (Kubeflow Trainer v2, ``trainer.kubeflow.org/v1alpha1``): a fixed number of nodes on a
 training runtime (``torch-distributed`` by default), each node a pod of one indexed Job of the TrainJob's JobSet.
 
-Not in the table of kinds yet (``kinds.BUILT_IN``): nothing chooses it. It renders, finds its pods and decides on its
-own, and :func:`check_trainjob_config` is the parse-time check for when the kind is known.
+Last in the table of kinds (``kinds.BUILT_IN``), so only ``kinds.choose`` picks it: ``job_kind='trainjob'``, or
+``auto`` on a cluster that serves it. :func:`check_trainjob_config` is the parse-time check for when the kind is
+known. Its pods are its own through the JobSet and the Jobs between them (:data:`OWNERS`, read beside the pods); the
+triggerer's shared watch does not cover them, so its triggers poll.
 
 Read against kubeflow/trainer v2.3.0 and kubernetes-sigs/jobset v0.12.0 (``../shared/notes/trainer-v2.md``):
 
@@ -33,7 +35,7 @@ from airflow_provider_torchelastic.core.naming import LABEL_PREFIX, RunIdentity,
 from airflow_provider_torchelastic.core.outcome import Verdict, decide_run
 from airflow_provider_torchelastic.core.pod_options import JobOptions, PodOptions, merge_pod_options
 from airflow_provider_torchelastic.kubernetes import status
-from airflow_provider_torchelastic.kubernetes.kinds.descriptor import JobKind
+from airflow_provider_torchelastic.kubernetes.kinds.descriptor import JobKind, OwnerQuery
 from airflow_provider_torchelastic.kubernetes.ownership import controlled_pods, uid_of
 from airflow_provider_torchelastic.kubernetes.pod_template import (
     CONTAINER_NAME,
@@ -51,6 +53,7 @@ __all__ = [
     "CONTROLLERS",
     "GROUP",
     "KIND",
+    "OWNERS",
     "PATCH_MANAGER",
     "PLURAL",
     "RESERVED_ENV",
@@ -502,6 +505,20 @@ def _digest_spec(manifest: JsonDict) -> JsonDict:
     return short
 
 
+def _jobset_of(name: str) -> str:
+    return f"metadata.name={name}"  # the JobSet has its TrainJob's name (kubeflow/trainer jobset.go)
+
+
+def _jobs_of(name: str) -> str:
+    return f"{JOBSET_NAME_LABEL}={name}"
+
+
+#: The JobSet and its Jobs, between a TrainJob and its pods (read to follow each pod's controllers by uid).
+OWNERS: Final = (
+    OwnerQuery(group="jobset.x-k8s.io", version="v1alpha2", plural="jobsets", field_selector=_jobset_of),
+    OwnerQuery(group="batch", version="v1", plural="jobs", label_selector=_jobs_of),
+)
+
 KIND: Final = JobKind(
     kind="TrainJob",
     group=GROUP,
@@ -514,6 +531,8 @@ KIND: Final = JobKind(
     is_finished=trainjob_finished,
     pod_owner_label=JOBSET_NAME_LABEL,
     pod_controllers=CONTROLLERS,
+    log_container=NODE_CONTAINER,
+    intermediates=OWNERS,
     replica_count=_num_nodes,
     digest_spec=_digest_spec,
     controller="Kubeflow Trainer v2",
