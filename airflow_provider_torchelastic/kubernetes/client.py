@@ -35,7 +35,6 @@ __all__ = ["AsyncKube", "KubeError", "SyncKube", "retry_async", "retry_sync", "s
 _REQUEST_TIMEOUT: Final = 60  # seconds: a half-open connection must not hang a poll forever
 
 
-
 def _from_api_exception(exc: Any) -> KubeError:
     """The one translation of a client's ``ApiException`` (sync or async) into :class:`KubeError`."""
     status = int(getattr(exc, "status", 0) or 0)
