@@ -1426,6 +1426,47 @@ class Controllers:
 # ----------------------------------------------------------------------------------------------------------------
 
 
+READ = ["get", "list", "watch"]
+WRITE = ["create", "update", "patch", "delete"]
+#: What this controller's identity needs (ClusterRole rules): the three controllers and the garbage collector.
+RBAC_RULES: list[JsonDict] = [
+    {
+        "apiGroups": [TRAINER_GROUP],
+        "resources": [TRAINJOBS, f"{TRAINJOBS}/finalizers"],
+        "verbs": [*READ, "update", "patch"],
+    },
+    {"apiGroups": [TRAINER_GROUP], "resources": [f"{TRAINJOBS}/status"], "verbs": ["get", "update", "patch"]},
+    {"apiGroups": [TRAINER_GROUP], "resources": [CLUSTER_RUNTIMES, RUNTIMES], "verbs": READ},
+    {"apiGroups": [JOBSET_GROUP], "resources": [JOBSETS, f"{JOBSETS}/finalizers"], "verbs": [*READ, *WRITE]},
+    {"apiGroups": [JOBSET_GROUP], "resources": [f"{JOBSETS}/status"], "verbs": ["get", "update", "patch"]},
+    {"apiGroups": ["batch"], "resources": ["jobs", "jobs/finalizers"], "verbs": [*READ, *WRITE]},
+    {"apiGroups": ["batch"], "resources": ["jobs/status"], "verbs": ["get", "update", "patch"]},
+    {"apiGroups": [""], "resources": ["pods", "services"], "verbs": [*READ, *WRITE]},
+    {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch", "update"]},
+    {"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"], "verbs": ["get"]},
+]
+CLUSTER_ROLE = "torchelastic:sim-trainer"
+
+
+def rbac_objects(user: str) -> list[JsonDict]:
+    """A ClusterRole with :data:`RBAC_RULES` and its binding to ``user`` (e.g. the cluster's ``sim-operator``)."""
+    return [
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRole",
+            "metadata": {"name": CLUSTER_ROLE},
+            "rules": copy.deepcopy(RBAC_RULES),
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRoleBinding",
+            "metadata": {"name": f"{CLUSTER_ROLE}:{user}"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": CLUSTER_ROLE},
+            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}],
+        },
+    ]
+
+
 def install_files(crds_dir: Path = CRDS_DIR) -> list[Path]:
     """The files :func:`install` creates, in order (CRDs first, then the runtime); absent ones are left out."""
     return [p for p in (*(crds_dir / f for f in CRD_FILES), crds_dir / RUNTIME_FILE) if p.exists()]
@@ -1468,12 +1509,14 @@ def for_api_server_1_20(obj: JsonDict) -> JsonDict:
     return obj
 
 
-def install(kubeconfig: str | Path, *, kubectl: str = "kubectl", timeout: float = 60.0) -> None:
+def install(
+    kubeconfig: str | Path, *, kubectl: str = "kubectl", timeout: float = 60.0, rbac_user: str | None = None
+) -> None:
     """Create the derived TrainJob/ClusterTrainingRuntime/JobSet CRDs (made 1.20-acceptable by
     :func:`for_api_server_1_20`) and the ``torch-distributed`` runtime, once the CRDs are Established. Idempotent:
     what already exists is kept. ``kubectl create``, not ``apply``: the JobSet CRD is too large for the
     last-applied annotation. ``--validate=false``: kubectl's client-side schema of a 1.20 server does not know
-    ``x-kubernetes-validations`` (the server drops them)."""
+    ``x-kubernetes-validations`` (the server drops them). With ``rbac_user``, also :func:`rbac_objects` for it."""
     import yaml
 
     files = install_files()
@@ -1495,6 +1538,8 @@ def install(kubeconfig: str | Path, *, kubectl: str = "kubectl", timeout: float 
 
     for crd in crds:
         create(crd)
+    for obj in rbac_objects(rbac_user) if rbac_user else []:
+        create(obj)
     api = build_api_client(str(kubeconfig))
     ext = client.ApiextensionsV1Api(api)
     deadline = time.monotonic() + timeout

@@ -2,8 +2,9 @@
 cluster (a real kube-apiserver, this controller as a subprocess, the simulated kubelet running the pods).
 
 The cluster does not install the Trainer CRDs or start this controller on ``up`` (yet): the module fixture does both
-(:func:`tests.cluster.sim_trainer.install`, then ``python -m tests.cluster.sim_trainer``), unless the cluster's state
-dir has a ``sim-trainer.pid`` (written by whoever already started one there).
+(:func:`tests.cluster.sim_trainer.install` with the RBAC for the ``sim-operator`` identity, then ``python -m
+tests.cluster.sim_trainer`` under that identity), unless the cluster already runs one (its state dir has
+``logs/sim-trainer.log`` or ``sim-trainer.pid``).
 """
 
 from __future__ import annotations
@@ -528,6 +529,33 @@ def test_install_files_are_the_derived_crds_then_the_runtime() -> None:
     assert "trainer.kubeflow.org_trainjobs.derived.yaml" in names
 
 
+def test_crds_are_made_acceptable_to_a_1_20_api_server() -> None:
+    for path in st.install_files():
+        obj = yaml.safe_load(path.read_text())
+        fixed = st.for_api_server_1_20(obj)
+        text = json.dumps(fixed)
+        assert '"default": ""' not in text
+        if obj["kind"] != "CustomResourceDefinition":
+            assert fixed == obj
+            continue
+
+        def list_maps(node: Any) -> Iterator[dict[str, Any]]:
+            if isinstance(node, dict):
+                if node.get("x-kubernetes-list-type") == "map":
+                    yield node
+                for value in node.values():
+                    yield from list_maps(value)
+            elif isinstance(node, list):
+                for item in node:
+                    yield from list_maps(item)
+
+        for node in list_maps(fixed):
+            items = node["items"]
+            for key in node["x-kubernetes-list-map-keys"]:
+                assert key in (items.get("required") or []) or "default" in items["properties"][key]
+        assert fixed["spec"]["names"] == obj["spec"]["names"]
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # Cluster
 # ----------------------------------------------------------------------------------------------------------------
@@ -611,12 +639,13 @@ class Cluster:
             st.TRAINER_GROUP, st.TRAINER_VERSION, self.namespace, st.TRAINJOBS, name, patch
         )
 
-    def delete_trainjob(self, name: str) -> None:
+    def delete_trainjob(self, name: str, propagation: str | None = None) -> None:
         from kubernetes.client.rest import ApiException
 
+        body = {"propagationPolicy": propagation} if propagation else None
         try:
             self.custom.delete_namespaced_custom_object(
-                st.TRAINER_GROUP, st.TRAINER_VERSION, self.namespace, st.TRAINJOBS, name
+                st.TRAINER_GROUP, st.TRAINER_VERSION, self.namespace, st.TRAINJOBS, name, body=body
             )
         except ApiException as err:
             if err.status != 404:
@@ -662,14 +691,17 @@ class Cluster:
 @pytest.fixture(scope="module")
 def trainer_controller(kube_cluster: Any) -> Iterator[None]:
     """The CRDs and runtime installed, and this controller running, for the module."""
-    st.install(kube_cluster.kubeconfig)
-    if (Path(kube_cluster.state_dir) / "sim-trainer.pid").exists():
-        yield  # the cluster runs one already
+    state = Path(kube_cluster.state_dir)
+    if (state / "logs" / "sim-trainer.log").exists() or (state / "sim-trainer.pid").exists():
+        yield  # the cluster started one (and installed the CRDs) already
         return
-    log_path = Path(kube_cluster.state_dir) / "sim-trainer.test.log"
+    # As the cluster would run it: the operator's identity, with only the rules sim_trainer.RBAC_RULES grants.
+    operator = "sim-operator"
+    st.install(kube_cluster.kubeconfig, rbac_user=operator)
+    log_path = state / "sim-trainer.test.log"
     with log_path.open("ab") as log_file:
         proc = subprocess.Popen(
-            st.command(kube_cluster.kubeconfig, python=sys.executable, log_level="DEBUG"),
+            st.command(kube_cluster.info.operator_kubeconfig, python=sys.executable, log_level="DEBUG"),
             cwd=REPO_ROOT,
             stdout=log_file,
             stderr=subprocess.STDOUT,
@@ -822,12 +854,13 @@ def test_suspend_and_resume(cluster: Cluster) -> None:
 
 
 @pytest.mark.cluster
-def test_deleting_a_trainjob_cascades(cluster: Cluster) -> None:
+@pytest.mark.parametrize("propagation", [None, "Foreground"])
+def test_deleting_a_trainjob_cascades(cluster: Cluster, propagation: str | None) -> None:
     name = unique("del")
     cluster.create_trainjob(trainjob(name, patches=[node_patch(pod_meta=HOLD)], numNodes=2))
     wait_for(lambda: len([p for p in cluster.pods(name) if p["status"].get("phase") == "Running"]) == 2, 60, "pods")
     assert cluster.get("service", name) is not None
-    cluster.delete_trainjob(name)
+    cluster.delete_trainjob(name, propagation)
 
     def gone() -> bool:
         return (
@@ -879,3 +912,31 @@ def test_runtime_problems(cluster: Cluster) -> None:
     assert event["type"] == "Warning" and "not found ClusterTrainingRuntime specified in TrainJob" in event["message"]
     assert cluster.get("jobset", missing) is None
     assert "Failed" not in conditions((cluster.get("trainjob", missing) or {}).get("status") or {})
+
+
+@pytest.mark.cluster
+def test_under_torch_distributed_a_failing_node_restarts_in_place_until_the_backoff_limit(cluster: Cluster) -> None:
+    """The default runtime: OnFailure pods (the JobSet webhook's default) and the Job's default backoffLimit 6. The
+    failing node's container restarts in place (the kubelet's crash-loop backoff, scaled by 0.1 here) until its
+    restartCount reaches 6; then the Job fails and its pods are deleted."""
+    name = unique("crash")
+    script = "import os, sys, time\nif os.environ['PET_NODE_RANK'] == '1': sys.exit(5)\ntime.sleep(300)"
+    cluster.create_trainjob(trainjob(name, numNodes=2, command=["python", "-c", script]))
+    seen_restarts = 0
+
+    def failed() -> dict[str, Any] | None:
+        nonlocal seen_restarts
+        for pod in cluster.pods(name):
+            if pod["metadata"]["name"].startswith(f"{name}-node-0-1-"):
+                for cs in (pod.get("status") or {}).get("containerStatuses") or []:
+                    seen_restarts = max(seen_restarts, int(cs.get("restartCount") or 0))
+        status = (cluster.get("trainjob", name) or {}).get("status") or {}
+        return status if st.is_true(status, "Failed") else None
+
+    status = wait_for(failed, 120, "the TrainJob Failed after the restarts")
+    assert condition(status, "Failed")["reason"] == "FailedJobs"
+    job = cluster.get("job", f"{name}-node-0")
+    assert job is not None and condition(job["status"], "Failed")["reason"] == "BackoffLimitExceeded"
+    assert job["spec"]["backoffLimit"] == 6 and job["spec"]["template"]["spec"]["restartPolicy"] == "OnFailure"
+    assert seen_restarts >= 4  # it restarted in place (the last restarts may fall between two polls)
+    wait_for(lambda: cluster.pods(name) == [], 30, "the Job's pods deleted")
