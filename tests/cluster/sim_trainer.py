@@ -274,16 +274,27 @@ def _containers(pod_spec: JsonDict) -> list[JsonDict]:
 
 
 def nproc_per_node(trainer: JsonDict) -> str:
-    """``PET_NPROC_PER_NODE`` (torch.go): ``trainer.numProcPerNode`` when set; else ``auto``, which becomes the CPU
-    count (limits, else requests, rounded up, at least 1) when the node requests no GPU."""
-    if trainer.get("numProcPerNode") is not None:
-        return str(trainer["numProcPerNode"])
-    resources = trainer.get("resourcesPerNode") or {}
-    limits, requests = resources.get("limits") or {}, resources.get("requests") or {}
-    if any("gpu" in name for name in (*limits, *requests)):
-        return "auto"
-    cpu = limits.get("cpu", requests.get("cpu"))
-    return str(max(1, cpu_count(cpu))) if cpu is not None else "1"
+    """``PET_NPROC_PER_NODE`` (torch.go ``EnforceMLPolicy`` and ``calculateNumProcPerNode``): ``numProcPerNode``,
+    default ``auto``. With ``resourcesPerNode`` set, ``auto`` becomes a CPU count: the limits are looked at first,
+    then the requests; a list naming no GPU gives its CPU (rounded up, at least 1), a list naming a GPU keeps
+    ``auto``, and an absent list gives 1. An integer stays, except that absent limits and requests give 1 (as
+    upstream). Without ``resourcesPerNode`` it is ``auto`` or the integer, unchanged."""
+    value = str(trainer["numProcPerNode"]) if trainer.get("numProcPerNode") is not None else "auto"
+    resources = trainer.get("resourcesPerNode")
+    if resources is None:
+        return value
+
+    def calculate(resource_list: JsonDict | None) -> tuple[str, bool]:
+        if resource_list is None:
+            return "1", False
+        if value == "auto" and not any("gpu" in name.lower() for name in resource_list):
+            return str(max(1, cpu_count(resource_list.get("cpu", 0)))), True
+        return value, False
+
+    result, used_cpu = calculate(resources.get("limits"))
+    if not used_cpu:
+        result, _ = calculate(resources.get("requests"))
+    return result
 
 
 def cpu_count(quantity: Any) -> int:

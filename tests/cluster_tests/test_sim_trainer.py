@@ -188,10 +188,17 @@ def test_trainer_block_and_torch_env_on_the_node_container() -> None:
     ("trainer", "expected"),
     [
         ({"numProcPerNode": 4}, "4"),
-        ({}, "1"),
+        ({}, "auto"),
         ({"resourcesPerNode": {"requests": {"cpu": "500m"}}}, "1"),
         ({"resourcesPerNode": {"requests": {"cpu": "3"}}}, "3"),
-        ({"resourcesPerNode": {"limits": {"cpu": "2", "nvidia.com/gpu": "1"}}}, "auto"),
+        ({"resourcesPerNode": {"limits": {"cpu": "2"}, "requests": {"cpu": "1"}}}, "2"),
+        ({"resourcesPerNode": {"limits": {"memory": "1Gi"}}}, "1"),
+        (
+            {"resourcesPerNode": {"limits": {"cpu": "2", "nvidia.com/gpu": "1"}, "requests": {"nvidia.com/gpu": "1"}}},
+            "auto",
+        ),
+        ({"resourcesPerNode": {"limits": {"nvidia.com/gpu": "1"}}}, "1"),  # no requests: upstream's 1
+        ({"numProcPerNode": 4, "resourcesPerNode": {"requests": {"cpu": "2"}}}, "4"),
     ],
 )
 def test_nproc_per_node(trainer: dict[str, Any], expected: str) -> None:
