@@ -268,7 +268,11 @@ def ensure_node_binaries(*, log: Callable[[str], None], show_output: bool = Fals
             f"building the node binaries failed (exit {returncode}) with {NODE_BUILD_SCRIPT}; last output "
             f"(all of it in {build_log}):\n" + "".join(output[-30:])
         )
-    return Path(lines[-1])
+    # The script prints the folder last on stdout; its progress (stderr, through tee) may still trail it here.
+    built = next((Path(line) for line in reversed(lines) if line.startswith("/") and Path(line).is_dir()), folder)
+    if not all(cp._runs(built / b) for b in NODE_BINARIES if b != "pause"):
+        raise NodeError(f"{NODE_BUILD_SCRIPT} succeeded, but the binaries in {built} do not run")
+    return built
 
 
 def preflight(*, log: Callable[[str], None], show_output: bool = False) -> Path:
@@ -1115,7 +1119,28 @@ def stop_node(state_dir: Path, *, timeout: float = 15.0, log: Callable[[str], No
     if link_exists(layout.bridge):
         left.append(f"bridge {layout.bridge}")
     _release_host(layout.state_dir)
+    if not victims:
+        # Unpacked images and containers' snapshots (a GB or more); the logs stay. Every mount on them was in the
+        # node's mount namespace, gone with its last process.
+        for sub in ("root", "state"):
+            shutil.rmtree(layout.containerd_dir / sub, ignore_errors=True)
     return left
+
+
+_NODE_PROGRAMS = frozenset(
+    {
+        "containerd",
+        "containerd-shim-runc-v2",
+        "containerd-shim",
+        "kubelet",
+        "kube-scheduler",
+        "kube-controller-manager",
+        "nsenter",
+        "unshare",
+        "sleep",
+        "sh",
+    }
+)
 
 
 def _node_processes(layout: NodeLayout) -> list[psutil.Process]:
@@ -1131,7 +1156,11 @@ def _node_processes(layout: NodeLayout) -> list[psutil.Process]:
     for proc in cp._all_procs():
         if proc.pid in seen:
             continue
-        if any(cp._mentions(arg, node_dir) for arg in cp.cmdline(proc)):
+        cmd = cp.cmdline(proc)
+        program = Path(cmd[0]).name if cmd else ""
+        # Only programs the node runs: never a user's shell or editor that merely looks at the node dir.
+        ours = program in _NODE_PROGRAMS or (program.startswith("python") and "tests.cluster.cluster_dns" in cmd)
+        if ours and any(cp._mentions(arg, node_dir) for arg in cmd):
             procs.append(proc)
     return [p for p in procs if p.pid not in spared and cp.is_running(p)]
 
