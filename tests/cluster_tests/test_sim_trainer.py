@@ -529,6 +529,34 @@ def test_pod_dns_hostname() -> None:
     assert sk.pod_dns_hostname({"metadata": {"name": "p"}, "spec": {}}) == "p"
 
 
+def test_kubelet_resolves_the_master_addr_to_node_0s_pod(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``PET_MASTER_ADDR=<tj>-node-0-0.<tj>`` names node 0's pod through its hostname and subdomain (the headless
+    Service selects it): every node gets 127.0.0.1 and node 0's mapped port; HOSTNAME is the pod's hostname."""
+    from kubernetes import client
+
+    kubelet = sk.Kubelet(client.ApiClient(client.Configuration(host="https://127.0.0.1:6443")), tmp_path, Path("/py"))
+    job = job_of(jobset_of(trainjob(numNodes=2)))
+    pods = []
+    for index in (0, 1):
+        pod = st.render_indexed_pod(job, index)
+        pod["metadata"] |= {"name": f"tj-node-0-{index}-abcde", "uid": f"u{index}"}
+        pod["metadata"]["namespace"] = "ns"
+        pods.append(pod)
+        kubelet._pods[("ns", pod["metadata"]["name"])] = pod
+    monkeypatch.setattr(
+        kubelet, "_headless_selector", lambda ns, name: {st.L_JOBSET_NAME: "tj"} if (ns, name) == ("ns", "tj") else None
+    )
+    assert kubelet.resolve_cluster_host("tj-node-0-0.tj", "ns") == ("ns", "tj-node-0-0-abcde")
+    assert kubelet.resolve_cluster_host("tj-node-0-9.tj", "ns") is None
+    port = kubelet.ports.get("ns", "tj-node-0-0-abcde", 29500)
+    for index, pod in enumerate(pods):
+        spec = pod["spec"]["containers"][0]
+        config = kubelet.container_process_config(pod, spec, tmp_path / "ns" / pod["metadata"]["name"])
+        assert config.env["HOSTNAME"] == f"tj-node-0-{index}"
+        assert (config.env["PET_MASTER_ADDR"], config.env["PET_MASTER_PORT"]) == ("127.0.0.1", str(port))
+        assert config.env["PET_NODE_RANK"] == config.env["JOB_COMPLETION_INDEX"] == str(index)
+
+
 def test_install_files_are_the_derived_crds_then_the_runtime() -> None:
     names = [p.name for p in st.install_files()]
     assert names[-1] == st.RUNTIME_FILE
