@@ -209,6 +209,10 @@ def fingerprint(*parts: object) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
+def _read(path: Path) -> str:
+    return path.read_text() if path.is_file() else ""
+
+
 def context_fingerprint(root: Path = REPO_ROOT) -> str:
     """A digest of what the Dockerfile COPYs from ``root``: the package layers are current when it is unchanged."""
     digest = hashlib.sha256()
@@ -642,7 +646,8 @@ def ensure_images(
             ids = buildah.image_ids()
             sources = read_pip_sources()
             context = context_fingerprint()
-            dockerfile = DOCKERFILE.read_text()
+            # .dockerignore decides what the COPY lines take.
+            dockerfile = DOCKERFILE.read_text() + _read(REPO_ROOT / ".dockerignore")
             base_id = ids.get(BASE_REFS[0], "")
 
             def current(archive: str, ref: str, inputs: str) -> bool:

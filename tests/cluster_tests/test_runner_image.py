@@ -143,6 +143,13 @@ def test_the_dockerfiles_pip_guard_unsets_only_an_empty_index() -> None:
     assert (empty.stdout, given.stdout) == ("unset\n", "u\n")
 
 
+def test_the_module_prints_the_reference_pods_use(capsys: pytest.CaptureFixture[str]) -> None:
+    assert image.main(["--no-build"]) == 0
+    assert image.main(["--no-build", "--storage"]) == 0
+    assert capsys.readouterr().out.splitlines() == [image.RUNNER_REF, image.RUNNER_STORAGE_REF]
+    assert image.runner_image_ref() == image.RUNNER_REF
+
+
 # --- the built images -----------------------------------------------------------------------------------------------
 
 
