@@ -593,7 +593,7 @@ def _add_bytes(tar: tarfile.TarFile, name: str, data: bytes) -> None:
 
 
 @contextlib.contextmanager
-def _no_machine_traces() -> Iterator[None]:
+def no_machine_traces() -> Iterator[None]:
     """Remove the machine-wide blob-info cache (and its folders) afterwards if the build created them."""
     created = [p for p in (MACHINE_BLOB_INFO_CACHE, *MACHINE_BLOB_INFO_CACHE.parents[:2]) if not p.exists()]
     try:
@@ -625,7 +625,7 @@ def ensure_images(
     say: Log = log if log is not None else (lambda line: print(line, file=sys.stderr, flush=True))
     buildah = default_buildah()
     images_dir().mkdir(parents=True, exist_ok=True)
-    with _locked(images_dir() / ".lock"), _no_machine_traces():
+    with _locked(images_dir() / ".lock"), no_machine_traces():
         manifest = read_manifest()
         variants = [v for v in RUNNER_VARIANTS if storage or not v.build_args]
         with contextlib.ExitStack() as stack:
@@ -693,8 +693,21 @@ def ensure_images(
                     export_archive(buildah, run, ref, images_dir() / archive)
                 manifest[archive] = {"ref": ref, "image_id": ids[ref], "inputs": inputs}
                 manifest_path().write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+            _prune_superseded(buildah)
             run.say("done: " + ", ".join(f"{r['ref']} ({a})" for a, r in sorted(manifest.items())))
         return manifest
+
+
+def _prune_superseded(buildah: Buildah) -> None:
+    """Remove what earlier builds left: an image without a name and without children is the end of a superseded
+    chain (a code change moves the tag). The layer cache stays: its images all have children. One pass removes one
+    image of each such chain, hence the loop."""
+    for _ in range(len(DOCKERFILE.read_text().splitlines())):
+        try:
+            if not buildah.output("rmi", "--prune").strip():
+                return
+        except ImageBuildError:
+            return
 
 
 def main(argv: Sequence[str] | None = None) -> int:

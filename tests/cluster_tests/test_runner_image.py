@@ -161,13 +161,15 @@ def _built_before() -> bool:
 
 
 @pytest.fixture(scope="module")
-def images() -> dict[str, dict[str, str]]:
+def images() -> Iterator[dict[str, dict[str, str]]]:
     if os.environ.get(NODE_ENV) != "real" and not _built_before():
         pytest.skip(
             f"runner image not built: set {NODE_ENV}=real to build it (about ten minutes cold), "
             "or run python -m tests.cluster.image"
         )
-    return image.ensure_images()
+    # buildah run and rm write the machine-wide blob-info cache too.
+    with image.no_machine_traces():
+        yield image.ensure_images()
 
 
 class Container:
