@@ -34,6 +34,9 @@ os.environ.update(
     # deferral the hold guards against, so it would only slow the tests down. The Airflow deployment tier
     # (tests/airflow_services, a real scheduler) keeps the default, and one test sets the hold itself.
     AIRFLOW__TORCH_ELASTIC__EARLY_EVENT_HOLD="0",
+    # The local cluster serves both PyTorchJob and TrainJob, where `auto` would make every fixed-size multi-node
+    # task a TrainJob: the tests of the PyTorchJob say so, and the TrainJob tests ask for theirs (job_kind=).
+    AIRFLOW__TORCH_ELASTIC__JOB_KIND="pytorchjob",
 )
 
 if (REPO_ROOT / "tests" / "cluster" / "pytest_plugin.py").exists():

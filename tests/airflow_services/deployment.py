@@ -215,6 +215,8 @@ def service_env(info: DeploymentInfo) -> dict[str, str]:
         AIRFLOW_HOME=str(info.home),
         AIRFLOW_CONN_KUBERNETES_DEFAULT=airflow_connection_json(info.kubeconfig, info.namespace),
         AIRFLOW__TORCH_ELASTIC__IMAGE=RUNNER_IMAGE,
+        # As in the other tiers (tests/conftest.py): the local cluster serves TrainJob too.
+        AIRFLOW__TORCH_ELASTIC__JOB_KIND="pytorchjob",
         PYTHONUNBUFFERED="1",
         # setproctitle would otherwise reuse the environment's memory for the long process titles Airflow sets,
         # and /proc/<pid>/environ, where stop() looks for the marker, would read as garbage.

@@ -65,7 +65,8 @@ SA_USER = f"system:serviceaccount:{TEST_NAMESPACE}:{SA_NAME}"
 
 # sim_webhook: the PyTorchJob validating admission webhook; its ValidatingWebhookConfiguration is registered once it
 # serves (_start_simulators).
-SIMULATORS = ("sim_operator", "sim_kubelet", "sim_webhook")
+# sim_trainer: Kubeflow Trainer v2 with JobSet and the Indexed Job controller (1.20 has none), for TrainJobs.
+SIMULATORS = ("sim_operator", "sim_kubelet", "sim_webhook", "sim_trainer")
 # Order matters for shutdown: stop the clients (which may spawn pod processes) before the server, the server before
 # its storage.
 PROCESS_STOP_ORDER = ("sim-kubelet", "sim-operator", "kube-apiserver", "etcd")
@@ -489,6 +490,13 @@ class ControlPlane:
         # Polled rather than `kubectl wait`: kubectl 1.32 errors out ("conditions accessor error") when it looks
         # before the apiserver has written any condition.
         _wait_for(lambda: _crd_established(info.kubeconfig), 60, f"CRD {CRD_NAME} Established", self._check_alive)
+        # Kubeflow Trainer v2 beside it (the derived TrainJob, ClusterTrainingRuntime and JobSet CRDs, made acceptable
+        # to a 1.20 API server, and the torch-distributed runtime), served by sim_trainer: a cluster with both
+        # kinds, where job_kind=auto picks a TrainJob for a task that fits one.
+        from tests.cluster import sim_trainer
+
+        self._log("installing Kubeflow Trainer v2's CRDs and the torch-distributed runtime")
+        sim_trainer.install(info.kubeconfig, kubectl=str(kubectl_binary()), rbac_user=OPERATOR_USER)
 
         if self.start_simulators:
             self._start_simulators(info)
@@ -561,6 +569,7 @@ class ControlPlane:
         args = {
             "sim_operator": ["--kubeconfig", str(info.operator_kubeconfig)],
             "sim_webhook": ["--cert-dir", str(info.state_dir / "webhook")],
+            "sim_trainer": ["--kubeconfig", str(info.operator_kubeconfig)],
             **args,
         }
         started = []

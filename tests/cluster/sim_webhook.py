@@ -63,12 +63,17 @@ from pathlib import Path
 from typing import Any
 
 from tests.cluster.sim_operator import WebhookPanic, aggregate_message, validate_job, validation_warnings
+from tests.cluster.sim_trainer_webhook import validate_trainjob
 
 log = logging.getLogger("sim-webhook")
 
 CONFIGURATION_NAME = "validator.training-operator.kubeflow.org"
 WEBHOOK_NAME = "validator.pytorchjob.training-operator.kubeflow.org"
 WEBHOOK_PATH = "/validate-kubeflow-org-v1-pytorchjob"
+#: Kubeflow Trainer v2's TrainJob webhook, served here too: a 1.20 API server drops the CRD's CEL rules, so this
+#: webhook enforces them with the Trainer webhook's own (tests/cluster/sim_trainer_webhook.py).
+TRAINJOB_WEBHOOK_NAME = "validator.trainjob.trainer.kubeflow.org"
+TRAINJOB_WEBHOOK_PATH = "/validate-trainer-kubeflow-org-v1alpha1-trainjob"
 ENDPOINT_FILE = "endpoint.json"
 MAX_BODY = 7 * 1024 * 1024  # controller-runtime's limit for an AdmissionReview body
 
@@ -111,8 +116,12 @@ def admission_response(request: dict[str, Any]) -> dict[str, Any]:
     obj = request.get("object")
     if not isinstance(obj, dict):
         return errored(400, "there is no content to decode")
+    old = request.get("oldObject") if operation == "UPDATE" else None
+    if (request.get("resource") or {}).get("resource") == "trainjobs":
+        errors = validate_trainjob(obj, old)
+        return denied(aggregate_message(errors)) if errors else allowed()
     try:
-        errors = validate_job(obj, request.get("oldObject") if operation == "UPDATE" else None)
+        errors = validate_job(obj, old)
     except WebhookPanic as err:
         return errored(500, f"panic: {err} [recovered]")
     warnings = validation_warnings(obj)
@@ -152,7 +161,25 @@ def webhook_configuration(url: str, ca_pem: bytes) -> dict[str, Any]:
                         "resources": ["pytorchjobs"],
                     }
                 ],
-            }
+            },
+            {
+                "name": TRAINJOB_WEBHOOK_NAME,
+                "admissionReviewVersions": ["v1"],
+                "clientConfig": {
+                    "url": url.replace(WEBHOOK_PATH, TRAINJOB_WEBHOOK_PATH),
+                    "caBundle": base64.b64encode(ca_pem).decode(),
+                },
+                "failurePolicy": "Fail",
+                "sideEffects": "None",
+                "rules": [
+                    {
+                        "apiGroups": ["trainer.kubeflow.org"],
+                        "apiVersions": ["v1alpha1"],
+                        "operations": ["CREATE", "UPDATE"],
+                        "resources": ["trainjobs"],
+                    }
+                ],
+            },
         ],
     }
 
@@ -240,7 +267,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
 
     def do_POST(self) -> None:
-        if self.path.split("?", 1)[0] != WEBHOOK_PATH:
+        if self.path.split("?", 1)[0] not in (WEBHOOK_PATH, TRAINJOB_WEBHOOK_PATH):
             self._send(404, {"message": "not found"})
             return
         length = int(self.headers.get("Content-Length") or 0)

@@ -206,7 +206,16 @@ def test_the_configuration_is_upstreams() -> None:
     ``patch.yaml:16-18`` (the configuration's name), with a URL clientConfig for the local cluster."""
     cfg = sw.webhook_configuration("https://127.0.0.1:1234/validate-kubeflow-org-v1-pytorchjob", b"PEM")
     assert cfg["metadata"] == {"name": "validator.training-operator.kubeflow.org"}
-    (hook,) = cfg["webhooks"]
+    hook, trainjobs = cfg["webhooks"]
+    assert trainjobs["rules"] == [
+        {
+            "apiGroups": ["trainer.kubeflow.org"],
+            "apiVersions": ["v1alpha1"],
+            "operations": ["CREATE", "UPDATE"],
+            "resources": ["trainjobs"],
+        }
+    ]
+    assert trainjobs["clientConfig"]["url"] == "https://127.0.0.1:1234/validate-trainer-kubeflow-org-v1alpha1-trainjob"
     assert hook == {
         "name": "validator.pytorchjob.training-operator.kubeflow.org",
         "admissionReviewVersions": ["v1"],
@@ -371,3 +380,22 @@ def test_the_control_plane_registered_the_webhook(kube_cluster: Any) -> None:
     assert (hook.name, hook.failure_policy, hook.side_effects) == (sw.WEBHOOK_NAME, "Fail", "None")
     endpoint = json.loads((kube_cluster.state_dir / "webhook" / "endpoint.json").read_text())
     assert hook.client_config.url == endpoint["url"]
+
+
+def test_trainjobs_get_the_trainer_webhooks_rules_that_a_1_20_api_server_drops() -> None:
+    """The provider's own TrainJob is admitted; one setting a reserved PET_* name, or changing its trainer block on
+    update, is denied with the Trainer's message."""
+    from airflow_provider_torchelastic import Elastic
+    from tests.contract.test_trainjob_render import render
+
+    trainjob = render(Elastic(nnodes=2))[1]
+    request = {"operation": "CREATE", "resource": {"resource": "trainjobs"}, "object": trainjob}
+    assert sw.admission_response(request)["allowed"], sw.admission_response(request)
+    reserved = json.loads(json.dumps(trainjob))
+    reserved["spec"]["trainer"].setdefault("env", []).append({"name": "PET_NNODES", "value": "4"})
+    denied = sw.admission_response({**request, "object": reserved})
+    assert not denied["allowed"] and "PET_NNODES" in denied["status"]["message"]
+    changed = json.loads(json.dumps(trainjob))
+    changed["spec"]["trainer"]["numNodes"] = 3
+    update = {"operation": "UPDATE", "resource": {"resource": "trainjobs"}, "object": changed, "oldObject": trainjob}
+    assert not sw.admission_response(update)["allowed"]

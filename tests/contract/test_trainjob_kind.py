@@ -255,6 +255,34 @@ def test_oom_and_eviction_are_recoverable(reason: str) -> None:
     assert decision.phase is Phase.FAILED and decision.verdict.recoverable, decision.verdict
 
 
+def restarted(index: int, message: str | None, exit_code: int = 1, reason: str = "Error") -> dict[str, Any]:
+    """A node whose container failed and was restarted in place (torch-distributed's OnFailure): running again,
+    the failure in ``lastState``."""
+    pod = node_pod(index)
+    terminated = {"exitCode": exit_code, "message": message, "reason": reason, "finishedAt": STAMP0}
+    pod["status"]["containerStatuses"][0]["lastState"] = {"terminated": terminated}
+    pod["status"]["containerStatuses"][0]["restartCount"] = 1
+    return pod
+
+
+def test_a_node_that_failed_and_restarted_in_place_fails_the_task_now_and_stops_the_job() -> None:
+    pods = [node_pod(0), restarted(1, failure(1))]
+    # Its peers get a moment to report (the root cause may be theirs) ...
+    early = decide(make_job(), pods, now=T0 + 2)
+    assert early.phase is Phase.RUNNING and "waiting for its peers" in early.progress
+    # ... then the task fails without waiting for the backoff limit's restarts, and the job is stopped.
+    late = decide(make_job(), pods, now=T0 + 30)
+    assert late.phase is Phase.FAILED and late.stop and late.verdict is not None and not late.verdict.recoverable
+    assert late.verdict.node == pods[1]["metadata"]["name"] and "rank 1" in late.verdict.detail
+    assert "ValueError: boom" in late.verdict.detail
+
+
+def test_an_oom_killed_node_restarted_in_place_is_recoverable() -> None:
+    pods = [node_pod(0), restarted(1, None, exit_code=137, reason="OOMKilled")]
+    decision = decide(make_job(), pods, now=T0 + 30)
+    assert decision.phase is Phase.FAILED and decision.stop and decision.verdict.recoverable, decision.verdict
+
+
 def test_a_failure_without_a_report_says_what_the_trainjob_says() -> None:
     deadline = decide(make_job(("Failed", "DeadlineExceeded", "past its deadline"), deadline=600), [])
     assert "active_deadline_seconds=600" in deadline.verdict.detail and not deadline.verdict.recoverable

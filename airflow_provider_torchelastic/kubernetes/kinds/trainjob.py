@@ -97,6 +97,8 @@ _RUNTIME_KINDS: Final = ("ClusterTrainingRuntime", "TrainingRuntime")
 #: would show only as an event on the TrainJob. Up to 99999 nodes: the pod index has at most 5 digits.
 _MAX_NODE_DIGITS: Final = 5
 _POD_SUFFIX: Final = len("-abcde")
+#: Seconds after a node's failure during which its peers' reports are awaited (the root cause may be theirs).
+_FAILED_SETTLE_SECONDS: Final = 5.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -461,6 +463,18 @@ def _decide(ref: JobRef, snapshot: Snapshot, policy: WaitPolicy) -> WaitDecision
             verdict = decide_run(reports)
             return seen.decision(status.phase_of(verdict), "Complete", verdict=verdict)
         return seen.decision(Phase.RUNNING, "Complete, waiting for rank 0's pod")
+    verdict = decide_run(reports)
+    if not verdict.succeeded and verdict.node is not None:
+        # A node failed (its container ended with a failure, maybe restarted since: lastState). torch-distributed
+        # restarts it in place (OnFailure, the Job's backoffLimit 6), for minutes before the TrainJob fails, but a
+        # restarted node cannot rejoin: its peers' workers already failed on the broken collectives, and the static
+        # rendezvous starts no new round. So the task fails now and stops the job; a recoverable cause (OOM,
+        # eviction, RecoverableError) is retried by Airflow, with a fresh TrainJob, from its checkpoints.
+        failed_at = min((r.finished_at for r in reports if r.finished_at is not None), default=seen.now)
+        if seen.now - failed_at < _FAILED_SETTLE_SECONDS and len(reports) < len(seen.pods):
+            # Its peers fail a moment later, and the root cause may be theirs: give them a moment to report.
+            return seen.decision(Phase.RUNNING, "a node failed, waiting for its peers to report")
+        return seen.decision(Phase.FAILED, "a node failed", verdict=verdict, stop=True)
     queue = status.queue_name(job)
     if _suspended(job):
         # Created suspended (Kueue's webhook does that to a labelled TrainJob) or preempted: waiting for capacity.

@@ -1,0 +1,103 @@
+"""DAGs for tests/e2e/test_trainjob.py: tasks run as Kubeflow Trainer v2 TrainJobs on the local cluster, whose
+simulated Trainer controller (tests/cluster/sim_trainer.py) goes TrainJob -> JobSet -> indexed Job -> pods, and whose
+simulated kubelet runs each node's pod as local processes (see tests/dags/k8s_e2e.py)."""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+
+import pendulum
+from airflow.sdk import DAG
+
+from airflow_provider_torchelastic import Elastic, TorchElasticOperator
+from airflow_provider_torchelastic.pod import JobOptions, PodOptions
+from tests.dag_support import fail_on_rank_1, record_failure
+
+START = pendulum.datetime(2026, 1, 1, tz="UTC")
+IMAGE = "local/torchelastic-runner:test"
+FAST = {"image": IMAGE, "execution": "kubernetes", "poll_interval": 1, "pending_grace_seconds": 5}
+
+
+def _dag(dag_id: str, **default_args: object) -> DAG:
+    args = {
+        "retries": 0,
+        "retry_delay": timedelta(0),
+        "on_failure_callback": record_failure,
+        "on_retry_callback": record_failure,
+        "execution_timeout": timedelta(minutes=4),
+        **default_args,
+    }
+    return DAG(dag_id, schedule=None, start_date=START, catchup=False, default_args=args)
+
+
+def two_nodes() -> Elastic:
+    return Elastic(nnodes=2, nproc_per_node=1, monitor_interval=0.5)
+
+
+def train_ddp(steps: int) -> dict:
+    """A small DDP regression on every node: the loss rank 0 ends with, the world it ran in, and where it ran."""
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+    from torch.nn.parallel import DistributedDataParallel
+
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(0)
+    model = DistributedDataParallel(nn.Linear(4, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    data = torch.Generator().manual_seed(1 + rank)
+    x = torch.randn(64, 4, generator=data)
+    y = x @ torch.tensor([[1.0], [-2.0], [0.5], [3.0]])
+    for _ in range(steps):
+        optimizer.zero_grad()
+        loss = nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        optimizer.step()
+    dist.destroy_process_group()
+    return {"world_size": world, "rank": rank, "loss": float(loss), "node_rank": int(os.environ["GROUP_RANK"])}
+
+
+# No job_kind: [torch_elastic] job_kind decides (the test changes only that option).
+with _dag("k8s_two_node_training"):
+    TorchElasticOperator(task_id="train", python_callable=train_ddp, op_args=[40], task_config=two_nodes(), **FAST)
+
+# Node 1's function raises: the task fails at once (the runtime would restart the node in place), naming the pod.
+with _dag("k8s_trainjob_node_fails", retries=1):
+    TorchElasticOperator(
+        task_id="train", python_callable=fail_on_rank_1, task_config=two_nodes(), job_kind="trainjob", **FAST
+    )
+
+# One node OOM-killed on the first try (the fault counts per DAG run): recoverable, the retry's new TrainJob succeeds.
+with _dag("k8s_trainjob_oom_retried", retries=1):
+    TorchElasticOperator(
+        task_id="train",
+        python_callable=train_ddp,
+        op_args=[5],
+        task_config=two_nodes(),
+        job_kind="trainjob",
+        deferrable=True,
+        pod_options=PodOptions(
+            annotations={
+                "sim.torchelastic.dev/fail": "OOMKilled",
+                "sim.torchelastic.dev/fail-after-seconds": "0.5",
+                "sim.torchelastic.dev/fail-times": "1",
+                "sim.torchelastic.dev/fail-times-scope": "torchelastic.airflow.apache.org/run-id",
+            }
+        ),
+        **FAST,
+    )
+
+# Created suspended (as Kueue's webhook does): waits as queued until the test resumes it.
+with _dag("k8s_trainjob_suspended"):
+    TorchElasticOperator(
+        task_id="train",
+        python_callable=train_ddp,
+        op_args=[5],
+        task_config=two_nodes(),
+        job_kind="trainjob",
+        deferrable=True,
+        job_options=JobOptions(suspend=True),
+        **FAST,
+    )
