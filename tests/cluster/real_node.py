@@ -11,18 +11,24 @@ hierarchy, and the cluster DNS on the bridge gateway (``<key>``: 8 hex digits of
 containerd and the kubelet share one private mount namespace (``unshare -m --propagation private``), held by a
 ``sleep`` process, so the paths they hard-code (``HARDCODED_PATHS``) are bind mounts of folders in the state dir and
 every mount they make (overlay rootfs, volumes, network namespaces, the kubelet's root-dir bind mount) vanishes
-with that namespace. Every process of the node (containerd and its shims, pod containers, the kubelet, scheduler,
-controller-manager and DNS) lives in the node's cgroup tree, so ``down`` can kill all of them even after a
-SIGKILLed ``up``, with nothing but the state dir.
+with that namespace. Inside it the kubelet's root is ``/var/lib/kubelet`` and containerd's sockets are in
+``/run/containerd``, as on a real node: a unix socket path may not exceed 107 bytes, and a pytest tmp dir plus
+``node/containerd/run/containerd.sock.ttrpc`` does. Host-side tools reach containerd through ``nsenter`` (:func:`ctr`).
+
+Every process of the node (containerd and its shims, pod containers, the kubelet, scheduler, controller-manager and
+DNS) lives in the node's cgroup tree, so ``down`` can kill all of them even after a SIGKILLed ``up``, with nothing
+but the state dir.
 
 Layout of ``<state dir>/node/``::
 
     node.json                   the derived names, subnet, paths (NodeLayout); written before anything is started
     pki/                        a CA of our own: the apiserver's --client-ca-file, kubelet client/serving certs
     kubeconfig-*                the kubelet's (client certificate), the scheduler's and controller-manager's (tokens)
-    containerd/                 config.toml, root/ (metadata, snapshots), state/, run/ (sockets), runc/
+    containerd/                 config.toml, root/ (a cached root bind-mounted: containerd_roots()), state/,
+                                run/ (sockets, at /run/containerd), runc/
     cni/net.d/, cni/ipam/       the bridge network's config and host-local's leases
-    kubelet/                    the kubelet's --root-dir
+    kubelet/                    the kubelet's --root-dir (/var/lib/kubelet)
+    mntns                       the mount namespace's id: `down` kills any process still in it
     hostpaths/<name>/           what is mounted at each of HARDCODED_PATHS inside the node's mount namespace
     resolv.conf                 the kubelet's --resolv-conf (nameserver: the cluster DNS)
 
@@ -77,14 +83,19 @@ KUBELET_PORT = 10250  # on the bridge gateway, which is this cluster's own addre
 SCHEDULER_USER = "system:kube-scheduler"
 CONTROLLER_MANAGER_USER = "system:kube-controller-manager"
 
-# Paths the kubelet, containerd and the CNI plugins use whatever their flags say (real-node.md).
+# Paths the kubelet, containerd and the CNI plugins use whatever their flags say (real-node.md), bind-mounted from the
+# node dir inside its mount namespace (NodeLayout.binds). /var/lib/kubelet holds the hard-coded device-plugins dir,
+# /run/containerd the hard-coded shim sockets (s/).
 HARDCODED_PATHS = (
     "/var/log/pods",
     "/var/log/containers",
-    "/var/lib/kubelet/device-plugins",
+    "/var/lib/kubelet",
     "/var/lib/cni",
-    "/run/containerd/s",
+    "/run/containerd",
 )
+# Inside the node's mount namespace.
+KUBELET_ROOT = Path("/var/lib/kubelet")
+CONTAINERD_SOCKET = Path("/run/containerd/containerd.sock")
 # Set by the kubelet (setupKernelTunables) and, ip_forward, by the bridge plugin (isGateway).
 SYSCTLS = (
     "vm.overcommit_memory",
@@ -155,10 +166,6 @@ class NodeLayout:
         return self.node_dir / "containerd"
 
     @property
-    def containerd_socket(self) -> Path:
-        return self.containerd_dir / "run" / "containerd.sock"
-
-    @property
     def kubelet_dir(self) -> Path:
         return self.node_dir / "kubelet"
 
@@ -167,6 +174,11 @@ class NodeLayout:
         return self.node_dir / "pki"
 
     def hostpath_source(self, target: str) -> Path:
+        """What is mounted at ``target`` (one of HARDCODED_PATHS) inside the node's mount namespace."""
+        if target == str(KUBELET_ROOT):
+            return self.kubelet_dir
+        if target == str(CONTAINERD_SOCKET.parent):
+            return self.containerd_dir / "run"
         return self.node_dir / "hostpaths" / target.strip("/").replace("/", "_")
 
     def to_json(self) -> dict[str, str]:
@@ -424,23 +436,13 @@ state = "{d / "state"}"
 disabled_plugins = ["io.containerd.internal.v1.opt"]
 
 [grpc]
-  address = "{layout.containerd_socket}"
+  address = "{CONTAINERD_SOCKET}"
 
 [ttrpc]
-  address = "{d / "run" / "containerd.sock.ttrpc"}"
+  address = "{CONTAINERD_SOCKET}.ttrpc"
 
 [debug]
-  address = "{d / "run" / "debug.sock"}"
-
-# The garbage collector never runs on its own (the leases service needs the plugin, so it cannot be disabled): its
-# startup run would delete the content blobs linked in from the cache (link_content_from_cache) before the import
-# references them. Deleted containers' snapshots stay until `down` removes the root.
-[plugins."io.containerd.gc.v1.scheduler"]
-  startup_delay = "87600h"
-  deletion_threshold = 0
-  mutation_threshold = 1000000000
-  pause_threshold = 0.0
-  schedule_delay = "0s"
+  address = "{CONTAINERD_SOCKET.parent / "debug.sock"}"
 
 [plugins."io.containerd.grpc.v1.cri"]
   sandbox_image = "{PAUSE_IMAGE}"
@@ -500,7 +502,6 @@ def cni_config(layout: NodeLayout) -> dict[str, Any]:
 
 
 def kubelet_args(layout: NodeLayout, binaries: Path) -> list[str]:
-    k = layout.kubelet_dir
     pki = layout.pki
     return [
         str(binaries / "kubelet"),
@@ -511,12 +512,12 @@ def kubelet_args(layout: NodeLayout, binaries: Path) -> list[str]:
         f"--port={KUBELET_PORT}",
         "--read-only-port=0",
         "--healthz-port=0",
-        f"--root-dir={k}",
+        f"--root-dir={KUBELET_ROOT}",  # layout.kubelet_dir, mounted there
         f"--cert-dir={layout.pki}",
         f"--volume-plugin-dir={layout.node_dir / 'volume-plugins'}",
         "--container-runtime=remote",  # 1.20 defaults to docker
-        f"--container-runtime-endpoint=unix://{layout.containerd_socket}",
-        f"--containerd={layout.containerd_socket}",  # cadvisor dials /run/containerd/containerd.sock otherwise
+        f"--container-runtime-endpoint=unix://{CONTAINERD_SOCKET}",
+        f"--containerd={CONTAINERD_SOCKET}",  # for cadvisor
         "--runtime-request-timeout=5m",
         "--cgroup-driver=cgroupfs",
         f"--cgroup-root=/{layout.cgroup}",
@@ -717,49 +718,31 @@ def image_archives(binaries: Path) -> list[Path]:
     return [pause_archive(binaries), *sorted((cache_dir() / "images").glob("*.oci.tar"))]
 
 
-def content_store_cache() -> Path:
-    """containerd's content blobs, kept between ups: hard-linked into each new cluster's content store before its
-    containerd starts, so that importing an image (containerd skips blobs its store already has) copies nothing."""
-    return cache_dir() / "containerd-content" / "blobs" / "sha256"
+ROOT_SLOTS = 8
 
 
-def _content_blobs(layout: NodeLayout) -> Path:
-    return layout.containerd_dir / "root" / "io.containerd.content.v1.content" / "blobs" / "sha256"
+def containerd_roots() -> Path:
+    """containerd roots kept between ups (content, metadata, unpacked snapshots), one per concurrently running node:
+    ``root-<n>`` is in use while some node's mount-namespace holder keeps ``root-<n>.lock`` flocked. A new node takes
+    the first free one, so its images are usually imported and unpacked already (an unpack of the runner image takes
+    a minute or more here, and deleting it again at ``down`` as long). containerd's own GC, at each start, drops what
+    the metadata no longer references (an image replaced by a newer import)."""
+    return cache_dir() / "containerd"
 
 
-def link_content_from_cache(layout: NodeLayout) -> int:
-    """Hard-link the cached blobs into the node's content store; returns how many (0 across file systems)."""
-    src, dst = content_store_cache(), _content_blobs(layout)
-    dst.mkdir(parents=True, exist_ok=True)
-    linked = 0
-    if src.is_dir():
-        for blob in src.iterdir():
-            try:
-                os.link(blob, dst / blob.name)
-                linked += 1
-            except FileExistsError:
-                pass
-            except OSError:  # another file system (EXDEV): the import copies instead
-                break
-    return linked
-
-
-def save_content_to_cache(layout: NodeLayout) -> None:
-    """Make the cache hold exactly the node's blobs (what this up imported), by hard links where possible."""
-    src, dst = _content_blobs(layout), content_store_cache()
-    dst.mkdir(parents=True, exist_ok=True)
-    current = {b.name for b in src.iterdir()} if src.is_dir() else set()
-    for name in current:
-        if not (dst / name).exists():
-            tmp = dst / f".{name}.{os.getpid()}"
-            try:
-                os.link(src / name, tmp)
-            except OSError:
-                shutil.copyfile(src / name, tmp)
-            tmp.replace(dst / name)
-    for stale in dst.iterdir():
-        if stale.name not in current:
-            stale.unlink(missing_ok=True)
+def archive_images(archive: Path) -> dict[str, str]:
+    """``{image name: manifest digest}`` in an OCI archive's index.json (what ``ctr images import`` would create)."""
+    names: dict[str, str] = {}
+    with contextlib.suppress(OSError, tarfile.TarError, ValueError, KeyError), tarfile.open(archive) as tar:
+        member = tar.extractfile("index.json")
+        if member is None:
+            return names
+        for desc in json.loads(member.read()).get("manifests") or []:
+            annotations = desc.get("annotations") or {}
+            name = annotations.get("io.containerd.image.name") or annotations.get("org.opencontainers.image.ref.name")
+            if name:
+                names[name] = desc["digest"]
+    return names
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -994,19 +977,28 @@ class RealNode:
             ),
         )
 
-        # The mount namespace: bind the hard-coded paths, then hold it with `sleep`.
-        link_content_from_cache(layout)
+        # The mount namespace: take a free containerd root (its lock held by the holder's fd 9 for the node's whole
+        # life), bind it and the hard-coded paths, then hold the namespace with `sleep`.
+        roots = containerd_roots()
+        for n in range(ROOT_SLOTS):
+            (roots / f"root-{n}").mkdir(parents=True, exist_ok=True)
         ready = layout.node_dir / "mounts.ready"
         ready.unlink(missing_ok=True)
         binds = [(layout.hostpath_source(t), Path(t)) for t in HARDCODED_PATHS]
-        mount_script = "set -e; " + " ".join(f"mount --bind '{s}' '{t}';" for s, t in binds)
-        mount_script += f" touch '{ready}'; exec sleep infinity"
+        mount_script = (
+            f"for n in {' '.join(map(str, range(ROOT_SLOTS)))} none; do "
+            f"[ $n = none ] && exit 75; exec 9>>'{roots}/root-'$n.lock; flock -n 9 && break; exec 9>&-; done; "
+            f"set -e; mount --bind '{roots}/root-'$n '{layout.containerd_dir / 'root'}'; "
+        )
+        mount_script += " ".join(f"mount --bind '{s}' '{t}';" for s, t in binds)
+        mount_script += f" echo $n > '{ready}'; exec sleep infinity"
         self._spawn(
             "node-mounts",
             in_cgroup(["unshare", "--mount", "--propagation", "private", "/bin/sh", "-c", mount_script]),
         )
         cp._wait_for(ready.exists, 15, "the node's mount namespace", self._check_alive)
         holder = self._holder_pid()
+        (layout.node_dir / "mntns").write_text(os.readlink(f"/proc/{holder}/ns/mnt") + "\n")
 
         def in_namespace(cmd: list[str]) -> list[str]:
             return in_cgroup(["nsenter", f"--mount=/proc/{holder}/ns/mnt", "--", *cmd])
@@ -1032,8 +1024,10 @@ class RealNode:
         self._log(f"node {layout.node_name} Ready after {time.monotonic() - t0:.1f}s")
 
     def _holder_pid(self) -> int:
-        record = {r.name: r for r in cp.read_pids(self.layout.state_dir)}["node-mounts"]
-        return record.pid  # sh exec'd unshare, which exec'd sh, which exec'd sleep: one pid throughout
+        pid = holder_pid(self.layout)
+        if pid is None:
+            raise NodeError("the node's mount namespace holder (node-mounts) is not running")
+        return pid
 
     def _containerd_serves(self) -> bool:
         return self.ctr("version", check=False).returncode == 0
@@ -1042,16 +1036,34 @@ class RealNode:
         return ctr(self.layout, *args, check=check, timeout=timeout)
 
     def _import_images(self) -> None:
+        present = {}
+        for line in self.ctr("images", "ls").stdout.splitlines()[1:]:
+            fields = line.split()
+            if len(fields) > 2:
+                present[fields[0]] = fields[2]
         for archive in image_archives(self.binaries):
+            images = archive_images(archive)
+            if images and all(present.get(name) == digest for name, digest in images.items()):
+                continue  # imported (and unpacked) into this root by an earlier up
             t = time.monotonic()
             self.ctr("images", "import", str(archive))
-            self._log(f"imported {archive.name} in {time.monotonic() - t:.1f}s")
-        save_content_to_cache(self.layout)
+            self._log(f"imported {archive.name} ({', '.join(images) or '?'}) in {time.monotonic() - t:.1f}s")
+
+
+def holder_pid(layout: NodeLayout) -> int | None:
+    """The pid holding the node's mount namespace (sh exec'd unshare, which exec'd sh, which exec'd sleep)."""
+    record = {r.name: r for r in cp.read_pids(layout.state_dir)}.get("node-mounts")
+    return record.pid if record is not None and record.process() is not None else None
 
 
 def ctr(layout: NodeLayout, *args: str, check: bool = True, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    """``ctr`` against the node's containerd, namespace ``k8s.io`` (the CRI's)."""
-    cmd = ["ctr", f"--address={layout.containerd_socket}", "--namespace=k8s.io", *args]
+    """``ctr`` against the node's containerd (namespace ``k8s.io``, the CRI's), run inside the node's mount namespace
+    where the socket is. Host paths in ``args`` (an archive to import) are the same there."""
+    holder = holder_pid(layout)
+    if holder is None:
+        raise NodeError(f"node {layout.node_name} is not running (no mount namespace holder)")
+    cmd = ["nsenter", f"--mount=/proc/{holder}/ns/mnt", "--", "ctr", f"--address={CONTAINERD_SOCKET}"]
+    cmd += ["--namespace=k8s.io", *args]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False, stdin=subprocess.DEVNULL)
     if check and proc.returncode != 0:
         raise NodeError(f"`{' '.join(cmd)}` failed (exit {proc.returncode}): {proc.stderr.strip()[-2000:]}")
@@ -1120,10 +1132,8 @@ def stop_node(state_dir: Path, *, timeout: float = 15.0, log: Callable[[str], No
         left.append(f"bridge {layout.bridge}")
     _release_host(layout.state_dir)
     if not victims:
-        # Unpacked images and containers' snapshots (a GB or more); the logs stay. Every mount on them was in the
-        # node's mount namespace, gone with its last process.
-        for sub in ("root", "state"):
-            shutil.rmtree(layout.containerd_dir / sub, ignore_errors=True)
+        # Task state and network namespace files (the root is a cached one, containerd_roots()); the logs stay.
+        shutil.rmtree(layout.containerd_dir / "state", ignore_errors=True)
     return left
 
 
@@ -1152,12 +1162,23 @@ def _node_processes(layout: NodeLayout) -> list[psutil.Process]:
         with contextlib.suppress(psutil.Error):
             procs.append(psutil.Process(pid))
     node_dir = str(layout.node_dir)
+    try:
+        mntns = (layout.node_dir / "mntns").read_text().strip()
+    except OSError:
+        mntns = ""
     seen = {p.pid for p in procs}
     for proc in cp._all_procs():
         if proc.pid in seen:
             continue
         cmd = cp.cmdline(proc)
         program = Path(cmd[0]).name if cmd else ""
+        # In the node's mount namespace (containerd's shims are, and name no path of the node dir). The program check
+        # guards against a namespace id reused after the node's namespace is long gone.
+        if mntns and program in _NODE_PROGRAMS:
+            with contextlib.suppress(OSError):
+                if os.readlink(f"/proc/{proc.pid}/ns/mnt") == mntns:
+                    procs.append(proc)
+                    continue
         # Only programs the node runs: never a user's shell or editor that merely looks at the node dir.
         ours = program in _NODE_PROGRAMS or (program.startswith("python") and "tests.cluster.cluster_dns" in cmd)
         if ours and any(cp._mentions(arg, node_dir) for arg in cmd):

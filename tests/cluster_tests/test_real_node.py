@@ -259,13 +259,15 @@ def test_down_after_a_sigkilled_up_leaves_nothing_behind(
     # After the module's cluster is down, so that the host is back to `host_before` (the sysctls are shared).
     assert real_cluster.down().returncode == 0
     state_dir = tmp_path / "killed"
-    up = subprocess.Popen(
-        [sys.executable, "-m", "tests.cluster", "up", "--node", "real", "--state-dir", str(state_dir)],
-        cwd=cp.REPO_ROOT,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    up_log = tmp_path / "up.log"
+    with open(up_log, "wb") as out:
+        up = subprocess.Popen(
+            [sys.executable, "-m", "tests.cluster", "up", "--node", "real", "--state-dir", str(state_dir)],
+            cwd=cp.REPO_ROOT,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
     try:
         # Killed once the kubelet has started: containerd, its mount namespace, the bridge and cgroups exist.
         def kubelet_started() -> bool:
@@ -273,6 +275,7 @@ def test_down_after_a_sigkilled_up_leaves_nothing_behind(
 
         wait_for(kubelet_started, 300, "the kubelet to start")
         time.sleep(3)
+        assert up.poll() is None, up_log.read_text()[-4000:]
         up.send_signal(signal.SIGKILL)
         up.wait(timeout=10)
         layout = rn.load_layout(state_dir)
