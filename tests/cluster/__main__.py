@@ -1,7 +1,9 @@
-"""``python -m tests.cluster up|down|status [--state-dir DIR]``.
+"""``python -m tests.cluster up|down|status|runner-image [--state-dir DIR]``.
 
 ``up`` prints progress on stderr and the admin kubeconfig path as the last line of stdout, so that
-``kubectl --kubeconfig "$(python -m tests.cluster up | tail -1)" get pytorchjobs -A`` works.
+``kubectl --kubeconfig "$(python -m tests.cluster up | tail -1)" get pytorchjobs -A`` works. ``runner-image``
+builds the runner image from docker/Dockerfile (tests/cluster/image.py; cached) and prints the reference pods on a
+real node should use.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ def _log(msg: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.cluster", description=__doc__.splitlines()[0])
-    parser.add_argument("command", choices=("up", "down", "status"))
+    parser.add_argument("command", choices=("up", "down", "status", "runner-image"))
     parser.add_argument(
         "--state-dir",
         type=Path,
@@ -42,6 +44,10 @@ def main(argv: list[str] | None = None) -> int:
         "and containerd (tests/cluster/real_node.py; cgroup v1, root). Default: $TORCHELASTIC_NODE or sim",
     )
     args = parser.parse_args(argv)
+    if args.command == "runner-image":
+        from tests.cluster import image
+
+        return image.main([])
     state_dir = (args.state_dir or cp.default_state_dir()).resolve()
 
     if args.command == "up":
