@@ -19,6 +19,8 @@ if [ "${TORCHELASTIC_SKIP_CLUSTER:-0}" != "1" ]; then
   bash scripts/build-kube-apiserver.sh
   echo "==> runner env (the pods' Python: built like docker/Dockerfile, then cached)"
   bash scripts/build-runner-env.sh
+  echo "==> runner image (docker/Dockerfile itself, with Debian's buildah; cached: a code change rebuilds only the package layers)"
+  .venv/bin/python -m tests.cluster.image
   echo "==> PostgreSQL (the Airflow deployment tests' metadata database: Debian's, installed once if missing)"
   .venv/bin/python -m tests.airflow_services install-postgres
   echo "==> Chromium (the browser tests' headless browser: Debian's, installed once if missing)"
