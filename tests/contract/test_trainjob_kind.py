@@ -283,6 +283,16 @@ def test_an_oom_killed_node_restarted_in_place_is_recoverable() -> None:
     assert decision.phase is Phase.FAILED and decision.stop and decision.verdict.recoverable, decision.verdict
 
 
+def test_a_trainjob_without_pods_past_the_grace_fails_pointing_at_its_events() -> None:
+    # A JobSet the JobSet webhook refuses shows only as an event on the TrainJob: the wait must not last forever.
+    assert decide(make_job(), [], now=T0 + POLICY.pending_grace_seconds - 1).phase is Phase.PENDING
+    late = decide(make_job(), [], now=T0 + POLICY.pending_grace_seconds + 1)
+    assert late.phase is Phase.FAILED and late.stop and not late.verdict.recoverable
+    assert "kubectl describe trainjob" in late.verdict.detail and "has no pods" in late.verdict.detail
+    # Suspended (queued) is waiting for capacity, not this.
+    assert decide(make_job(suspend=True), [], now=T0 + POLICY.pending_grace_seconds + 1).phase is Phase.PENDING
+
+
 def test_a_failure_without_a_report_says_what_the_trainjob_says() -> None:
     deadline = decide(make_job(("Failed", "DeadlineExceeded", "past its deadline"), deadline=600), [])
     assert "active_deadline_seconds=600" in deadline.verdict.detail and not deadline.verdict.recoverable

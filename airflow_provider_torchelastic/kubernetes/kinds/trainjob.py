@@ -491,6 +491,21 @@ def _decide(ref: JobRef, snapshot: Snapshot, policy: WaitPolicy) -> WaitDecision
         return status.out_of_patience(seen, policy, first.since, status.describe_wait(first) + host, first.pod)
     if seen.running:
         return seen.decision(Phase.RUNNING, "Running")
+    if not seen.pods and seen.now - seen.created >= policy.pending_grace_seconds:
+        # Not suspended, yet no pod: the JobSet (or its Jobs) was not made. A JobSet the JobSet webhook refuses shows
+        # only as an event on the TrainJob, and the TrainJob stays as it is: without this it would wait forever.
+        return seen.decision(
+            Phase.FAILED,
+            "failed (no pods)",
+            verdict=Verdict(
+                succeeded=False,
+                detail=f"{ref.kind} {ref.namespace}/{ref.name} has no pods {policy.pending_grace_seconds:.0f} s after "
+                "its creation and is not suspended: its JobSet was not created or was refused (see `kubectl describe "
+                f"trainjob -n {ref.namespace} {ref.name}` for the Trainer's events), or Kubeflow Trainer's controller "
+                "is not running; a retry would meet the same refusal",
+            ),
+            stop=True,
+        )
     return seen.decision(Phase.PENDING, "Created" + (f" (Kueue LocalQueue {queue})" if queue else ""))
 
 
