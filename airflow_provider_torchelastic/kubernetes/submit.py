@@ -296,6 +296,7 @@ def refusal(ref: JobRef, error: KubeError) -> Refusal:
         )
         hint = (
             f"; an admission webhook refused the object{checker}: see its message above; fix the task's configuration"
+            + (f" ({descriptor.refusal_hint})" if descriptor.refusal_hint else "")
         )
     elif error.status in (401, 403):
         hint = "; the connection's identity lacks permission (see the Role in the README)"

@@ -416,3 +416,13 @@ def test_a_kind_with_a_longer_controller_chain_must_say_how_to_read_what_is_in_b
 
     with pytest.raises(ValueError, match="intermediates: expected an OwnerQuery"):
         replace(trainjob.KIND, intermediates=())
+
+
+def test_a_webhook_refusal_of_a_trainjob_says_a_missing_runtime_is_refused_so() -> None:
+    from airflow_provider_torchelastic.errors import KubeError
+    from airflow_provider_torchelastic.kubernetes.submit import refusal
+
+    denied = KubeError(403, "Forbidden", 'admission webhook "validator.trainjob.trainer.kubeflow.org" denied it')
+    message = refusal(JobRef(kind="TrainJob", name=NAME, namespace="ml"), denied).message
+    assert "most often the validation of Kubeflow Trainer v2" in message
+    assert "kubectl get clustertrainingruntimes" in message and "(a retry will not help)" in message

@@ -88,6 +88,8 @@ class JobKind:
     #: The preflight's fix where the kind's API is not served (``install ...``); ``None``: install its CRD and a
     #: controller.
     install_hint: str | None = None
+    #: What an admission webhook's refusal of this kind most often means, beyond its own message; ``None``: nothing.
+    refusal_hint: str | None = None
 
     def __post_init__(self) -> None:
         if self.pod_controllers != () and not self.pod_owner_label:

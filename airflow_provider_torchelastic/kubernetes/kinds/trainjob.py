@@ -566,4 +566,7 @@ KIND: Final = JobKind(
     digest_spec=_digest_spec,
     controller="Kubeflow Trainer v2",
     install_hint="install Kubeflow Trainer v2.3 (its CRDs, JobSet v0.12 and the torch-distributed runtime)",
+    # The Trainer's webhook refuses a TrainJob whose runtime does not exist with a 403, as it refuses bad fields.
+    refusal_hint="a runtimeRef naming a runtime the cluster lacks is refused so: `kubectl get "
+    "clustertrainingruntimes` lists those installed (torch-distributed is the default)",
 )
