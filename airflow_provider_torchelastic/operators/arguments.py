@@ -269,9 +269,10 @@ def check_operator_arguments(
 def _fixed_kind(config: TaskConfig, job_kind: str | None) -> JobKind | None:
     """The kind that will run ``config`` when ``job_kind`` (else ``[torch_elastic] job_kind``) fixes it; a
     ValueError naming the field, the value and why when that kind cannot run it."""
-    where = f"job_kind={job_kind!r}" if job_kind is not None else f"[torch_elastic] job_kind={read_job_kind_option()!r}"
+    value = job_kind if job_kind is not None else read_job_kind_option()
+    where = f"job_kind={value!r}" if job_kind is not None else f"[torch_elastic] job_kind={value!r}"
     try:
-        choice = kinds.fixed_choice(config, job_kind if job_kind is not None else read_job_kind_option())
+        choice = kinds.fixed_choice(config, value)
     except ValueError as e:
         raise ValueError(f"{e} ({where})") from e
     return choice[0] if choice is not None else None
