@@ -825,12 +825,13 @@ def _holder_alive(state_dir: Path) -> bool:
 
 
 def _hierarchies() -> list[Path]:
-    """The mounted cgroup v1 hierarchies (cpu, memory, ..., name=systemd), one folder each."""
+    """The mounted cgroup hierarchies, one folder each: v1 (cpu, memory, ..., name=systemd) and, on a hybrid host,
+    the controller-less v2 one (``/sys/fs/cgroup/unified``), where runc puts every container's cgroup as well."""
     found = []
     with contextlib.suppress(OSError):
         for line in Path("/proc/self/mounts").read_text().splitlines():
             parts = line.split()
-            if len(parts) > 2 and parts[2] == "cgroup":
+            if len(parts) > 2 and parts[2] in ("cgroup", "cgroup2"):
                 found.append(Path(parts[1]))
     return found
 
