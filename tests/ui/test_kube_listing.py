@@ -85,6 +85,54 @@ def test_the_documented_read_only_role_is_enough_for_the_pages(kube_cluster, mon
             with pytest.raises(KubeError) as missing:
                 KubeJobs(conn_id).read_log_tail(namespace, "no-such-pod")
             assert missing.value.status == 404
+            # A TrainJob, with the pods its JobSet and Jobs lead to: the role lists those too.
+            _a_trainjob_lists_with_its_pods(admin, conn_id, namespace)
         finally:
             rbac.delete_namespaced_role_binding(name, namespace)
             rbac.delete_namespaced_role(name, namespace)
+
+
+def _a_trainjob_lists_with_its_pods(admin: object, conn_id: str, namespace: str) -> None:
+    """A TrainJob as the provider renders it, run by the cluster's simulated Trainer: the page lists it with its two
+    nodes' pods, found through its JobSet and Jobs (their lists are the role's too)."""
+    import time
+
+    from kubernetes import client
+
+    from airflow_provider_torchelastic import Elastic
+    from airflow_provider_torchelastic.core.naming import RunIdentity
+    from airflow_provider_torchelastic.kubernetes import kinds
+    from airflow_provider_torchelastic.kubernetes.render import render_manifests
+
+    identity = RunIdentity(dag_id="ui_trainjob", task_id="train", run_id="manual__ui")
+    secret, trainjob = render_manifests(
+        Elastic(nnodes=2),
+        identity=identity,
+        namespace=namespace,
+        image="local/torchelastic-runner:test",
+        payload=b"not a payload",
+        renderer=kinds.TRAINJOB.render,
+    )
+    core, custom = client.CoreV1Api(admin), client.CustomObjectsApi(admin)
+    group, version, plural = kinds.TRAINJOB.group, kinds.TRAINJOB.version, kinds.TRAINJOB.plural
+    name = trainjob["metadata"]["name"]
+    core.create_namespaced_secret(namespace, secret)
+    custom.create_namespaced_custom_object(group, version, namespace, plural, trainjob)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            listed = [job for job in KubeJobs(conn_id).jobs(namespace) if job.name == name]
+            if listed and len(listed[0].pods) == 2:
+                break
+            assert time.monotonic() < deadline, f"TrainJob {name} listed with its 2 pods: {listed}"
+            time.sleep(1)
+        (job,) = listed
+        assert job.kind == "TrainJob" and job.identity is not None and job.identity.dag_id == "ui_trainjob"
+        assert sorted(p["metadata"]["name"].rsplit("-", 1)[0] for p in job.pods) == [
+            f"{name}-node-0-0",
+            f"{name}-node-0-1",
+        ]
+    finally:
+        body = {"propagationPolicy": "Background"}
+        custom.delete_namespaced_custom_object(group, version, namespace, plural, name, body=body)
+        core.delete_namespaced_secret(secret["metadata"]["name"], namespace)
