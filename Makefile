@@ -1,5 +1,5 @@
 # The two commands of the README: `make demo` (set up, run the quickstart DAG locally) and `make test` (everything).
-.PHONY: demo ui test setup lint cluster-up cluster-down golden crd bench bench-triggerer
+.PHONY: demo ui test setup lint cluster-up cluster-down golden crd bench bench-triggerer bench-artifacts
 
 setup:
 	bash scripts/setup.sh
@@ -32,6 +32,11 @@ crd: setup
 
 bench: setup
 	.venv/bin/python benchmarks/bench_runner.py
+
+# A 1 GiB state dict saved from rank 0 and loaded downstream as an artifact, against a raw fsspec copy of the same
+# bytes, over file:// and an S3-compatible server (moto); about a quarter of an hour on 2 CPUs. Not part of `make test`.
+bench-artifacts: setup
+	.venv/bin/python benchmarks/artifacts.py
 
 # Hundreds of deferred jobs in one triggerer on the local cluster (about 25 min); not part of `make test`.
 bench-triggerer: setup

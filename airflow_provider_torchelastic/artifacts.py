@@ -20,7 +20,7 @@ safetensors are imported when an artifact is loaded, never when this module is.
 from __future__ import annotations
 
 import os
-from typing import IO, Any
+from typing import Any
 
 from airflow_provider_torchelastic.core.artifact_ref import ArtifactRefError
 from airflow_provider_torchelastic.core.run_context import CONTEXT_ENV
@@ -46,7 +46,7 @@ def load(value: Any, *, into: Any = None, strict: bool = True, allow_pickle: boo
     """
     from airflow_provider_torchelastic.worker import artifacts
 
-    return artifacts.load(value, into=into, strict=strict, allow_pickle=allow_pickle, opener=_airflow_opener())
+    return artifacts.load(value, into=into, strict=strict, allow_pickle=allow_pickle, locate=_airflow_locator())
 
 
 def pickled(module: Any) -> PickledModule:
@@ -57,8 +57,8 @@ def pickled(module: Any) -> PickledModule:
     return artifacts.pickled(module)
 
 
-def _airflow_opener() -> Any:
-    """Opens URLs with the artifact storage's connection, on an Airflow worker; None elsewhere (the workers of a
+def _airflow_locator() -> Any:
+    """Finds URLs with the artifact storage's connection, on an Airflow worker; None elsewhere (the workers of a
     torch_elastic task, or where Airflow is not installed): fsspec with the environment's credentials."""
     if os.environ.get(CONTEXT_ENV):
         return None
@@ -71,8 +71,8 @@ def _airflow_opener() -> Any:
     storage = read_artifact_storage()
     conn_id = storage.conn_id if storage is not None else None
 
-    def open_url(url: str) -> IO[bytes]:
+    def locate(url: str) -> tuple[Any, str]:
         path = ObjectStoragePath(url if "://" in url else f"file://{url}", conn_id=conn_id)
-        return path.open("rb")  # type: ignore[no-any-return]
+        return path.fs, path.path
 
-    return open_url
+    return locate

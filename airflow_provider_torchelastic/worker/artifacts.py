@@ -26,9 +26,7 @@ import dataclasses
 import hashlib
 import hmac
 import re
-import shutil
 import sys
-import tempfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any, Final
@@ -40,6 +38,7 @@ from airflow_provider_torchelastic.worker.safetensors_io import (
     CHUNK_BYTES,
     NUMPY_DTYPES,
     HashingWriter,
+    data_bytes,
     read_safetensors,
     write_safetensors,
 )
@@ -101,11 +100,14 @@ def _is_module(value: Any) -> bool:
 
 
 def _is_state_dict(value: Any) -> bool:
+    """A non-empty mapping of str to tensors, one of which at least is not 0-d: ``{"loss": tensor(0.3)}`` is a dict
+    of metrics, which stays numbers in JSON."""
     return (
         isinstance(value, Mapping)
         and len(value) > 0
         and all(isinstance(key, str) for key in value)
         and all(_is_tensor(item) for item in value.values())
+        and any(item.ndim > 0 for item in value.values())
     )
 
 
@@ -140,7 +142,7 @@ class _Writer:
         return name
 
     @contextlib.contextmanager
-    def _open(self, name: str) -> Iterator[IO[bytes]]:
+    def _open(self, name: str, size: int | None = None) -> Iterator[IO[bytes]]:
         if self.open_write is not None:
             with self.open_write(f"{self.location}/{name}") as handle:
                 yield handle
@@ -148,13 +150,17 @@ class _Writer:
         if self.store is None:
             self.store = open_store(self.location)
             self.store.makedirs(self.store.root)
-        with self.store.open(self.store.path(name), "wb") as handle:
+        if self.store.fs is None or size is None:
+            with self.store.open(self.store.path(name), "wb") as handle:
+                yield handle
+            return
+        with self.store.fs.open(self.store.path(name), "wb", block_size=part_bytes(size)) as handle:
             yield handle
 
     def safetensors(self, where: Sequence[str], kind: str, tensors: Sequence[tuple[str, Any]], **extra: Any) -> Any:
         name = self._name(where, SUFFIX)
         framework = "np" if kind == refs.KIND_NDARRAY else "pt"
-        with self._open(name) as handle:
+        with self._open(name, data_bytes(tensors)) as handle:
             size, digest, infos = write_safetensors(handle, tensors, metadata={"format": framework})
         ref = ArtifactRef(url=f"{self.location}/{name}", kind=kind, bytes=size, sha256=digest, tensors=infos, **extra)
         return ref.to_json()
@@ -165,7 +171,10 @@ class _Writer:
         name = self._name(where, ".pt")
         with self._open(name) as handle:
             out = HashingWriter(handle)
-            torch.save(module, out)  # type: ignore[arg-type]
+            try:
+                torch.save(module, out)  # type: ignore[arg-type]
+            finally:
+                out.close()
         return ArtifactRef(
             url=f"{self.location}/{name}",
             kind=refs.KIND_PICKLED_MODULE,
@@ -180,6 +189,21 @@ class _Writer:
         return ArtifactRef(
             url=f"{self.location}/{name}", kind=kind, bytes=len(data), sha256=hashlib.sha256(data).hexdigest()
         ).to_json()
+
+
+#: The smallest part of a multipart upload (an object store's write buffer): S3 refuses parts under 5 MiB. s3fs's
+#: default of 50 MiB made the writer's peak RSS grow by about 4 parts (the buffer, its copy, the request's), 0.9x
+#: of a 256 MiB state dict (benchmarks/artifacts.py).
+MIN_PART_BYTES: Final = 8 << 20
+#: S3 allows 10,000 parts per object: larger files get larger parts, with room to spare.
+MAX_PARTS: Final = 9_000
+
+
+def part_bytes(size: int) -> int:
+    """The write block (multipart part) size for a file of ``size`` bytes: small, so that memory stays small, but
+    large enough that the file fits in the store's number of parts."""
+    needed = -(-size // MAX_PARTS)
+    return max(MIN_PART_BYTES, -(-needed // (1 << 20)) << 20)
 
 
 #: Opens a URL for writing, with credentials the caller knows (the Airflow side: a connection).
@@ -215,9 +239,11 @@ def save_value(value: Any, location: str, *, arguments: bool = False, prefix: st
 def _save(value: Any, writer: _Writer, where: tuple[str, ...], modules: bool, active: set[int]) -> Any:
     if isinstance(value, PickledModule):
         return writer.pickled_module(where, value.module)
-    if _is_tensor(value):
+    # A 0-d tensor or array (a loss, an accuracy) stays a number, as the JSON encoding makes it; in arguments it is
+    # pickled with the rest.
+    if _is_tensor(value) and value.ndim > 0:
         return writer.safetensors(where, refs.KIND_TENSOR, [(refs.SINGLE_TENSOR, value)])
-    if _is_array(value):
+    if _is_array(value) and value.ndim > 0:
         return writer.safetensors(where, refs.KIND_NDARRAY, [(refs.SINGLE_TENSOR, value)])
     if modules and _is_module(value):
         inner = _unwrapped(value)
@@ -290,8 +316,9 @@ def _is_sharded(module: Any) -> bool:
 
 # --- reading -------------------------------------------------------------------------------------------------------
 
-#: Opens a URL for reading, with credentials the caller knows (the Airflow side: a connection).
-Opener = Callable[[str], IO[bytes]]
+#: Finds a URL's fsspec file system and path there, with credentials the caller knows (the Airflow side: a
+#: connection).
+Locator = Callable[[str], tuple[Any, str]]
 
 
 def _local_path(url: str) -> Path | None:
@@ -300,61 +327,59 @@ def _local_path(url: str) -> Path | None:
     return None if "://" in url or "::" in url else Path(url)
 
 
-def _default_opener(url: str) -> IO[bytes]:
+def _default_locator(url: str) -> tuple[Any, str]:
+    """fsspec, with the environment's credentials (the workers')."""
     folder, _, name = url.rpartition("/")
-    store = open_store(folder)
-    if store.fs is None:
-        return open(store.path(name), "rb")
-    return store.fs.open(store.path(name), "rb")  # type: ignore[no-any-return]
+    store = open_store(folder)  # says which package a URL needs, if it is missing
+    return store.fs, store.path(name)
 
 
-def _check(ref: ArtifactRef, size: int, digest: str) -> None:
-    if size != ref.bytes or not hmac.compare_digest(digest, ref.sha256):
+def _file_digest(path: Path) -> tuple[int, str]:
+    digest, size = hashlib.sha256(), 0
+    with open(path, "rb") as handle:
+        while chunk := handle.read(CHUNK_BYTES):
+            digest.update(chunk)
+            size += len(chunk)
+    return size, digest.hexdigest()
+
+
+def _check(ref: ArtifactRef, size: int, digest: str | None) -> None:
+    if size != ref.bytes or digest is None or not hmac.compare_digest(digest, ref.sha256):
+        found = f"sha256 {digest}, {size} bytes" if digest is not None else f"{size} bytes, not fetched"
         raise ArtifactIntegrityError(
-            f"artifact {ref.url} is not the one its reference names (sha256 {digest}, {size} bytes; expected sha256 "
-            f"{ref.sha256}, {ref.bytes} bytes): refusing to read it; was it replaced or damaged in the store?"
+            f"artifact {ref.url} is not the one its reference names ({found}; expected sha256 {ref.sha256}, "
+            f"{ref.bytes} bytes): refusing to read it; was it replaced or damaged in the store?"
         )
 
 
-@contextlib.contextmanager
-def _verified_file(ref: ArtifactRef, opener: Opener | None) -> Iterator[Path]:
-    """A local file with the artifact's bytes, verified against the reference before it is yielded: the file itself
-    where the URL is local, else a temporary copy that is hashed while it is fetched (and removed afterwards)."""
-    local = _local_path(ref.url)
-    if local is not None:
-        digest, size = hashlib.sha256(), 0
-        with open(local, "rb") as handle:
-            while chunk := handle.read(CHUNK_BYTES):
-                digest.update(chunk)
-                size += len(chunk)
-        _check(ref, size, digest.hexdigest())
-        yield local
-        return
-    folder = tempfile.mkdtemp(prefix="torchelastic-artifact-")
-    try:
-        path = Path(folder) / "artifact"
-        digest, size = hashlib.sha256(), 0
-        with (opener or _default_opener)(ref.url) as source, open(path, "wb") as target:
-            # One byte more than the reference says is enough to refuse it: never fetch an unbounded object.
-            while size <= ref.bytes and (chunk := source.read(min(CHUNK_BYTES, ref.bytes + 1 - size))):
-                digest.update(chunk)
-                size += len(chunk)
-                target.write(chunk)
-        _check(ref, size, digest.hexdigest())
-        yield path
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
+def _verified_bytes(ref: ArtifactRef, locate: Locator | None) -> bytes:
+    """A remote artifact's bytes, verified against the reference. Its size is checked first, so that an object that
+    is not the reference's is refused before a byte of it is fetched; then it is read with one request (a ranged
+    read or a parallel ``get_file`` costs a request per part, which some stores serve slowly), into memory that the
+    tensors need anyway."""
+    fs, path = (locate or _default_locator)(ref.url)
+    size = int(fs.size(path))
+    if size != ref.bytes:
+        _check(ref, size, None)
+    with fs.open(path, "rb", cache_type="none") as source:
+        data = bytes(source.read(ref.bytes))
+    _check(ref, len(data), hashlib.sha256(data).hexdigest())
+    return data
 
 
 def fetch_arguments(ref: Mapping[str, Any]) -> bytes:
-    """The bytes of a payload's spilled arguments (``core.payload``'s ``fetch``), at most as many as the reference
-    says: the payload checks their sha256 before it unpickles them."""
-    url, size = str(ref["url"]), int(ref["bytes"])
-    with _default_opener(url) as source:
-        return bytes(source.read(size + 1))
+    """The bytes of a payload's spilled arguments (``core.payload``'s ``fetch``), at most one more than the reference
+    says (enough to fail its check): the payload checks their sha256 before it unpickles them."""
+    url, expected = str(ref["url"]), int(ref["bytes"])
+    local = _local_path(url)
+    if local is not None:
+        with open(local, "rb") as handle:
+            return handle.read(expected + 1)
+    fs, path = _default_locator(url)
+    return bytes(fs.cat_file(path, start=0, end=min(int(fs.size(path)), expected + 1)))
 
 
-def _read(ref: ArtifactRef, *, allow_pickle: bool, opener: Opener | None) -> Any:
+def _read(ref: ArtifactRef, *, allow_pickle: bool, locate: Locator | None) -> Any:
     if ref.kind == refs.KIND_ARGUMENTS:
         raise refs.ArtifactRefError(f"{ref.url}: spilled arguments are read by the runner, not loaded")
     if ref.kind == refs.KIND_PICKLED_MODULE and not allow_pickle:
@@ -362,16 +387,27 @@ def _read(ref: ArtifactRef, *, allow_pickle: bool, opener: Opener | None) -> Any
             f"{ref.url} is a pickled module ({ref.class_path}); unpickling runs code, so it loads only in the workers "
             "of a torch_elastic task or with load(..., allow_pickle=True) for an artifact you trust"
         )
-    with _verified_file(ref, opener) as path:
-        if ref.kind == refs.KIND_PICKLED_MODULE:
-            import torch
+    local = _local_path(ref.url)
+    if local is None:
+        return _parse(ref, _verified_bytes(ref, locate))
+    _check(ref, *_file_digest(local))  # a local file is read where it is, after its sha256
+    return _parse(ref, local)
 
-            return torch.load(path, map_location="cpu", weights_only=False)
-        framework = "np" if ref.kind == refs.KIND_NDARRAY else "pt"
-        tensors = read_safetensors(path, framework, list(ref.tensors))
-        if ref.kind in (refs.KIND_TENSOR, refs.KIND_NDARRAY):
-            return tensors[refs.SINGLE_TENSOR]
-        return tensors
+
+def _parse(ref: ArtifactRef, source: Path | bytes) -> Any:
+    """An artifact's value from its verified file or bytes."""
+    if ref.kind == refs.KIND_PICKLED_MODULE:
+        import io
+
+        import torch
+
+        where = source if isinstance(source, Path) else io.BytesIO(source)
+        return torch.load(where, map_location="cpu", weights_only=False)
+    framework = "np" if ref.kind == refs.KIND_NDARRAY else "pt"
+    tensors = read_safetensors(source, framework, list(ref.tensors))
+    if ref.kind in (refs.KIND_TENSOR, refs.KIND_NDARRAY):
+        return tensors[refs.SINGLE_TENSOR]
+    return tensors
 
 
 def load(
@@ -380,7 +416,7 @@ def load(
     into: Any = None,
     strict: bool = True,
     allow_pickle: bool = False,
-    opener: Opener | None = None,
+    locate: Locator | None = None,
 ) -> Any:
     """``value`` (an XCom from a torch_elastic task) with every artifact reference in it loaded: tensors and arrays
     as themselves, a state dict as a dict of tensors, a Module as its state dict. Each reference is fetched when it
@@ -389,13 +425,13 @@ def load(
 
     ``into``: a Module to load the reference ``value`` (a Module's or a state dict's) into, with
     ``load_state_dict(strict=strict)``; returns the module. ``allow_pickle``: load pickled modules too
-    (``pickled()``), which runs their pickle's code. ``opener``: how to open a URL (default: a local path, or fsspec
-    with the environment's credentials).
+    (``pickled()``), which runs their pickle's code. ``locate``: how to find a URL's file system (default: a local
+    path, or fsspec with the environment's credentials).
     """
     if into is not None:
         ref = refs.ArtifactRef.from_json(value)
         if ref.kind not in (refs.KIND_MODULE, refs.KIND_STATE_DICT):
             raise TypeError(f"load(into=...): expected a reference to a module or a state dict, got a {ref.kind}")
-        into.load_state_dict(_read(ref, allow_pickle=False, opener=opener), strict=strict)
+        into.load_state_dict(_read(ref, allow_pickle=False, locate=locate), strict=strict)
         return into
-    return refs.map_refs(value, lambda ref: _read(ref, allow_pickle=allow_pickle, opener=opener))
+    return refs.map_refs(value, lambda ref: _read(ref, allow_pickle=allow_pickle, locate=locate))

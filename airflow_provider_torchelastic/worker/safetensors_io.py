@@ -10,8 +10,10 @@ Standard library; torch and numpy are recognised through ``sys.modules`` and imp
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import hashlib
+import io
 import json
 import struct
 import sys
@@ -25,13 +27,15 @@ __all__ = [
     "CHUNK_BYTES",
     "NUMPY_DTYPES",
     "HashingWriter",
+    "data_bytes",
     "read_safetensors",
     "read_safetensors_plain",
     "write_safetensors",
 ]
 
-#: Bytes written per call: a slice of a tensor's memory (no copy), so that a store's write buffer stays small.
-CHUNK_BYTES: Final = 16 << 20
+#: Bytes written per call: a slice of a tensor's memory (no copy), so that a store's write buffer stays small (the
+#: size of an object store's write block, ``artifacts.MIN_PART_BYTES``).
+CHUNK_BYTES: Final = 8 << 20
 
 #: The header's length is padded to a multiple of this, as safetensors' own writer does (aligned tensor data).
 _ALIGN: Final = 8
@@ -69,16 +73,36 @@ NUMPY_DTYPES: Final = {
 
 
 class HashingWriter:
+    """Writes to ``handle`` and hashes what it writes. A large chunk is hashed on a thread of its own while it is
+    written (hashlib releases the GIL), so that the sha256 costs little more than the slower of the two."""
+
+    #: Smaller chunks are hashed inline: a thread's round trip would cost more than it saves.
+    THREADED_BYTES: Final = 1 << 20
+
     def __init__(self, handle: IO[bytes]) -> None:
         self.handle, self.sha256, self.count = handle, hashlib.sha256(), 0
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
 
     def write(self, data: bytes | memoryview) -> None:
-        self.sha256.update(data)
-        self.handle.write(data)
+        if len(data) < self.THREADED_BYTES:
+            self.sha256.update(data)
+            self.handle.write(data)
+        else:
+            if self._pool is None:
+                self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="sha256")
+            hashed = self._pool.submit(self.sha256.update, data)
+            try:
+                self.handle.write(data)
+            finally:
+                hashed.result()
         self.count += len(data)
 
     def flush(self) -> None:
         self.handle.flush()
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -146,6 +170,11 @@ def _memory_of(address: int, nbytes: int) -> memoryview:
     return memoryview((ctypes.c_ubyte * nbytes).from_address(address)).cast("B")
 
 
+def data_bytes(tensors: Sequence[tuple[str, Any]]) -> int:
+    """How many bytes of tensor data a file of ``tensors`` holds (its size, but for the header)."""
+    return sum(_entry(name, value).nbytes for name, value in tensors)
+
+
 def write_safetensors(
     handle: IO[bytes], tensors: Sequence[tuple[str, Any]], *, metadata: Mapping[str, str] | None = None
 ) -> tuple[int, str, dict[str, TensorInfo]]:
@@ -168,28 +197,42 @@ def write_safetensors(
     text = json.dumps(header, separators=(",", ":")).encode()
     text += b" " * (-(8 + len(text)) % _ALIGN)
     out = HashingWriter(handle)
-    out.write(struct.pack("<Q", len(text)))
-    out.write(text)
-    for entry in entries:
-        view, owner = entry.buffer()
-        if len(view) != entry.nbytes:
-            raise RuntimeError(f"{entry.name}: {len(view)} bytes, expected {entry.nbytes} (changed while saved?)")
-        for start in range(0, len(view), CHUNK_BYTES):
-            out.write(view[start : start + CHUNK_BYTES])
-        del view, owner
+    try:
+        out.write(struct.pack("<Q", len(text)))
+        out.write(text)
+        for entry in entries:
+            view, owner = entry.buffer()
+            if len(view) != entry.nbytes:
+                raise RuntimeError(f"{entry.name}: {len(view)} bytes, expected {entry.nbytes} (changed while saved?)")
+            for start in range(0, len(view), CHUNK_BYTES):
+                out.write(view[start : start + CHUNK_BYTES])
+            del view, owner
+    finally:
+        out.close()
     infos = {entry.name: TensorInfo(dtype=entry.dtype, shape=entry.shape) for entry in entries}
     return out.count, out.sha256.hexdigest(), infos
 
 
-def read_safetensors(path: Path, framework: str, names: Sequence[str]) -> dict[str, Any]:
-    """The tensors of a safetensors file, in ``names``' order (else the file's): with the ``safetensors`` package
-    where it is installed (the Airflow side: the ``[artifacts]`` extra), else with :func:`read_safetensors_plain`
-    (a runner image with torch only)."""
+def read_safetensors(source: Path | bytes, framework: str, names: Sequence[str]) -> dict[str, Any]:
+    """The tensors of a safetensors file (a path, or its bytes), in ``names``' order (else the file's): with the
+    ``safetensors`` package where it is installed (the Airflow side: the ``[artifacts]`` extra), else with
+    :func:`read_safetensors_plain` (a runner image with torch only)."""
     try:
-        from safetensors import safe_open
+        import safetensors
     except ImportError:
-        return read_safetensors_plain(path, framework, names)
-    with safe_open(str(path), framework=framework) as f:
+        return read_safetensors_plain(source, framework, names)
+    if isinstance(source, bytes):
+        found: Mapping[str, Any]
+        if framework == "np":
+            from safetensors.numpy import load as load_numpy
+
+            found = load_numpy(source)
+        else:
+            from safetensors.torch import load as load_torch
+
+            found = load_torch(source)
+        return {name: found[name] for name in names or list(found)}
+    with safetensors.safe_open(str(source), framework=framework) as f:
         return {name: f.get_tensor(name) for name in names or list(f.keys())}
 
 
@@ -197,10 +240,10 @@ def read_safetensors(path: Path, framework: str, names: Sequence[str]) -> dict[s
 _READ_DTYPES: Final = {code: (name, name if name in NUMPY_DTYPES else None) for name, code in _TORCH_DTYPES.items()}
 
 
-def read_safetensors_plain(path: Path, framework: str, names: Sequence[str] = ()) -> dict[str, Any]:
-    """A safetensors file read with the standard library and torch (``framework="pt"``) or numpy (``"np"``), for
-    workers without the ``safetensors`` package; each tensor is read into memory of its own."""
-    with open(path, "rb") as handle:
+def read_safetensors_plain(source: Path | bytes, framework: str, names: Sequence[str] = ()) -> dict[str, Any]:
+    """A safetensors file (a path, or its bytes) read with the standard library and torch (``framework="pt"``) or
+    numpy (``"np"``), for workers without the ``safetensors`` package; each tensor gets memory of its own."""
+    with open(source, "rb") if isinstance(source, Path) else io.BytesIO(source) as handle:
         (length,) = struct.unpack("<Q", handle.read(8))
         header = json.loads(handle.read(length))
         header.pop("__metadata__", None)

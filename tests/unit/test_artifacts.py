@@ -94,6 +94,8 @@ def test_a_value_becomes_plain_json_references_and_loads_back(tmp_path: Path) ->
         "state": {"a": torch.randn(3, 2), "b": torch.zeros(4, dtype=torch.int64)},
         "array": np.linspace(0, 1, 7),
         "loss": torch.tensor(0.25),
+        "metrics": {"acc": torch.tensor(0.5)},
+        "scores": torch.tensor([0.25, 0.5]),
         "config": Config(lr=0.1, layers=[4, 3]),
         "tags": ["x", 1],
     }
@@ -103,19 +105,20 @@ def test_a_value_becomes_plain_json_references_and_loads_back(tmp_path: Path) ->
     assert b"\x80" not in text.encode() and "pickle" not in text
     doc = json.loads(text)
     assert doc["config"] == {"lr": 0.1, "layers": [4, 3]} and doc["tags"] == ["x", 1]
+    assert doc["loss"] == 0.25 and doc["metrics"] == {"acc": 0.5}, "0-d tensors stay numbers, as in JSON"
     model = ArtifactRef.from_json(doc["model"])
     assert model.kind == "module" and model.class_path == f"{Net.__module__}.Net"
     assert list(model.tensors) == list(net.state_dict()) == ["steps", "fc.weight", "fc.bias"]
     assert model.tensors["fc.weight"].dtype == "F32" and model.tensors["fc.weight"].shape == (3, 4)
     assert {ref.url for ref in check_refs_under(doc, location)} == {
-        doc[key]["url"] for key in ("model", "state", "array", "loss")
+        doc[key]["url"] for key in ("model", "state", "array", "scores")
     }
 
     loaded = artifacts.load(doc)
     assert torch.equal(loaded["model"]["fc.weight"], net.fc.weight.detach())
     assert torch.equal(loaded["state"]["b"], value["state"]["b"])
     assert isinstance(loaded["array"], np.ndarray) and np.array_equal(loaded["array"], value["array"])
-    assert loaded["loss"].item() == 0.25
+    assert torch.equal(loaded["scores"], value["scores"]) and loaded["loss"] == 0.25
     fresh = Net()
     assert artifacts.load(doc["model"], into=fresh) is fresh
     assert torch.equal(fresh.fc.bias, net.fc.bias) and fresh.steps.item() == 7
@@ -133,6 +136,7 @@ def test_a_corrupted_artifact_is_refused_by_its_sha256(tmp_path: Path) -> None:
 
 def test_a_replaced_artifact_fetched_through_an_opener_is_refused_without_reading_it_all(tmp_path: Path) -> None:
     saved = save_value(torch.ones(4), "memory://bucket/artifacts")
+    assert saved["url"].startswith("memory://bucket/artifacts/")
     import fsspec
 
     fs = fsspec.filesystem("memory")
@@ -268,3 +272,27 @@ def test_replaced_spilled_arguments_are_refused_before_they_are_unpickled(tmp_pa
     (tmp_path / "arguments" / "arguments.pkl").write_bytes(pickle.dumps(Boom()))
     with pytest.raises(PayloadError, match="sha256"):
         load_payload(data, fetch=fetch_arguments)
+
+
+def test_parts_are_small_but_a_file_fits_in_s3s_ten_thousand() -> None:
+    from airflow_provider_torchelastic.worker.artifacts import MIN_PART_BYTES, part_bytes
+
+    assert part_bytes(0) == part_bytes(1 << 30) == MIN_PART_BYTES
+    huge = 200 << 30
+    assert huge / part_bytes(huge) < 10_000 and part_bytes(huge) % (1 << 20) == 0
+
+
+def test_a_remote_artifact_is_read_in_one_request_and_checked(tmp_path: Path) -> None:
+    import fsspec
+
+    fs = fsspec.filesystem("memory")
+    saved = save_value({"w": torch.arange(6.0).reshape(2, 3), "a": np.arange(4)}, "memory://remote/artifacts")
+    loaded = load(saved)
+    assert torch.equal(loaded["w"], torch.arange(6.0).reshape(2, 3)) and np.array_equal(loaded["a"], np.arange(4))
+    data = bytearray(fs.cat_file(saved["w"]["url"].removeprefix("memory://")))
+    assert read_safetensors_plain(bytes(data), "pt")["value"].shape == (2, 3)
+    data[-1] ^= 1  # same size, other bytes
+    fs.pipe_file(saved["w"]["url"].removeprefix("memory://"), bytes(data))
+    with pytest.raises(artifacts.ArtifactIntegrityError, match="sha256"):
+        load(saved["w"])
+    fs.rm("/remote", recursive=True)
