@@ -14,8 +14,15 @@ One word for "a retry may help": **recoverable**. Every exception the package de
     ├── ValueError
     │   ├── PayloadError                (core.payload) the payload is corrupt, of another format, or of another Python
     │   ├── ResultTooLargeError         (core.outcome) rank 0's value does not fit where it has to travel
-    │   └── RunnerUsageError            (runner) the runner's arguments or environment are unusable: it exits
-    │                                   EXIT_USAGE and publishes the error where the outcome would have gone
+    │   ├── RunnerUsageError            (runner) the runner's arguments or environment are unusable: it exits
+    │   │                               EXIT_USAGE and publishes the error where the outcome would have gone
+    │   ├── ArtifactRefError            (core.artifact_ref) an artifact reference that is malformed, or not under
+    │   │                               this try's location
+    │   └── ArtifactIntegrityError      (worker.artifacts) an artifact's bytes are not those its reference names
+    │                                   (sha256, size): refused before anything is read from them
+    ├── PermissionError
+    │   └── ArtifactPickleRefusedError  (worker.artifacts) a pickled module, to be loaded where pickles are not
+    │                                   allowed (artifacts.load(..., allow_pickle=True) trusts it)
     ├── TypeError
     │   └── ResultNotSerializableError  (core.encoding; the runner re-exports it) rank 0 returned a value that
     │                                   cannot travel as JSON; the message names its type and where it sits

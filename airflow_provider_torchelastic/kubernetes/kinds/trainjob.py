@@ -29,16 +29,25 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Final
 
-from airflow_provider_torchelastic.core.config import Elastic, Master, PyTorch, RestartPolicy, TaskConfig, Worker
+from airflow_provider_torchelastic.core.config import Master, PyTorch, TaskConfig, Worker
 from airflow_provider_torchelastic.core.launch import config_to_launch_spec
 from airflow_provider_torchelastic.core.naming import LABEL_PREFIX, RunIdentity, fit_job_name, job_name
 from airflow_provider_torchelastic.core.outcome import Verdict, decide_run
-from airflow_provider_torchelastic.core.pod_options import JobOptions, PodOptions, merge_pod_options
+from airflow_provider_torchelastic.core.pod_options import merge_pod_options
 from airflow_provider_torchelastic.kubernetes import status
 from airflow_provider_torchelastic.kubernetes.kinds.descriptor import JobKind, OwnerQuery
+from airflow_provider_torchelastic.kubernetes.kinds.trainjob_limits import (
+    MAX_NODE_DIGITS,
+    PATCH_ONLY,
+    POD_PATCH_FIELDS,
+    RESERVED_ENV,
+    accepts,
+    cannot,
+    check_trainjob_config,
+    check_trainjob_options,
+)
 from airflow_provider_torchelastic.kubernetes.ownership import controlled_pods, uid_of
 from airflow_provider_torchelastic.kubernetes.pod_template import (
-    CONTAINER_NAME,
     JsonDict,
     PodSettings,
     RenderInputs,
@@ -78,10 +87,6 @@ PLURAL: Final = "trainjobs"
 PATCH_MANAGER: Final = f"{LABEL_PREFIX}/provider"
 #: The container of the runtime's trainer job that the ``trainer`` block sets (kubeflow/trainer ``constants.Node``).
 NODE_CONTAINER: Final = "node"
-#: What the torch plugin injects into it and refuses in ``trainer.env`` (``constants.TorchRunReservedEnvNames``).
-RESERVED_ENV: Final = frozenset(
-    {"PET_NNODES", "PET_NPROC_PER_NODE", "PET_NODE_RANK", "PET_MASTER_ADDR", "PET_MASTER_PORT"}
-)
 #: A pod's controllers up to the TrainJob, nearest first: the indexed Job, its JobSet, the TrainJob.
 CONTROLLERS: Final = ("Job", "JobSet", "TrainJob")
 #: JobSet's pod labels: the JobSet (named as its TrainJob), the replicated job, the Job's index in it.
@@ -92,10 +97,6 @@ JOB_INDEX_LABEL: Final = "jobset.sigs.k8s.io/job-index"
 COMPLETION_INDEX_LABEL: Final = "batch.kubernetes.io/job-completion-index"
 _ANCESTOR_LABEL: Final = "trainer.kubeflow.org/trainjob-ancestor-step"
 _RUNTIME_KINDS: Final = ("ClusterTrainingRuntime", "TrainingRuntime")
-#: JobSet's webhook refuses a JobSet whose longest pod name, ``<js>-<rjob>-<job index>-<pod index>`` plus the
-#: indexed Job's 5-character random suffix, is not a DNS-1035 label (jobset ``pkg/webhooks/jobset_webhook.go``); it
-#: would show only as an event on the TrainJob. Up to 99999 nodes: the pod index has at most 5 digits.
-_MAX_NODE_DIGITS: Final = 5
 _POD_SUFFIX: Final = len("-abcde")
 #: Seconds after a node's failure during which its peers' reports are awaited (the root cause may be theirs).
 _FAILED_SETTLE_SECONDS: Final = 5.0
@@ -132,7 +133,7 @@ class Runtime:
     def max_job_name_length(self) -> int:
         """The longest TrainJob name whose JobSet's pod names JobSet accepts (44 for ``torch-distributed``)."""
         longest = max(len(f"-{job}-0-") for job in self.containers)
-        return 63 - longest - _MAX_NODE_DIGITS - _POD_SUFFIX
+        return 63 - longest - MAX_NODE_DIGITS - _POD_SUFFIX
 
 
 #: Kubeflow Trainer v2.3.0's default runtime (``manifests/base/runtimes/torch_distributed.yaml``).
@@ -154,125 +155,6 @@ def runtime_from_manifest(runtime: Mapping[str, Any]) -> Runtime:
         if ((template.get("metadata") or {}).get("labels") or {}).get(_ANCESTOR_LABEL) == "trainer":
             trainer_job = job.get("name")
     return Runtime(name=name, kind=kind, containers=containers, trainer_job=trainer_job)  # type: ignore[arg-type]
-
-
-# --- what a TrainJob cannot do ------------------------------------------------------------------------------------
-
-
-def _cannot(where: str, value: object, why: str) -> ValueError:
-    return ValueError(f"{where}: a TrainJob cannot take {value!r}: {why}")
-
-
-def _limitation(config: TaskConfig) -> ValueError | None:
-    """Why ``config`` cannot run as a TrainJob, or None."""
-    nodes = config.max_nodes if isinstance(config, Elastic) else config.nnodes
-    if nodes >= 10**_MAX_NODE_DIGITS:
-        return _cannot("the node count", nodes, f"JobSet's pod names leave room for {_MAX_NODE_DIGITS} digits")
-    if isinstance(config, Elastic):
-        if config.min_nodes != config.max_nodes:
-            return _cannot(
-                "Elastic.nnodes",
-                config.nnodes,
-                "it runs a fixed number of nodes (Kubeflow Trainer v2.3 has no elastic training; KEP-2903, "
-                f"kubeflow/trainer#2903, is open); use nnodes={config.max_nodes} or a PyTorchJob for a range",
-            )
-        if config.max_nodes == 1:
-            return _cannot("Elastic.nnodes", config.nnodes, "one node runs as a Pod, not a TrainJob")
-        if config.max_restarts:
-            return _cannot(
-                "Elastic.max_restarts",
-                config.max_restarts,
-                "the Trainer gives the nodes a static rendezvous (PET_MASTER_ADDR, PET_NODE_RANK), which cannot "
-                "restart the workers of all nodes together; use 0, and Airflow's retries with checkpoints",
-            )
-    else:
-        if config.nnodes == 1:
-            return _cannot("PyTorch.worker.replicas", 0, "a Master-only job is one node: use Elastic(nnodes=1)")
-        for replica_type, replica in (("master", config.master), ("worker", config.worker)):
-            if replica.restart_policy is not RestartPolicy.NEVER:
-                return _cannot(
-                    f"PyTorch.{replica_type}.restart_policy",
-                    replica.restart_policy.value,
-                    "it has no restart policy field (the runtime's Job decides: torch-distributed restarts failed "
-                    "pods in place, up to the Job's backoffLimit); leave the default, Never",
-                )
-        for name in ("image", "requests", "limits", "pod"):
-            master, worker = getattr(config.master, name), getattr(config.worker, name)
-            if master != worker:
-                return _cannot(
-                    f"PyTorch.master.{name}",
-                    master,
-                    f"every node gets the same pod (one image, trainer.resourcesPerNode); the worker's is "
-                    f"{worker!r}: set the same on Master and Worker",
-                )
-    policy = config.run_policy
-    for name in ("clean_pod_policy", "ttl_seconds_after_finished", "backoff_limit"):
-        value = getattr(policy, name) if policy is not None else None
-        if value is not None:
-            why = "it has no such field (of RunPolicy it takes active_deadline_seconds only)"
-            return _cannot(f"RunPolicy.{name}", getattr(value, "value", value), why)
-    return None
-
-
-def check_trainjob_config(config: TaskConfig) -> None:
-    """Raise a ValueError naming the field, the value and why, if ``config`` cannot run as a TrainJob."""
-    problem = _limitation(config)
-    if problem is not None:
-        raise problem
-
-
-def accepts(config: TaskConfig) -> bool:
-    """Several nodes, a fixed number of them, and nothing a TrainJob has no field for."""
-    return _limitation(config) is None
-
-
-#: The pod-spec fields a runtime patch carries (``PodSpecPatch`` of kubeflow/trainer v2.3.0).
-_POD_PATCH_FIELDS: Final = frozenset(
-    {"serviceAccountName", "volumes", "imagePullSecrets", "securityContext", "nodeSelector", "affinity"}
-    | {"tolerations", "schedulingGates", "terminationGracePeriodSeconds"}
-)
-#: The training container's fields with a place: the trainer block's image, env and resourcesPerNode, the patch's
-#: volumeMounts and securityContext.
-_CONTAINER_FIELDS: Final = frozenset({"name", "image", "env", "resources", "volumeMounts", "securityContext"})
-_PATCH_ONLY: Final = (
-    f"a runtime patch sets only {', '.join(sorted(_POD_PATCH_FIELDS))} of a pod, and env, volumeMounts and "
-    "securityContext of a runtime's container"
-)
-_OPTIONS_WITHOUT_PLACE: Final = {
-    "image_pull_policy": "the runtime's container decides it",
-    "env_from": "trainer.env takes single variables only; use env= with secret_key_ref()/config_map_key_ref()",
-    "priority_class_name": "set it in the runtime (or use a Kueue WorkloadPriorityClass label on the job)",
-    "automount_service_account_token": "name a service account whose automountServiceAccountToken is false "
-    "(PodOptions(service_account_name=...)), or set it in the runtime",
-}
-
-
-def check_trainjob_options(options: PodOptions, job_options: JobOptions) -> None:
-    """Raise a ValueError naming what the pod and job options ask that a TrainJob has no place for."""
-    if job_options.scheduling_policy is not None:
-        raise _cannot(
-            "JobOptions.scheduling_policy",
-            dict(job_options.scheduling_policy),
-            "it has no schedulingPolicy (gang scheduling is the runtime's podGroupPolicy; Kueue queues by label)",
-        )
-    for name, why in _OPTIONS_WITHOUT_PLACE.items():
-        value = getattr(options, name)
-        if value not in (None, ()):
-            raise _cannot(f"PodOptions.{name}", value, f"{_PATCH_ONLY}; {why}")
-    spec = options.template.get("spec", {})
-    extra = sorted(set(spec) - _POD_PATCH_FIELDS - {"containers"})
-    if extra:
-        raise _cannot(f"PodOptions.pod_template.spec.{extra[0]}", spec[extra[0]], _PATCH_ONLY)
-    for container in spec.get("containers", []):
-        where = f"PodOptions.pod_template.spec.containers[{container['name']!r}]"
-        if container["name"] != CONTAINER_NAME:
-            raise _cannot(where, container["name"], "it cannot add containers: the runtime's are the pods' containers")
-        extra = sorted(set(container) - _CONTAINER_FIELDS)
-        if extra:
-            raise _cannot(f"{where}.{extra[0]}", container[extra[0]], _PATCH_ONLY)
-        for item in container.get("env", []):
-            if item.get("name") in RESERVED_ENV:
-                raise _cannot(f"{where}.env[{item['name']!r}]", item, "the Trainer sets it for torchrun and refuses it")
 
 
 # --- names --------------------------------------------------------------------------------------------------------
@@ -370,15 +252,15 @@ def _split_template(template: JsonDict, runtime: Runtime) -> tuple[JsonDict, Jso
     twice = sorted({name for name in names if names.count(name) > 1})
     if twice:
         # The patch keys a container's mounts by volume name (a list map): one mount per volume.
-        raise _cannot(f"volumeMounts[{twice[0]!r}]", mounts, "a runtime patch mounts each volume once")
+        raise cannot(f"volumeMounts[{twice[0]!r}]", mounts, "a runtime patch mounts each volume once")
     patched["volumeMounts"] = mounts
     if "securityContext" in container:
         patched["securityContext"] = container.pop("securityContext")
     if container:  # pragma: no cover - a field render_pod_template started to set: place it or refuse it above
-        raise _cannot("the rendered container", sorted(container), _PATCH_ONLY)
-    pod_spec = {key: spec.pop(key) for key in sorted(_POD_PATCH_FIELDS & set(spec))}
+        raise cannot("the rendered container", sorted(container), PATCH_ONLY)
+    pod_spec = {key: spec.pop(key) for key in sorted(POD_PATCH_FIELDS & set(spec))}
     if spec:  # pragma: no cover - the same, for the pod
-        raise _cannot("the rendered pod", sorted(spec), _PATCH_ONLY)
+        raise cannot("the rendered pod", sorted(spec), PATCH_ONLY)
     pod_spec["containers"] = [patched]
     pod: JsonDict = {"spec": pod_spec}
     metadata = copy.deepcopy(template.get("metadata", {}))
