@@ -112,7 +112,8 @@ def check_cluster(
     rules for the served kinds, the UI's (optional), the LocalQueue ``queue``, and the smoke job."""
     checks: list[Check] = [_version(kube)]
     served: list[kinds.JobKind] = []
-    apis = decide.with_alternatives({kind: _api(kube, kind) for kind in kinds.registered()})
+    alternatives = {kinds.PYTORCHJOB.kind, kinds.TRAINJOB.kind}
+    apis = decide.with_alternatives({kind: _api(kube, kind) for kind in kinds.registered()}, alternatives)
     for kind in kinds.registered():
         api = apis[kind.kind]
         checks.append(api)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Any, Final
@@ -242,14 +242,15 @@ def api_check(kind: JobKind, served: Sequence[str] | None, error: str = "") -> C
     return Check(name=name, result=Result.MISSING, detail=detail, fix=_install_fix(kind))
 
 
-def with_alternatives(apis: Mapping[JobKind, Check]) -> dict[str, Check]:
-    """The API rows by kind name, an unserved custom kind made optional where another custom kind is served: one
-    kind of multi-node job is enough (a PyTorchJob where Kubeflow Trainer v2 is not installed, or the other way
-    round); the missing one is needed only by tasks that ask for it by ``job_kind``."""
-    served = [kind.kind for kind, check in apis.items() if not kind.is_core and check.result is Result.OK]
+def with_alternatives(apis: Mapping[JobKind, Check], alternatives: Collection[str]) -> dict[str, Check]:
+    """The API rows by kind name, an unserved kind of ``alternatives`` (the built-in multi-node kinds) made optional
+    where another of them is served: one is enough (a PyTorchJob where Kubeflow Trainer v2 is not installed, or the
+    other way round), and the missing one is needed only by tasks that ask for it by ``job_kind``. A plugged-in
+    kind stays required: it claims the configs it accepts before any built-in kind does."""
+    served = [kind.kind for kind, check in apis.items() if kind.kind in alternatives and check.result is Result.OK]
     rows: dict[str, Check] = {}
     for kind, check in apis.items():
-        if check.result is Result.MISSING and not kind.is_core and served:
+        if check.result is Result.MISSING and kind.kind in alternatives and served:
             detail = f"{check.detail}; {', '.join(served)} served instead: needed only where job_kind asks for it"
             check = replace(check, detail=detail, required=False)
         rows[kind.kind] = check

@@ -122,8 +122,13 @@ def render_manifests(
     elif not isinstance(task_context, TaskContext):
         raise TypeError(f"task_context: expected a TaskContext(...) or None, got {task_context!r}")
     elif task_context_for(identity) != replace(
-        task_context, max_tries=max(0, identity.try_number - 1), logical_date=None, checkpoint_uri=None
+        task_context,
+        max_tries=max(0, identity.try_number - 1),
+        logical_date=None,
+        checkpoint_uri=None,
+        artifact_uri=None,
     ):
+        # Only the identity's fields are compared: the run adds its retries, date and storage locations.
         raise invalid("task_context", task_context, f"the task instance and try of the identity {identity!r}")
     name = job_name(identity)
     options = pod_options or PodOptions()

@@ -376,10 +376,12 @@ def test_the_control_plane_registered_the_webhook(kube_cluster: Any) -> None:
         registered = client.AdmissionregistrationV1Api(api_client).read_validating_webhook_configuration(
             sw.CONFIGURATION_NAME
         )
-    (hook,) = registered.webhooks
+    hook, trainjobs = registered.webhooks
     assert (hook.name, hook.failure_policy, hook.side_effects) == (sw.WEBHOOK_NAME, "Fail", "None")
     endpoint = json.loads((kube_cluster.state_dir / "webhook" / "endpoint.json").read_text())
     assert hook.client_config.url == endpoint["url"]
+    assert trainjobs.name == sw.TRAINJOB_WEBHOOK_NAME
+    assert trainjobs.client_config.url == endpoint["url"].replace(sw.WEBHOOK_PATH, sw.TRAINJOB_WEBHOOK_PATH)
 
 
 def test_trainjobs_get_the_trainer_webhooks_rules_that_a_1_20_api_server_drops() -> None:

@@ -198,3 +198,19 @@ def test_a_kind_with_pods_of_its_own_must_say_how_its_pods_name_it() -> None:
     with pytest.raises(ValueError, match=r"JobKind FakeJob: pod_owner_label: expected the pod label"):
         dataclasses.replace(FAKE_JOB, pod_owner_label=None)
     assert dataclasses.replace(kinds.POD, pod_owner_label=None).pod_controllers == ()  # its own pod: nothing to name
+
+
+def test_one_multi_node_kind_is_enough_but_a_plugged_in_kind_stays_required() -> None:
+    def apis(served: set[str]) -> dict[kinds.JobKind, Check]:
+        return {
+            kind: pf.api_check(kind, [kind.plural] if kind.kind in served else None)
+            for kind in (kinds.POD, kinds.PYTORCHJOB, kinds.TRAINJOB, FAKE_JOB)
+        }
+
+    alternatives = {"PyTorchJob", "TrainJob"}
+    rows = pf.with_alternatives(apis({"Pod", "PyTorchJob"}), alternatives)
+    assert rows["TrainJob"].result is Result.MISSING and not rows["TrainJob"].required
+    assert "PyTorchJob served instead: needed only where job_kind asks for it" in rows["TrainJob"].detail
+    assert rows["FakeJob"].required, "a plugged-in kind claims configs first: its missing API fails the preflight"
+    neither = pf.with_alternatives(apis({"Pod"}), alternatives)
+    assert neither["PyTorchJob"].required and neither["TrainJob"].required, "no multi-node kind at all"

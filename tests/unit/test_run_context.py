@@ -3,6 +3,7 @@ set the same way by local execution, and checked when the DAG is parsed."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -91,6 +92,8 @@ def test_locations_are_stable_per_task_instance_and_safe_for_object_stores() -> 
 @pytest.mark.parametrize("config", [Elastic(), Elastic(nnodes="1:3"), PyTorch(worker=Worker(replicas=2))])
 def test_the_context_is_rendered_into_every_pod_and_the_result_url_onto_every_command(config: object) -> None:
     identity = RunIdentity(dag_id=TASK.dag_id, task_id=TASK.task_id, run_id=TASK.run_id, map_index=3, try_number=2)
+    # With every location a run adds: checkpoints and artifacts (a result_storage makes both).
+    task = dataclasses.replace(TASK, artifact_uri="s3://results/nightly/run/train/3/2/artifacts")
 
     def render() -> list[dict]:
         return render_manifests(
@@ -99,7 +102,7 @@ def test_the_context_is_rendered_into_every_pod_and_the_result_url_onto_every_co
             namespace="ml",
             image="repo/train:1",
             payload=b"p",
-            task_context=TASK,
+            task_context=task,
             result_url="s3://results/x/result.json",
         )
 
@@ -114,7 +117,7 @@ def test_the_context_is_rendered_into_every_pod_and_the_result_url_onto_every_co
     for spec in specs:
         (container,) = spec["containers"]
         env = {item["name"]: item.get("value") for item in container["env"]}
-        assert env[CONTEXT_ENV] == TASK.to_env_value()
+        assert env[CONTEXT_ENV] == task.to_env_value()
         command = container["command"]
         assert command[command.index("--result-url") + 1] == "s3://results/x/result.json"
 
