@@ -135,9 +135,9 @@ def test_an_oom_killed_node_is_retried_with_a_new_trainjob(trainer: Trainer, fai
     assert result.xcom()["world_size"] == 2
 
 
-def test_a_suspended_trainjob_waits_as_queued_and_runs_once_resumed(
-    trainer: Trainer, capfd: pytest.CaptureFixture
-) -> None:
+def test_a_suspended_trainjob_waits_as_queued_and_runs_once_resumed(trainer: Trainer) -> None:
+    # The resume may come before the trigger's first progress line: the test checks the wait by its effect (no pods
+    # while suspended, the run's result after the resume), not by a log line.
     def resume() -> None:
         [job] = wait_for(lambda: trainer.trainjobs("k8s_trainjob_suspended"), 60, "the TrainJob")
         name = job["metadata"]["name"]
@@ -150,4 +150,3 @@ def test_a_suspended_trainjob_waits_as_queued_and_runs_once_resumed(
     joined(player)
     assert result.state == "success", result
     assert result.xcom()["world_size"] == 2
-    assert "is suspended" in "".join(capfd.readouterr())
