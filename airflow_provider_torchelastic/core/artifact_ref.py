@@ -29,6 +29,7 @@ __all__ = [
     "is_ref",
     "iter_refs",
     "map_refs",
+    "walk_refs",
 ]
 
 #: The key that marks a JSON object as a reference; its value is the reference format's version.
@@ -172,6 +173,19 @@ def iter_refs(value: Any) -> Iterator[ArtifactRef]:
             stack.extend(reversed(list(item.values())))
         elif isinstance(item, list | tuple):
             stack.extend(reversed(item))
+
+
+def walk_refs(value: Any, path: str = "") -> Iterator[tuple[str, ArtifactRef]]:
+    """Every reference in a JSON value with where it is, in the value's order: ``model``, ``layers[2]``,
+    ``stats.mean`` (``""`` for the value itself); a malformed one raises."""
+    if is_ref(value):
+        yield path, ArtifactRef.from_json(value)
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield from walk_refs(item, f"{path}.{key}" if path else str(key))
+    elif isinstance(value, list | tuple):
+        for index, item in enumerate(value):
+            yield from walk_refs(item, f"{path}[{index}]")
 
 
 def map_refs(value: Any, load: Callable[[ArtifactRef], Any]) -> Any:

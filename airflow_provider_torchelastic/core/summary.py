@@ -3,8 +3,10 @@
 The operator pushes it as the XCom ``torch_elastic_job`` (success or failure, before raising), as JSON:
 ``{"version": 1, "kind", "namespace", "name", "phase", "created", "finished", "elapsed_seconds", "root_cause",
 "pods": [{"name", "replica_type", "replica_index", "ranks", "phase", "node", "restarts", "reason", "message",
-"exit_code", "log_tail"}], "metrics": {"loss": [[step, value], ...]}, "last_metrics": {"loss": value}}``. It is
-what shows a job in the UI once ``on_finish_action`` deleted it, and what shows a local execution at all.
+"exit_code", "log_tail"}], "metrics": {"loss": [[step, value], ...]}, "last_metrics": {"loss": value},
+"artifacts": [{"path", "kind", "url", "bytes"}], "artifacts_omitted"}``. It is what shows a job in the UI once
+``on_finish_action`` deleted it, and what shows a local execution at all. ``artifacts`` lists the tensors, state dicts
+and Modules of rank 0's value (where they are in it, and their size): a try's outputs, kept in artifact storage.
 
 Pure (standard library only): builders from the Kubernetes pod objects (the API's camelCase JSON) or from a local
 run's node reports, and a bound on the size (:data:`MAX_SUMMARY_BYTES`: log tails go first, then metric points).
@@ -18,15 +20,18 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Final
 
+from airflow_provider_torchelastic.core.artifact_ref import walk_refs
 from airflow_provider_torchelastic.core.metrics_format import MetricSeries
 from airflow_provider_torchelastic.core.naming import REPLICA_INDEX_LABEL, REPLICA_TYPE_LABEL, TRAINING_CONTAINER
 from airflow_provider_torchelastic.core.outcome import NodeReport, decode_outcome
 
 __all__ = [
     "KIND_LOCAL",
+    "MAX_ARTIFACTS",
     "MAX_SUMMARY_BYTES",
     "SUMMARY_VERSION",
     "XCOM_KEY",
+    "ArtifactEntry",
     "JobSummary",
     "PodSummary",
     "bound_summary",
@@ -50,6 +55,29 @@ LOG_TAIL_BYTES: Final = 8 * 1024
 MAX_LOG_TAILS: Final = 4
 #: A pod's status message (e.g. a crash's log tail in the termination message) is cut to this.
 MESSAGE_CHARS: Final = 1000
+#: The artifacts listed, at most (a value holding more says how many it left out); each names its URL and size.
+MAX_ARTIFACTS: Final = 50
+
+
+@dataclass(frozen=True, kw_only=True)
+class ArtifactEntry:
+    """One artifact of rank 0's value: where it is in the value (``model``, ``layers[2]``; ``""`` for the value
+    itself), what it holds (``module``, ``state_dict``, ``tensor``, ...), its URL and its size in bytes."""
+
+    path: str
+    kind: str
+    url: str
+    bytes: int
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ArtifactEntry:
+        size = data.get("bytes")
+        return cls(
+            path=str(data.get("path") or ""),
+            kind=str(data.get("kind") or ""),
+            url=str(data.get("url") or ""),
+            bytes=size if isinstance(size, int) and not isinstance(size, bool) else 0,
+        )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -113,6 +141,9 @@ class JobSummary:
     metrics: Mapping[str, tuple[tuple[float, float], ...]] = field(default_factory=dict)
     #: ``{metric: value}``; None where the value was not finite (a diverged loss).
     last_metrics: Mapping[str, float | None] = field(default_factory=dict)
+    #: The artifacts of rank 0's value, in its order (at most :data:`MAX_ARTIFACTS`; ``artifacts_omitted`` more).
+    artifacts: tuple[ArtifactEntry, ...] = ()
+    artifacts_omitted: int = 0
     version: int = SUMMARY_VERSION
 
     @property
@@ -133,6 +164,8 @@ class JobSummary:
             "pods": [pod.to_dict() for pod in self.pods],
             "metrics": {name: [[_compact(s), v] for s, v in points] for name, points in self.metrics.items()},
             "last_metrics": dict(self.last_metrics),
+            "artifacts": [asdict(entry) for entry in self.artifacts],
+            "artifacts_omitted": self.artifacts_omitted,
         }
 
     def to_json(self) -> str:
@@ -164,6 +197,19 @@ class JobSummary:
                 str(name): None if value is None else float(value)
                 for name, value in (doc.get("last_metrics") or {}).items()
             },
+            # Absent from summaries saved before artifacts were listed.
+            artifacts=tuple(ArtifactEntry.from_dict(entry) for entry in doc.get("artifacts") or ()),
+            artifacts_omitted=int(doc.get("artifacts_omitted") or 0),
+        )
+
+    def with_artifacts(self, value: Any) -> JobSummary:
+        """This summary listing the artifact references in rank 0's ``value`` (a JSON value, already checked to be
+        this try's own), at most :data:`MAX_ARTIFACTS` of them."""
+        found = [
+            ArtifactEntry(path=path, kind=ref.kind, url=ref.url, bytes=ref.bytes) for path, ref in walk_refs(value)
+        ]
+        return replace(
+            self, artifacts=tuple(found[:MAX_ARTIFACTS]), artifacts_omitted=max(0, len(found) - MAX_ARTIFACTS)
         )
 
     @classmethod

@@ -338,10 +338,19 @@ def _result_of(
     verdict = decision.verdict or Verdict(succeeded=False, detail=decision.progress)
     op.log.info("%s %s/%s ended: %s", ref.kind, ref.namespace, ref.name, decision.progress)
     summary = results.job_summary(ref, decision, verdict, context, tap)
-    results.push_job_summary(op.log, context, summary, secrets=secrets)
-    # Recomputed from the try itself, never taken from the job: the one location its result may be read from.
-    task_context = task_context_for(identity_of(op, context)) if verdict.result_ref is not None else None
-    return op.result_or_raise(verdict, last_metrics=tap.summary_line(), settings=settings, task_context=task_context)
+    # Recomputed from the try itself, never taken from the job: the one location its result may be read from, and
+    # the one its artifacts may lie under.
+    wanted = verdict.result_ref is not None or settings.artifact_storage is not None
+    task_context = task_context_for(identity_of(op, context)) if wanted else None
+    return results.finish(
+        op.log,
+        context,
+        summary,
+        lambda: op.result_or_raise(
+            verdict, last_metrics=tap.summary_line(), settings=settings, task_context=task_context
+        ),
+        secrets=secrets,
+    )
 
 
 def stop(op: TorchElasticOperator, ref: JobRef, kube: SyncKube | None = None) -> None:

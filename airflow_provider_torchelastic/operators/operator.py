@@ -198,9 +198,13 @@ class TorchElasticOperator(BaseOperator):
         finally:
             self._local_run = None
         summary = results.local_summary(identity, spec, run, verdict, tap, started)
-        results.push_job_summary(self.log, context, summary)
-        return self.result_or_raise(
-            verdict, last_metrics=tap.summary_line(), settings=settings, task_context=task_context
+        return results.finish(
+            self.log,
+            context,
+            summary,
+            lambda: self.result_or_raise(
+                verdict, last_metrics=tap.summary_line(), settings=settings, task_context=task_context
+            ),
         )
 
     def result_or_raise(

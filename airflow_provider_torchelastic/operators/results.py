@@ -4,7 +4,7 @@ storage) or the exception that says whether a retry can help, and the job summar
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from airflow_provider_torchelastic.core.artifact_ref import ArtifactRef, ArtifactRefError, check_refs_under
@@ -27,6 +27,7 @@ __all__ = [
     "ResultStorage",
     "checked_artifacts",
     "expected_result_ref",
+    "finish",
     "job_summary",
     "local_summary",
     "push_job_summary",
@@ -180,6 +181,20 @@ def push_job_summary(log: Log, context: Context, summary: JobSummary, *, secrets
         context["ti"].xcom_push(key=XCOM_KEY, value=mask_summary(summary.to_dict(), secrets))
     except Exception as e:  # the training's outcome stands; only the UI's record of it is missing
         log.warning("Could not save the job summary (XCom %r): %s", XCOM_KEY, e)
+
+
+def finish(
+    log: Log, context: Context, summary: JobSummary, read_value: Callable[[], Any], *, secrets: Sequence[str] = ()
+) -> Any:
+    """Rank 0's value (``read_value()``: the result, or the Airflow exception that says what failed), with the job
+    summary saved first: listing the value's artifacts once it was accepted, or without them when it was not."""
+    try:
+        value = read_value()
+    except BaseException:
+        push_job_summary(log, context, summary, secrets=secrets)
+        raise
+    push_job_summary(log, context, summary.with_artifacts(value), secrets=secrets)
+    return value
 
 
 def local_summary(

@@ -329,6 +329,9 @@ def job_detail_from_summary(summary: Mapping[str, Any], identity: Identity, *, b
         **row,
         "pods": pods,
         **_metrics_fields(summary.get("metrics") or {}, summary.get("last_metrics") or {}),
+        # Rank 0's tensors, state dicts and Modules: the try's outputs, kept in artifact storage.
+        "artifacts": [dict(entry) for entry in summary.get("artifacts") or [] if isinstance(entry, Mapping)],
+        "artifacts_omitted": summary.get("artifacts_omitted") or 0,
     }
 
 

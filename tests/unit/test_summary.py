@@ -16,8 +16,10 @@ from airflow_provider_torchelastic.core.outcome import (
 from airflow_provider_torchelastic.core.summary import (
     LOG_TAIL_BYTES,
     LOG_TAIL_LINES,
+    MAX_ARTIFACTS,
     MAX_LOG_TAILS,
     MAX_SUMMARY_BYTES,
+    ArtifactEntry,
     JobSummary,
     PodSummary,
     local_job_summary,
@@ -186,6 +188,8 @@ def test_summary_round_trips_through_json_with_the_documented_fields() -> None:
         "pods",
         "metrics",
         "last_metrics",
+        "artifacts",
+        "artifacts_omitted",
     }
     assert set(doc["pods"][0]) == {
         "name",
@@ -289,3 +293,40 @@ def test_the_metrics_tap_state_travels_with_the_decision_in_the_trigger_event() 
     assert again.summary_line() == "last metrics: step 3 loss=0.5"
     assert again.series.points("loss") == [(0.0, 2.0), (3.0, 0.5)]
     assert resumed.pods == decision.pods and resumed.created == T0
+
+
+def artifact_ref(url: str, kind: str = "tensor", size: int = 1024) -> dict[str, Any]:
+    return {"__torchelastic_artifact__": 1, "kind": kind, "url": url, "format": "safetensors", "bytes": size,
+            "sha256": "0" * 64}  # fmt: skip
+
+
+def test_the_summary_lists_rank_0s_artifacts_with_where_they_are_and_their_size() -> None:
+    value = {
+        "loss": 0.1,
+        "model": artifact_ref("s3://b/run/model.safetensors", "module", 4096),
+        "layers": [1, artifact_ref("s3://b/run/l1.safetensors")],
+        "stats": {"mean": artifact_ref("s3://b/run/mean.safetensors", "ndarray", 16)},
+    }
+    summary = summary_with(()).with_artifacts(value)
+    assert summary.artifacts == (
+        ArtifactEntry(path="model", kind="module", url="s3://b/run/model.safetensors", bytes=4096),
+        ArtifactEntry(path="layers[1]", kind="tensor", url="s3://b/run/l1.safetensors", bytes=1024),
+        ArtifactEntry(path="stats.mean", kind="ndarray", url="s3://b/run/mean.safetensors", bytes=16),
+    )
+    doc = json.loads(summary.to_json())
+    assert doc["artifacts"][0] == {"path": "model", "kind": "module", "url": "s3://b/run/model.safetensors",
+                                   "bytes": 4096}  # fmt: skip
+    assert JobSummary.from_json(summary.to_json()) == summary
+    # A summary saved before artifacts were listed still reads.
+    old = {k: v for k, v in doc.items() if not k.startswith("artifacts")}
+    assert JobSummary.from_json(old).artifacts == ()
+    # The value itself a tensor: its path is empty.
+    assert summary_with(()).with_artifacts(artifact_ref("f")).artifacts[0].path == ""
+
+
+def test_a_value_of_many_artifacts_lists_the_first_and_counts_the_rest() -> None:
+    value = [artifact_ref(f"s3://b/run/{i}.safetensors") for i in range(MAX_ARTIFACTS + 7)]
+    summary = summary_with(()).with_artifacts(value)
+    assert len(summary.artifacts) == MAX_ARTIFACTS and summary.artifacts_omitted == 7
+    assert summary.artifacts[-1].path == f"[{MAX_ARTIFACTS - 1}]"
+    assert len(summary.to_json()) < MAX_SUMMARY_BYTES

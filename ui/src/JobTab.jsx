@@ -3,7 +3,7 @@
 import { getJson, isActive } from "./api";
 import { Charts } from "./charts";
 import { cell, ErrorLine, head, PhaseBadge, usePolling } from "./common";
-import { color, elapsed, phaseColor, when } from "./format";
+import { color, elapsed, phaseColor, size, when } from "./format";
 
 const nowrap = { whiteSpace: "nowrap" };
 
@@ -69,6 +69,37 @@ function LogTails({ pods }) {
   );
 }
 
+// Rank 0's tensors, state dicts and Modules: where each is in the task's XCom, its size and its URL (kept in
+// artifact storage; artifacts.load() in a downstream task reads them).
+function Artifacts({ artifacts, omitted }) {
+  if (!artifacts.length) return null;
+  const total = artifacts.reduce((sum, a) => sum + (a.bytes || 0), 0);
+  return (
+    <div>
+      <h3 style={{ fontSize: 16, fontWeight: 600, margin: "16px 0 8px" }}>
+        Artifacts <span style={{ fontWeight: 400, color: color.muted, fontSize: 13 }} data-testid="artifacts-total">
+          {artifacts.length}{omitted ? ` (+${omitted} not listed)` : ""}, {size(total)}
+        </span>
+      </h3>
+      <table style={{ borderCollapse: "collapse", width: "100%" }} data-testid="artifacts-table">
+        <thead>
+          <tr>{["In the value", "Kind", "Size", "URL"].map((h) => <th key={h} style={head}>{h}</th>)}</tr>
+        </thead>
+        <tbody>
+          {artifacts.map((a) => (
+            <tr key={a.url} data-testid="artifact-row" data-kind={a.kind} data-bytes={a.bytes}>
+              <td style={{ ...cell, fontFamily: "monospace", fontSize: 12 }}>{a.path || "(the value)"}</td>
+              <td style={cell}>{a.kind}</td>
+              <td style={{ ...cell, ...nowrap }}>{size(a.bytes)}</td>
+              <td style={{ ...cell, fontSize: 12, wordBreak: "break-all" }}>{a.url}</td>
+            </tr>
+          ))}
+        </tbody>
+      </table>
+    </div>
+  );
+}
+
 export default function JobTab(props) {
   const { data, error, loading } = usePolling(
     () => loadJob(props),
@@ -107,6 +138,7 @@ export default function JobTab(props) {
       <Charts metrics={job.metrics} />
       <h3 style={{ fontSize: 16, fontWeight: 600, margin: "16px 0 8px" }}>Pods</h3>
       <Pods pods={job.pods || []} />
+      <Artifacts artifacts={job.artifacts || []} omitted={job.artifacts_omitted || 0} />
       <LogTails pods={job.pods || []} />
     </div>
   );

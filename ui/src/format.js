@@ -17,6 +17,19 @@ export function number(value) {
   return Math.abs(value) >= 1000 || Number.isInteger(value) ? String(value) : value.toPrecision(4);
 }
 
+// A size in bytes as people read it: 512 B, 4.0 KiB, 1.50 GiB.
+export function size(bytes) {
+  if (typeof bytes !== "number" || bytes < 0) return "";
+  const units = ["B", "KiB", "MiB", "GiB", "TiB"];
+  let value = bytes;
+  let unit = 0;
+  while (value >= 1024 && unit < units.length - 1) {
+    value /= 1024;
+    unit += 1;
+  }
+  return unit === 0 ? `${value} B` : `${value.toFixed(value < 10 ? 2 : 1)} ${units[unit]}`;
+}
+
 // Chakra's semantic colour tokens of Airflow's theme, with fallbacks for a page outside it.
 export const color = {
   fg: "var(--chakra-colors-fg, #1a202c)",
