@@ -202,8 +202,8 @@ def airflow_cfg(info: DeploymentInfo, secrets_: Mapping[str, str]) -> str:
 
 def service_env(info: DeploymentInfo) -> dict[str, str]:
     """The Airflow processes' environment: this one without any Airflow setting of the caller's (pytest's
-    sqlite home, unit-test mode), plus the deployment's home, the Kubernetes connection, the runner image and the
-    test-only job kind."""
+    sqlite home, unit-test mode), plus the deployment's home, the Kubernetes connection, the runner image, the
+    test-only job kind and artifact storage in the state dir."""
     env = {
         k: v
         for k, v in os.environ.items()
@@ -217,6 +217,8 @@ def service_env(info: DeploymentInfo) -> dict[str, str]:
         AIRFLOW__TORCH_ELASTIC__IMAGE=RUNNER_IMAGE,
         # As in the other tiers (tests/conftest.py): the local cluster serves TrainJob too.
         AIRFLOW__TORCH_ELASTIC__JOB_KIND="pytorchjob",
+        # Rank 0's tensors go here: the local cluster's pods are processes of this machine, so a folder is shared.
+        AIRFLOW__TORCH_ELASTIC__ARTIFACT_STORAGE=f"file://{info.state_dir / 'artifacts'}",
         PYTHONUNBUFFERED="1",
         # setproctitle would otherwise reuse the environment's memory for the long process titles Airflow sets,
         # and /proc/<pid>/environ, where stop() looks for the marker, would read as garbage.

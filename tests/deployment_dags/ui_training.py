@@ -16,6 +16,8 @@ SETTINGS = {"execution": "kubernetes", "poll_interval": 1, "pending_grace_second
 DEFAULT_ARGS = {"retries": 0, "execution_timeout": timedelta(minutes=4)}
 #: Steps the reporting job reports; the browser test counts them in the charts.
 STEPS = 12
+#: Elements of the tensor ui_metrics returns: an artifact the tab lists.
+WEIGHTS = 1000
 
 with DAG("ui_metrics", schedule=None, start_date=START, catchup=False, default_args=DEFAULT_ARGS):
 
@@ -32,7 +34,10 @@ with DAG("ui_metrics", schedule=None, start_date=START, catchup=False, default_a
         for step in range(1, steps + 1):
             report(step=step, loss=2.0 * math.exp(-step / 4) + 0.05, accuracy=1 - math.exp(-step / 3))
         time.sleep(hold_seconds)  # long enough for the page to show the job running, from Kubernetes
-        return {"steps": steps}
+        import torch
+
+        # A tensor in rank 0's value travels as an artifact; the tab lists it (WEIGHTS float32 elements).
+        return {"steps": steps, "weights": torch.ones(WEIGHTS)}
 
     @task
     def publish(result: dict) -> int:

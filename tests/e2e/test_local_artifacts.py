@@ -70,6 +70,11 @@ def test_a_model_a_state_dict_an_array_and_a_large_argument_round_trip(
     assert big["tensors"]["layer0.weight"] == {"dtype": "F32", "shape": [BIG_ELEMENTS]}
     assert all(ref.url.startswith(store) for ref in iter_refs(init))
 
+    # The job summary (what the UI's tab shows) lists them: where each is in the value, its kind, size and URL.
+    listed = {entry["path"]: entry for entry in result.xcom("init_model", key="torch_elastic_job")["artifacts"]}
+    assert set(listed) == {path for path in init if isinstance(init[path], dict) and MARKER in init[path]}
+    assert listed["big"] == {"path": "big", "kind": "state_dict", "url": big["url"], "bytes": big["bytes"]}
+
     summary = result.xcom("evaluate")
     assert summary["model_keys"] == ["fc.bias", "fc.weight"] and summary["model_equal"] is True
     assert summary["big_ok"] is True

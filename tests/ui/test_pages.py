@@ -24,6 +24,8 @@ pytestmark = pytest.mark.cluster
 API = "/torch-elastic/api/jobs"
 #: Steps that ui_metrics reports (tests/deployment_dags/ui_training.py: STEPS; a DAG file is not imported here).
 STEPS = 12
+#: Elements of the tensor ui_metrics returns (WEIGHTS there).
+WEIGHTS = 1000
 #: Milliseconds a page may take to show what the API has (it refreshes every 5 s while jobs run).
 SHOWN_WITHIN = 30_000
 
@@ -122,6 +124,11 @@ def test_training_jobs_page_and_tab(airflow_services: AirflowServices, page: Any
     )
     assert steps == list(range(1, STEPS + 1))
     assert page.locator("[data-testid=pod-row]").count() == 2
+    # Rank 0's tensor: an artifact in the summary, listed with where it is in the value and its size.
+    row = page.locator("[data-testid=artifact-row]")
+    assert row.count() == 1 and row.get_attribute("data-kind") == "tensor"
+    assert int(row.get_attribute("data-bytes") or 0) > WEIGHTS * 4
+    assert "weights" in row.inner_text() and "/artifacts/" in row.inner_text()
     page.screenshot(path=str(artifacts / "training-job-tab-metrics.png"), full_page=True)
 
     # The tab of the failed task: its pods, which one failed, and the root cause.
