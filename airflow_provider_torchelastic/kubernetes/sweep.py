@@ -100,14 +100,13 @@ def sweep_namespace(
         try:
             jobs = retry_sync(functools.partial(kube.list_kind, kind.kind, namespace, SELECTOR), warning)
         except KubeError as e:
-            if e.not_found:  # a kind this cluster does not serve (its CRD is not installed): nothing of it runs
-                continue
-            if e.status == 403 and not kind.is_core:
-                # A Role written before this kind was (or for a cluster without it): the other kinds are still swept.
+            why = kind.unlisted_because(e)
+            if why is None:
+                raise
+            if why == kinds.DENIED:  # the other kinds are still swept
                 warning("Cannot list %s in %s (%s): jobs of that kind are not swept; see deploy/rbac.yaml", kind.kind,
                         namespace, e)  # fmt: skip
-                continue
-            raise
+            continue
         for job in jobs:
             if not overdue(kind, job, now=now):
                 continue

@@ -209,11 +209,10 @@ class KubeJobs:
                 try:
                     objects[kind] = self._list(kind, namespace)
                 except KubeError as e:
-                    # 404: the cluster does not serve the kind. 403: a Role from before the kind was one (or for a
-                    # cluster without it); the other kinds' jobs still show, and the api-server's log says why.
-                    if e.status not in (404, 403) or kinds.get(kind).is_core:
+                    why = kinds.get(kind).unlisted_because(e)
+                    if why is None:
                         raise
-                    if e.status == 403:
+                    if why == kinds.DENIED:  # the other kinds' jobs still show, and the api-server's log says why
                         _log.warning("The UI may not list %s in %s (%s); see deploy/rbac-ui.yaml", kind, namespace, e)
                     objects[kind] = []
             owners = {

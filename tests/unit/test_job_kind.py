@@ -128,3 +128,11 @@ def test_auto_asks_discovery_once_per_connection_and_kind_and_does_not_keep_a_fa
     for _ in range(2):
         assert kinds.choose(config, "auto", lambda k: on_kubernetes._served(down, "down", k))[0] is kinds.PYTORCHJOB  # type: ignore[arg-type]
     assert down.asked == 4, "a failed discovery is not cached: two kinds asked, twice"
+
+
+def test_a_failed_list_of_a_custom_kind_is_passed_over_only_when_unserved_or_denied() -> None:
+    trainjob, pod = kinds.get("TrainJob"), kinds.get("Pod")
+    assert trainjob.unlisted_because(KubeError(404, "NotFound", "no such resource")) == kinds.NOT_SERVED
+    assert trainjob.unlisted_because(KubeError(403, "Forbidden", "cannot list")) == kinds.DENIED
+    assert trainjob.unlisted_because(KubeError(500, "InternalError", "etcd")) is None
+    assert pod.unlisted_because(KubeError(403, "Forbidden", "cannot list pods")) is None, "pods are never optional"

@@ -25,12 +25,14 @@ from typing import Final
 
 from airflow_provider_torchelastic.core.config import TaskConfig
 from airflow_provider_torchelastic.kubernetes.kinds import pod, pytorchjob, trainjob
-from airflow_provider_torchelastic.kubernetes.kinds.descriptor import JobKind, OwnerQuery
+from airflow_provider_torchelastic.kubernetes.kinds.descriptor import DENIED, NOT_SERVED, JobKind, OwnerQuery
 
 __all__ = [
     "BUILT_IN",
+    "DENIED",
     "ENTRY_POINT_GROUP",
     "JOB_KIND_CHOICES",
+    "NOT_SERVED",
     "POD",
     "PYTORCHJOB",
     "TRAINJOB",

@@ -8,13 +8,17 @@ from typing import Any
 
 from airflow_provider_torchelastic.core.config import TaskConfig
 from airflow_provider_torchelastic.core.naming import TRAINING_CONTAINER
+from airflow_provider_torchelastic.errors import KubeError
 from airflow_provider_torchelastic.kubernetes.ownership import controlled_pods, uid_of
 from airflow_provider_torchelastic.kubernetes.pod_template import RenderInputs
 from airflow_provider_torchelastic.kubernetes.status import JobRef, Snapshot, WaitDecision, WaitPolicy
 
-__all__ = ["JobKind", "OwnerQuery"]
+__all__ = ["DENIED", "NOT_SERVED", "JobKind", "OwnerQuery"]
 
 JsonDict = dict[str, Any]
+#: Why a list of a custom kind may be passed over (:meth:`JobKind.unlisted_because`).
+NOT_SERVED = "not served"
+DENIED = "denied"
 
 
 def _unchanged(manifest: JsonDict) -> JsonDict:
@@ -118,6 +122,17 @@ class JobKind:
     @property
     def is_core(self) -> bool:
         return not self.group
+
+    def unlisted_because(self, error: KubeError) -> str | None:
+        """Why a list of this kind that failed with ``error`` may be passed over, the other kinds still read:
+        :data:`NOT_SERVED` (404: its CRD is not installed, so nothing of it runs) or :data:`DENIED` (403: a Role
+        written before this kind was one, or for a cluster without it; the caller says so). None for a core kind
+        and for any other error: raise it."""
+        if self.is_core:
+            return None
+        if error.not_found:
+            return NOT_SERVED
+        return DENIED if error.status == 403 else None
 
     @property
     def controller_chain(self) -> tuple[str, ...]:
