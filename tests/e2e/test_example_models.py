@@ -54,7 +54,7 @@ def run_and_check(root: str) -> dict[str, Any]:
     with create_session() as session:
         events = session.scalars(
             select(AssetEvent)
-            .join(AssetModel)
+            .join(AssetModel, AssetEvent.asset_id == AssetModel.id)
             .where(AssetModel.name == ASSET, AssetEvent.source_run_id == result.run_id)
         ).all()
         extras = [dict(event.extra) for event in events]
