@@ -135,7 +135,8 @@ def get_provider_info() -> dict[str, Any]:
                         "description": "Where rank 0's result goes when it is larger than a termination message "
                         "(4096 bytes), an fsspec URL or a path reachable from the pods and the Airflow workers: "
                         "{result_storage}/{dag_id}/{run_id}/{task_id}/{map_index}/{try_number}/result.json. The "
-                        "Airflow side reads it back with ObjectStoragePath. Empty: larger results fail the task.",
+                        "Airflow side reads it back with ObjectStoragePath. Empty: artifact_storage (and "
+                        "artifact_storage_conn_id); with neither, larger results fail the task.",
                         "version_added": "0.1.0",
                         "type": "string",
                         "example": "s3://ml-results/airflow",
@@ -144,7 +145,7 @@ def get_provider_info() -> dict[str, Any]:
                     "result_storage_conn_id": {
                         "description": "The Airflow connection that ObjectStoragePath uses to read results from "
                         "result_storage (the pods use their own environment's credentials). Empty: the file "
-                        "system's defaults.",
+                        "system's defaults (with result_storage empty too: artifact_storage_conn_id).",
                         "version_added": "0.1.0",
                         "type": "string",
                         "example": "aws_default",

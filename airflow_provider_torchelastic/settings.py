@@ -114,7 +114,10 @@ def url_template(option: str) -> str:
 
 @dataclass(frozen=True, kw_only=True)
 class ResultStorage:
-    """``[torch_elastic] result_storage*``: where results too large for a termination message go."""
+    """``[torch_elastic] result_storage*``: where results too large for a termination message go. With
+    ``result_storage`` unset, the artifact storage's URL and connection (:func:`read_artifact_storage`): a value whose
+    artifact references alone outgrow the termination message (a state dict of a few hundred tensors) still arrives
+    when only ``artifact_storage`` is set."""
 
     url: str
     conn_id: str | None
@@ -182,12 +185,17 @@ def _max_bytes(option: str, default: int) -> int:
 
 
 def _result_storage() -> ResultStorage | None:
-    url = _text("result_storage")
+    url, conn_id = _text("result_storage"), _text("result_storage_conn_id") or None
     if not url:
-        return None
+        # Each storage defaults to the other: rank 0's references to its artifacts are JSON like any result, and
+        # may be as large (a few hundred tensors make more than 4096 bytes of references).
+        artifacts = read_artifact_storage()
+        if artifacts is None:
+            return None
+        url, conn_id = artifacts.url, artifacts.conn_id
     return ResultStorage(
         url=url,
-        conn_id=_text("result_storage_conn_id") or None,
+        conn_id=conn_id,
         keep=_boolean("result_storage_keep", False),
         max_bytes=_max_bytes("result_storage_max_bytes", DEFAULT_RESULT_MAX_BYTES),
     )
@@ -238,7 +246,8 @@ class Settings:
     image: str | None
     #: ``checkpoint_root``: the root of every task's checkpoint location.
     checkpoint_root: str | None
-    #: ``result_storage``, ``result_storage_conn_id``, ``result_storage_keep``, ``result_storage_max_bytes``.
+    #: ``result_storage``, ``result_storage_conn_id``, ``result_storage_keep``, ``result_storage_max_bytes``
+    #: (``result_storage`` unset: ``artifact_storage`` and its connection).
     result_storage: ResultStorage | None
     #: ``artifact_storage``, ``artifact_storage_conn_id`` (defaults: the ``result_storage`` options).
     artifact_storage: ArtifactStorage | None = None

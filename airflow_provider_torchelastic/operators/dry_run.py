@@ -6,20 +6,21 @@ A try renders its manifests from these alone, so a worker that re-attaches after
 
 from __future__ import annotations
 
+import io
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import replace
 from types import SimpleNamespace
-from typing import TYPE_CHECKING, Any, Final
+from typing import IO, TYPE_CHECKING, Any, Final, cast
 
 from airflow_provider_torchelastic.core.naming import RunIdentity, placeholder_identity
-from airflow_provider_torchelastic.core.payload import dump_payload
 from airflow_provider_torchelastic.core.run_context import TaskContext, artifact_location, checkpoint_location
 from airflow_provider_torchelastic.core.validation import is_templated
 from airflow_provider_torchelastic.kubernetes import kinds
 from airflow_provider_torchelastic.kubernetes import render as kubernetes_render
 from airflow_provider_torchelastic.operators.exceptions import TrainingFailedError
 from airflow_provider_torchelastic.operators.results import result_url
+from airflow_provider_torchelastic.operators.spill import ARGUMENTS_FOLDER, MAX_PAYLOAD_BYTES, dump_try_payload
 
 if TYPE_CHECKING:
     from airflow.sdk import BaseOperator, Context
@@ -200,8 +201,8 @@ def render_without_run(op: TorchElasticOperator, context: Context | None, settin
             # The caller of TorchElasticOperator.render_manifests, two frames up from here.
             stacklevel=3,
         )
-    payload = dump_payload(op.python_callable, rendered["op_args"], rendered["op_kwargs"])
     task_context = task_context_of(identity, context, checkpoint_uri, settings)
+    payload = _dry_run_payload(op, rendered["op_args"], rendered["op_kwargs"], settings, task_context)
     return render_objects(
         op,
         identity,
@@ -211,3 +212,58 @@ def render_without_run(op: TorchElasticOperator, context: Context | None, settin
         image=image,
         task_context=task_context,
     )
+
+
+class _Discarded(io.RawIOBase):
+    """A file that keeps nothing: what a dry run spills arguments into."""
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data: Any) -> int:
+        return memoryview(data).nbytes
+
+
+def _dry_run_payload(
+    op: TorchElasticOperator,
+    args: Collection[Any],
+    kwargs: Mapping[str, Any],
+    settings: Settings,
+    task_context: TaskContext,
+) -> bytes:
+    """The payload a run would submit, without writing to storage: arguments over the payload's limit are spilled as
+    a run spills them, but into nothing, so the payload names the files a run would write (their URLs, sizes and
+    sha256s) and a ``UserWarning`` says they do not exist. Over the limit with no artifact location to spill to, a
+    run would fail at submit: ``ValueError`` naming the option that fixes it."""
+    would_write: list[str] = []
+
+    def open_nothing(url: str) -> IO[bytes]:
+        would_write.append(url)
+        return cast("IO[bytes]", _Discarded())
+
+    payload = dump_try_payload(
+        op.python_callable,
+        args,
+        kwargs,
+        storage=settings.artifact_storage,
+        task_context=task_context,
+        open_write=open_nothing,
+    )
+    if would_write:
+        warnings.warn(
+            f"render_manifests: the arguments are over the payload's limit of {MAX_PAYLOAD_BYTES} bytes, so a run "
+            f"spills them under the try's artifact location, {task_context.artifact_uri}/{ARGUMENTS_FOLDER}/ "
+            "([torch_elastic] artifact_storage), and its payload refers to them there. This dry run wrote nothing: "
+            f"the payload shown refers to {len(would_write)} file(s) that do not exist: " + ", ".join(would_write),
+            UserWarning,
+            stacklevel=4,  # the caller of TorchElasticOperator.render_manifests
+        )
+    elif len(payload) > MAX_PAYLOAD_BYTES:
+        raise ValueError(
+            f"render_manifests: the payload is {len(payload)} bytes, more than the payload Secret holds "
+            f"({MAX_PAYLOAD_BYTES} bytes), and the try has no artifact location to spill its arguments to, so a run "
+            "would fail at submit: set [torch_elastic] artifact_storage (env AIRFLOW__TORCH_ELASTIC__ARTIFACT_STORAGE, "
+            "an fsspec URL the pods and the Airflow workers reach) to spill them there, or pass large data by "
+            "reference (object storage paths) instead of as arguments or captured variables"
+        )
+    return payload

@@ -32,14 +32,19 @@ def dump_try_payload(
     *,
     storage: ArtifactStorage | None,
     task_context: TaskContext,
+    open_write: Callable[[str], IO[bytes]] | None = None,
 ) -> bytes:
     """The try's payload: as :func:`dump_payload` writes it, with the arguments spilled when it would be too large
-    and the try has an artifact location (without one, a payload too large fails where it is submitted)."""
+    and the try has an artifact location (without one, a payload too large fails where it is submitted).
+
+    ``open_write``: opens each spilled file's URL for writing; by default ``ObjectStoragePath`` with the artifact
+    storage's connection (the dry run passes one that writes nothing)."""
     if storage is None or task_context.artifact_uri is None:
         return dump_payload(fn, args, kwargs)
     from airflow_provider_torchelastic.worker.artifacts import spill_arguments
 
-    spill = spill_arguments(f"{task_context.artifact_uri}/{ARGUMENTS_FOLDER}", open_write=_writer(storage.conn_id))
+    opener = open_write if open_write is not None else _writer(storage.conn_id)
+    spill = spill_arguments(f"{task_context.artifact_uri}/{ARGUMENTS_FOLDER}", open_write=opener)
     return dump_payload(fn, args, kwargs, max_bytes=MAX_PAYLOAD_BYTES, spill=spill)
 
 
