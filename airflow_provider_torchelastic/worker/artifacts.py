@@ -12,10 +12,12 @@ try's artifact location:
 
 The files are written in the safetensors format, streamed to the store (:mod:`.safetensors_io`).
 
-Reading (:func:`load`): each reference is fetched on its own (lazily: only the references handed to ``load``), its
-bytes hashed while they arrive and refused unless they match its sha256, then read with the ``safetensors`` package.
+Reading (:func:`load`): each reference is fetched on its own (lazily: only the references handed to ``load``), with
+one request where the store can (:mod:`.artifact_streams`), straight into the new tensors' memory, hashed while it
+arrives; the tensors are returned only when the bytes match the reference's sha256. Peak memory: the tensors, plus
+one 8 MiB chunk.
 
-Standard library, plus torch, numpy, fsspec and safetensors imported only when a value or a URL needs them: this
+Standard library, plus torch, numpy and fsspec imported only when a value or a URL needs them: this
 runs in the workers (no Airflow) and, through :mod:`airflow_provider_torchelastic.artifacts`, on the Airflow side.
 """
 
@@ -24,22 +26,30 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
-import hmac
+import os
 import re
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from pathlib import Path
 from typing import IO, Any, Final
 
 from airflow_provider_torchelastic.core import artifact_ref as refs
 from airflow_provider_torchelastic.core.artifact_ref import ArtifactRef
+from airflow_provider_torchelastic.worker.artifact_streams import (
+    ArtifactIntegrityError,
+    Locator,
+    check,
+    default_locator,
+    file_digest,
+    local_path,
+    read_verified,
+)
 from airflow_provider_torchelastic.worker.checkpoint import open_store
 from airflow_provider_torchelastic.worker.safetensors_io import (
-    CHUNK_BYTES,
     NUMPY_DTYPES,
+    HashingReader,
     HashingWriter,
     data_bytes,
-    read_safetensors,
+    read_safetensors_from,
     write_safetensors,
 )
 
@@ -57,10 +67,6 @@ __all__ = [
 
 SUFFIX: Final = ".safetensors"
 _SLUG: Final = re.compile(r"[^A-Za-z0-9_.-]+")
-
-
-class ArtifactIntegrityError(ValueError):
-    """An artifact's bytes are not those its reference names (sha256 or size): refused, never read."""
 
 
 class ArtifactPickleRefusedError(PermissionError):
@@ -121,7 +127,16 @@ def _unwrapped(module: Any) -> Any:
 
 
 def _class_path(obj: Any) -> str:
+    """The class a Module was written as: FSDP's wrapper (FSDP1) and the class ``fully_shard`` makes (FSDP2:
+    ``FSDPNet``, a subclass of ``FSDPModule`` and ``Net``) name the user's class instead."""
+    fsdp = sys.modules.get("torch.distributed.fsdp")
+    wrapper = getattr(fsdp, "FullyShardedDataParallel", None)
+    if wrapper is not None and isinstance(obj, wrapper):
+        obj = obj.module
     cls = type(obj)
+    sharded = getattr(fsdp, "FSDPModule", None)
+    if sharded is not None and issubclass(cls, sharded):
+        cls = next((base for base in cls.__mro__ if not issubclass(base, sharded)), cls)
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
@@ -247,7 +262,11 @@ def _save(value: Any, writer: _Writer, where: tuple[str, ...], modules: bool, ac
         return writer.safetensors(where, refs.KIND_NDARRAY, [(refs.SINGLE_TENSOR, value)])
     if modules and _is_module(value):
         inner = _unwrapped(value)
-        state = _FULL_STATE_DICTS.pop(id(value), None) or inner.state_dict()
+        state = _FULL_STATE_DICTS.pop(id(value), None)
+        if state is None:
+            if _is_sharded(value):
+                raise TypeError(f"{'.'.join(where) or 'the value'}: {_NOT_GATHERED}")
+            state = inner.state_dict()
         return writer.safetensors(where, refs.KIND_MODULE, list(state.items()), class_path=_class_path(inner))
     if _is_state_dict(value):
         return writer.safetensors(where, refs.KIND_STATE_DICT, list(value.items()))
@@ -273,21 +292,48 @@ def _save(value: Any, writer: _Writer, where: tuple[str, ...], modules: bool, ac
 #: Full state dicts of FSDP modules gathered on every rank (:func:`gather_full_state_dicts`), by the module's id,
 #: for rank 0's :func:`save_value` to write.
 _FULL_STATE_DICTS: dict[int, Mapping[str, Any]] = {}
+_NOT_GATHERED: Final = (
+    "an FSDP-sharded Module whose full state dict was not gathered: every rank must return it, with the process "
+    "group still initialized, for the gathering (a collective) to run on every rank"
+)
 
 
 def gather_full_state_dicts(value: Any) -> None:
-    """Every rank calls this with its own return value: the full state dict of each FSDP-sharded Module in it is
-    gathered to rank 0 (a collective, so every rank must return the same structure), for :func:`save_value`."""
+    """Every rank calls this with its own return value: the full state dict of each FSDP-sharded Module in it (FSDP1's
+    wrapper, or a module with ``fully_shard`` applied) is gathered, for rank 0's :func:`save_value`. It is a
+    collective: every rank must return the same structure, and the process group must still be initialized."""
     torch = sys.modules.get("torch")
     if torch is None or not torch.distributed.is_available() or not torch.distributed.is_initialized():
         return
-    for module in _modules_in(value, set()):
-        if not _is_sharded(module):
-            continue
+    sharded = [module for module in _modules_in(value, set()) if _is_sharded(module)]
+    if len(set(_counts_of_every_rank(len(sharded)))) > 1:
+        return  # a rank that would gather alone would wait forever; rank 0's save says what is wrong
+    for module in sharded:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-        _FULL_STATE_DICTS[id(module)] = get_model_state_dict(_unwrapped(module), options=options)
+        # cpu_offload gathers on rank 0 only, onto its CPU, for parameters on an accelerator. On the CPU it is not
+        # needed, and torch 2.13's FSDP1 fails with it there ("setStorage: ... storage of size 0"): each rank then
+        # gathers a full copy, and the others drop theirs.
+        offload = any(p.device.type != "cpu" for p in module.parameters())
+        options = StateDictOptions(full_state_dict=True, cpu_offload=offload)
+        state = get_model_state_dict(_unwrapped(module), options=options)
+        if torch.distributed.get_rank() == 0:
+            _FULL_STATE_DICTS[id(module)] = state
+
+
+def _counts_of_every_rank(count: int) -> list[int]:
+    """Every rank's number of sharded Modules, through the process group's store (a key per rank, not a collective
+    of its backend: NCCL would need each rank's device): when rank 0 alone returns the model, as ``if rank == 0:
+    return model`` does, it fails at once instead of waiting in the gathering for the group's timeout (30 min)."""
+    import torch.distributed as dist
+
+    store = dist.distributed_c10d._get_default_store()
+    # The agent's store outlives a restart of the workers: a key per restart.
+    prefix = f"torchelastic_artifacts/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/sharded/"
+    store.set(f"{prefix}{dist.get_rank()}", str(count))
+    keys = [f"{prefix}{rank}" for rank in range(dist.get_world_size())]
+    store.wait(keys)
+    return [int(store.get(key)) for key in keys]
 
 
 def _modules_in(value: Any, seen: set[int]) -> Iterator[Any]:
@@ -316,98 +362,58 @@ def _is_sharded(module: Any) -> bool:
 
 # --- reading -------------------------------------------------------------------------------------------------------
 
-#: Finds a URL's fsspec file system and path there, with credentials the caller knows (the Airflow side: a
-#: connection).
-Locator = Callable[[str], tuple[Any, str]]
-
-
-def _local_path(url: str) -> Path | None:
-    if url.startswith("file://"):
-        return Path(url[len("file://") :])
-    return None if "://" in url or "::" in url else Path(url)
-
-
-def _default_locator(url: str) -> tuple[Any, str]:
-    """fsspec, with the environment's credentials (the workers')."""
-    folder, _, name = url.rpartition("/")
-    store = open_store(folder)  # says which package a URL needs, if it is missing
-    return store.fs, store.path(name)
-
-
-def _file_digest(path: Path) -> tuple[int, str]:
-    digest, size = hashlib.sha256(), 0
-    with open(path, "rb") as handle:
-        while chunk := handle.read(CHUNK_BYTES):
-            digest.update(chunk)
-            size += len(chunk)
-    return size, digest.hexdigest()
-
-
-def _check(ref: ArtifactRef, size: int, digest: str | None) -> None:
-    if size != ref.bytes or digest is None or not hmac.compare_digest(digest, ref.sha256):
-        found = f"sha256 {digest}, {size} bytes" if digest is not None else f"{size} bytes, not fetched"
-        raise ArtifactIntegrityError(
-            f"artifact {ref.url} is not the one its reference names ({found}; expected sha256 {ref.sha256}, "
-            f"{ref.bytes} bytes): refusing to read it; was it replaced or damaged in the store?"
-        )
-
-
-def _verified_bytes(ref: ArtifactRef, locate: Locator | None) -> bytes:
-    """A remote artifact's bytes, verified against the reference. Its size is checked first, so that an object that
-    is not the reference's is refused before a byte of it is fetched; then it is read with one request (a ranged
-    read or a parallel ``get_file`` costs a request per part, which some stores serve slowly), into memory that the
-    tensors need anyway."""
-    fs, path = (locate or _default_locator)(ref.url)
-    size = int(fs.size(path))
-    if size != ref.bytes:
-        _check(ref, size, None)
-    with fs.open(path, "rb", cache_type="none") as source:
-        data = bytes(source.read(ref.bytes))
-    _check(ref, len(data), hashlib.sha256(data).hexdigest())
-    return data
-
 
 def fetch_arguments(ref: Mapping[str, Any]) -> bytes:
     """The bytes of a payload's spilled arguments (``core.payload``'s ``fetch``), at most one more than the reference
     says (enough to fail its check): the payload checks their sha256 before it unpickles them."""
     url, expected = str(ref["url"]), int(ref["bytes"])
-    local = _local_path(url)
+    local = local_path(url)
     if local is not None:
         with open(local, "rb") as handle:
             return handle.read(expected + 1)
-    fs, path = _default_locator(url)
+    fs, path = default_locator(url)
     return bytes(fs.cat_file(path, start=0, end=min(int(fs.size(path)), expected + 1)))
 
 
 def _read(ref: ArtifactRef, *, allow_pickle: bool, locate: Locator | None) -> Any:
     if ref.kind == refs.KIND_ARGUMENTS:
         raise refs.ArtifactRefError(f"{ref.url}: spilled arguments are read by the runner, not loaded")
-    if ref.kind == refs.KIND_PICKLED_MODULE and not allow_pickle:
-        raise ArtifactPickleRefusedError(
-            f"{ref.url} is a pickled module ({ref.class_path}); unpickling runs code, so it loads only in the workers "
-            "of a torch_elastic task or with load(..., allow_pickle=True) for an artifact you trust"
-        )
-    local = _local_path(ref.url)
-    if local is None:
-        return _parse(ref, _verified_bytes(ref, locate))
-    _check(ref, *_file_digest(local))  # a local file is read where it is, after its sha256
-    return _parse(ref, local)
-
-
-def _parse(ref: ArtifactRef, source: Path | bytes) -> Any:
-    """An artifact's value from its verified file or bytes."""
     if ref.kind == refs.KIND_PICKLED_MODULE:
-        import io
-
-        import torch
-
-        where = source if isinstance(source, Path) else io.BytesIO(source)
-        return torch.load(where, map_location="cpu", weights_only=False)
+        if not allow_pickle:
+            raise ArtifactPickleRefusedError(
+                f"{ref.url} is a pickled module ({ref.class_path}); unpickling runs code, so it loads only in the "
+                "workers of a torch_elastic task or with load(..., allow_pickle=True) for an artifact you trust"
+            )
+        return _read_pickled_module(ref, locate)
     framework = "np" if ref.kind == refs.KIND_NDARRAY else "pt"
-    tensors = read_safetensors(source, framework, list(ref.tensors))
+
+    def read(reader: HashingReader) -> dict[str, Any]:
+        return read_safetensors_from(reader, ref.bytes, framework, list(ref.tensors), ref.tensors)
+
+    tensors = read_verified(ref, locate, read)
     if ref.kind in (refs.KIND_TENSOR, refs.KIND_NDARRAY):
         return tensors[refs.SINGLE_TENSOR]
     return tensors
+
+
+def _read_pickled_module(ref: ArtifactRef, locate: Locator | None) -> Any:
+    """A pickled module, unpickled only after its sha256 (a local file where it is; a remote one in memory)."""
+    import io
+
+    import torch
+
+    local = local_path(ref.url)
+    if local is not None:
+        check(ref, *file_digest(local))
+        return torch.load(local, map_location="cpu", weights_only=False)
+
+    def read(reader: HashingReader) -> bytearray:
+        data = bytearray(ref.bytes)
+        reader.read_into(memoryview(data))
+        return data
+
+    data = read_verified(ref, locate, read)
+    return torch.load(io.BytesIO(data), map_location="cpu", weights_only=False)
 
 
 def load(

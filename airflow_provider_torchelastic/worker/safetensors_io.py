@@ -3,32 +3,39 @@ shape and byte offsets per tensor, padded to 8 bytes), then each tensor's bytes.
 
 ``safetensors.torch.save_file`` would first copy every tensor into one bytes object and can only write a local path;
 :func:`write_safetensors` writes to any file object (a local file, an fsspec file on an object store), reading each
-tensor's bytes in place from its memory (a tensor on a GPU is copied to the CPU one at a time). Reading uses the
-``safetensors`` package where it is installed, else :func:`read_safetensors_plain` (a runner image with torch only).
-Standard library; torch and numpy are recognised through ``sys.modules`` and imported only to read.
+tensor's bytes in place from its memory (a tensor on a GPU is copied to the CPU one at a time).
+:func:`read_safetensors_from` reads a stream once, in order, straight into new tensors' memory and hashes it on the
+way (:class:`HashingReader`): ``safetensors.torch.load`` needs the whole file as one bytes object first and then copies
+each tensor out of it (twice the memory, and a store's stream joined into bytes before that), and ``safe_open`` needs
+a local path. Standard library; torch and numpy are recognised through ``sys.modules`` and imported only to read.
 """
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import dataclasses
 import hashlib
 import io
 import json
+import math
 import struct
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import IO, Any, Final
+from typing import IO, Any, Final, Protocol
 
 from airflow_provider_torchelastic.core.artifact_ref import TensorInfo
 
 __all__ = [
     "CHUNK_BYTES",
     "NUMPY_DTYPES",
+    "MAX_HEADER_BYTES",
+    "HashingReader",
     "HashingWriter",
+    "Readable",
     "data_bytes",
-    "read_safetensors",
+    "read_safetensors_from",
     "read_safetensors_plain",
     "write_safetensors",
 ]
@@ -135,6 +142,14 @@ def _tensor_entry(name: str, tensor: Any) -> _Entry:
         )
     import torch
 
+    distributed = sys.modules.get("torch.distributed.tensor")
+    if distributed is not None and isinstance(tensor, distributed.DTensor):
+        # Its bytes here are this rank's shard; the full tensor takes a collective, which rank 0 cannot run alone.
+        raise TypeError(
+            f"{name}: a sharded DTensor (an FSDP2 module's state_dict() holds them) cannot be saved from rank 0 "
+            "alone; return the module itself from every rank (its full state dict is then gathered), or return "
+            "tensor.full_tensor(), computed on every rank"
+        )
     if tensor.layout is not torch.strided:
         raise TypeError(f"{name}: a {tensor.layout} tensor cannot be saved; convert it with .to_dense() first")
 
@@ -213,57 +228,170 @@ def write_safetensors(
     return out.count, out.sha256.hexdigest(), infos
 
 
-def read_safetensors(source: Path | bytes, framework: str, names: Sequence[str]) -> dict[str, Any]:
-    """The tensors of a safetensors file (a path, or its bytes), in ``names``' order (else the file's): with the
-    ``safetensors`` package where it is installed (the Airflow side: the ``[artifacts]`` extra), else with
-    :func:`read_safetensors_plain` (a runner image with torch only)."""
-    try:
-        import safetensors
-    except ImportError:
-        return read_safetensors_plain(source, framework, names)
-    if isinstance(source, bytes):
-        found: Mapping[str, Any]
-        if framework == "np":
-            from safetensors.numpy import load as load_numpy
-
-            found = load_numpy(source)
-        else:
-            from safetensors.torch import load as load_torch
-
-            found = load_torch(source)
-        return {name: found[name] for name in names or list(found)}
-    with safetensors.safe_open(str(source), framework=framework) as f:
-        return {name: f.get_tensor(name) for name in names or list(f.keys())}
-
-
 #: safetensors dtype -> (torch dtype name, numpy dtype name); None where numpy has none.
 _READ_DTYPES: Final = {code: (name, name if name in NUMPY_DTYPES else None) for name, code in _TORCH_DTYPES.items()}
+#: Bytes per element where not 1.
+_ITEM_BYTES: Final = {"F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2, "BF16": 2, "I16": 2}
+#: A larger header is refused before it is read, as the safetensors package does: a file of ours has a few KiB.
+MAX_HEADER_BYTES: Final = 100 << 20
+
+
+class Readable(Protocol):
+    def readinto(self, buffer: memoryview, /) -> int | None: ...
+
+
+class HashingReader:
+    """Reads a file's bytes, in order, into memory the caller gives, and hashes them. A large chunk is hashed on a
+    thread of its own while the next one arrives (hashlib releases the GIL), in the memory it was read into: the
+    sha256 costs no copy, and little more time than the slower of the two."""
+
+    def __init__(self, stream: Readable) -> None:
+        self.stream, self.sha256, self.count = stream, hashlib.sha256(), 0
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self._hashing: collections.deque[concurrent.futures.Future[None]] = collections.deque()
+
+    def read_into(self, view: memoryview) -> None:
+        """Fill ``view`` (bytes, ``B``) from the stream; ``EOFError`` when it ends first."""
+        for start in range(0, len(view), CHUNK_BYTES):
+            chunk = view[start : start + CHUNK_BYTES]
+            filled = 0
+            while filled < len(chunk):
+                got = self.stream.readinto(chunk[filled:])
+                if not got:
+                    raise EOFError(f"the file ended after {self.count + filled} bytes")
+                filled += got
+            self._hash(chunk)
+            self.count += len(chunk)
+
+    def read(self, size: int) -> bytes:
+        data = bytearray(size)
+        self.read_into(memoryview(data))
+        return bytes(data)
+
+    def _hash(self, chunk: memoryview) -> None:
+        if len(chunk) < HashingWriter.THREADED_BYTES and not self._hashing:
+            self.sha256.update(chunk)
+            return
+        if self._pool is None:
+            self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="sha256")
+        # One thread, so the chunks are hashed in order; two in flight at most, so a failure surfaces soon.
+        while len(self._hashing) >= 2:
+            self._hashing.popleft().result()
+        self._hashing.append(self._pool.submit(self.sha256.update, chunk))
+
+    def wait(self) -> None:
+        """Wait for the chunks still being hashed: until then the memory they were read into must stay alive."""
+        while self._hashing:
+            self._hashing.popleft().result()
+
+    def hexdigest(self) -> str:
+        """The sha256 of what was read."""
+        self.wait()
+        return self.sha256.hexdigest()
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown()  # after the chunks in flight: their memory may be about to go
+
+
+@dataclasses.dataclass(frozen=True)
+class _Stored:
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    begin: int
+    end: int
+
+
+def _header_entries(header: Any, data_size: int) -> list[_Stored]:
+    """The header's tensors in the order of their bytes, checked to tile the data exactly (no gap, no overlap, each
+    its shape's size): what the bytes are read into is then exactly what the file holds."""
+    if not isinstance(header, dict):
+        raise ValueError("the header is not a JSON object")
+    header.pop("__metadata__", None)
+    entries = []
+    for name, info in header.items():
+        try:
+            dtype, shape, (begin, end) = info["dtype"], tuple(info["shape"]), info["data_offsets"]
+        except (TypeError, KeyError, ValueError) as e:
+            raise ValueError(f"tensor {name!r}: malformed header entry {info!r}") from e
+        if dtype not in _READ_DTYPES or not all(type(n) is int and n >= 0 for n in (*shape, begin, end)):
+            raise ValueError(f"tensor {name!r}: unknown dtype or bad shape/offsets in {info!r}")
+        entries.append(_Stored(name, dtype, shape, begin, end))
+    entries.sort(key=lambda entry: (entry.begin, entry.end))
+    offset = 0
+    for entry in entries:
+        item = _ITEM_BYTES.get(entry.dtype, 1)
+        if entry.begin != offset or entry.end - entry.begin != math.prod(entry.shape) * item:
+            raise ValueError(f"tensor {entry.name!r}: its bytes [{entry.begin}, {entry.end}) do not follow at {offset}")
+        offset = entry.end
+    if offset != data_size:
+        raise ValueError(f"the tensors hold {offset} bytes, the file {data_size} after its header")
+    return entries
+
+
+def _empty(entry: _Stored, framework: str) -> tuple[Any, memoryview]:
+    """A new tensor or array for ``entry``, and its memory as bytes to read into."""
+    torch_name, numpy_name = _READ_DTYPES[entry.dtype]
+    nbytes = entry.end - entry.begin
+    if framework == "np":
+        import numpy
+
+        if numpy_name is None:
+            raise ValueError(f"tensor {entry.name!r}: numpy has no dtype {entry.dtype}")
+        array = numpy.empty(entry.shape, dtype=numpy_name)
+        return array, array.reshape(-1).view(numpy.uint8).data if nbytes else memoryview(bytearray())
+    import torch
+
+    tensor = torch.empty(entry.shape, dtype=getattr(torch, torch_name))
+    return tensor, _memory_of(tensor.data_ptr(), nbytes) if nbytes else memoryview(bytearray())
+
+
+def read_safetensors_from(
+    reader: HashingReader,
+    size: int,
+    framework: str,
+    names: Sequence[str] = (),
+    expected: Mapping[str, TensorInfo] | None = None,
+) -> dict[str, Any]:
+    """The tensors (``framework="pt"``) or arrays (``"np"``) of the ``size``-byte safetensors file that ``reader``
+    reads, in ``names``' order (else the file's). The file is read once, in order, straight into the new tensors'
+    memory, and hashed as it is (``reader.hexdigest()``): the caller trusts them only once that matches. Memory: the
+    tensors, and one chunk where the stream has a buffer. ``expected``: each tensor's dtype and shape, which the
+    header must name exactly. ``ValueError``: not such a file; ``EOFError``: shorter than ``size``."""
+    if sys.byteorder != "little":  # pragma: no cover - every platform torch ships for is little-endian
+        raise RuntimeError("reading safetensors needs a little-endian machine")
+    if size < 8:
+        raise ValueError(f"{size} bytes: shorter than a header")
+    (length,) = struct.unpack("<Q", reader.read(8))
+    if length > min(size - 8, MAX_HEADER_BYTES):
+        raise ValueError(f"a header of {length} bytes in a file of {size}")
+    try:
+        header = json.loads(reader.read(length))
+    except UnicodeDecodeError as e:
+        raise ValueError("the header is not JSON") from e
+    entries = _header_entries(header, size - 8 - length)
+    if expected:
+        found = {entry.name: TensorInfo(dtype=entry.dtype, shape=entry.shape) for entry in entries}
+        if found != dict(expected):
+            raise ValueError(f"the header names other tensors than the reference: {sorted(found)}")
+    values = {}
+    try:
+        for entry in entries:
+            values[entry.name], memory = _empty(entry, framework)
+            reader.read_into(memory)
+    finally:
+        reader.wait()  # the thread hashes the tensors' memory: they outlive it, even when reading fails
+    return {name: values[name] for name in names or [entry.name for entry in entries]}
 
 
 def read_safetensors_plain(source: Path | bytes, framework: str, names: Sequence[str] = ()) -> dict[str, Any]:
     """A safetensors file (a path, or its bytes) read with the standard library and torch (``framework="pt"``) or
-    numpy (``"np"``), for workers without the ``safetensors`` package; each tensor gets memory of its own."""
-    with open(source, "rb") if isinstance(source, Path) else io.BytesIO(source) as handle:
-        (length,) = struct.unpack("<Q", handle.read(8))
-        header = json.loads(handle.read(length))
-        header.pop("__metadata__", None)
-        start = 8 + length
-        found: dict[str, Any] = {}
-        for name in names or list(header):
-            info = header[name]
-            begin, end = info["data_offsets"]
-            torch_name, numpy_name = _READ_DTYPES[info["dtype"]]
-            handle.seek(start + begin)
-            data = bytearray(end - begin)
-            handle.readinto(data)
-            if framework == "np":
-                import numpy
-
-                found[name] = numpy.frombuffer(data, dtype=numpy_name).reshape(info["shape"])
-                continue
-            import torch
-
-            dtype = getattr(torch, torch_name)
-            flat = torch.frombuffer(data, dtype=dtype) if data else torch.empty(0, dtype=dtype)
-            found[name] = flat.reshape(info["shape"])
-    return found
+    numpy (``"np"``), without the ``safetensors`` package; each tensor gets memory of its own."""
+    size = source.stat().st_size if isinstance(source, Path) else len(source)
+    with open(source, "rb", buffering=0) if isinstance(source, Path) else io.BytesIO(source) as handle:
+        reader = HashingReader(handle)
+        try:
+            return read_safetensors_from(reader, size, framework, names)
+        finally:
+            reader.close()
