@@ -7,11 +7,12 @@ measurement runs in a fresh interpreter, so that its peak RSS is its own:
 
 - ``save``: ``save_value(state_dict, location)``, what rank 0 runs (the safetensors writer, streamed to fsspec);
 - ``copy``: the baseline, the same tensors' bytes written with ``fs.open(url, "wb").write(memory)`` to one object;
-- ``load``: ``artifacts.load(ref)`` (fetched, sha256-checked, read with the safetensors package);
+- ``load``: ``artifacts.load(ref)`` (one streamed request, read straight into the tensors, sha256-checked on the way);
 - ``read``: the baseline, ``fs.open(url, "rb").read()`` of the same object.
 
 Reported: seconds, throughput ratio to the baseline (>= 0.8 is the goal), and how much the writer's peak RSS grew
-while it saved, as a fraction of the tensors' size (<= 0.2 is the goal). Each ratio is the median of the rounds'.
+while it saved, as a fraction of the tensors' size (<= 0.2 is the goal); likewise the loader's and the raw read's
+(the loaded tensors themselves are 1.0). Each ratio is the median of the rounds'.
 Results are appended to ``benchmarks/results.md``.
 """
 
@@ -173,8 +174,8 @@ def bench_store(name: str, url: str, gib: float, repeat: int, env: dict[str, str
         "load_ratio": statistics.median(r["read"]["seconds"] / r["load"]["seconds"] for r in rounds),
         "save_rss": statistics.median((r["save"]["peak_mib"] - r["save"]["before_mib"]) / mib for r in rounds),
         "copy_rss": statistics.median((r["copy"]["peak_mib"] - r["copy"]["before_mib"]) / mib for r in rounds),
-        "load_peak": statistics.median(r["load"]["peak_mib"] for r in rounds),
-        "read_peak": statistics.median(r["read"]["peak_mib"] for r in rounds),
+        "load_rss": statistics.median((r["load"]["peak_mib"] - r["load"]["before_mib"]) / mib for r in rounds),
+        "read_rss": statistics.median((r["read"]["peak_mib"] - r["read"]["before_mib"]) / mib for r in rounds),
     }
 
 
@@ -185,13 +186,14 @@ def record(rows: list[dict[str, Any]], gib: float, repeat: int) -> str:
         f"Python {platform.python_version()}, a {gib:g} GiB state dict of {TENSOR_MIB} MiB tensors, median of {repeat}",
         "",
         "| store | raw copy s | save s | save / copy throughput | raw read s | load s | load / read throughput "
-        "| writer's peak RSS growth (x tensors) | raw copy's |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| writer's peak RSS growth (x tensors) | raw copy's | loader's peak RSS growth (x tensors) | raw read's |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
         lines.append(
             f"| {row['store']} | {row['copy']:.2f} | {row['save']:.2f} | {row['save_ratio']:.2f} | {row['read']:.2f} "
-            f"| {row['load']:.2f} | {row['load_ratio']:.2f} | {row['save_rss']:.3f} | {row['copy_rss']:.3f} |"
+            f"| {row['load']:.2f} | {row['load_ratio']:.2f} | {row['save_rss']:.3f} | {row['copy_rss']:.3f} "
+            f"| {row['load_rss']:.3f} | {row['read_rss']:.3f} |"
         )
     return "\n".join(lines) + "\n"
 
