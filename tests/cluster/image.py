@@ -13,7 +13,8 @@ machine's /var/lib/containers), with no registry:
   ``torch==2.13.0`` is the multi-GB CUDA build) with their local directories mounted read-only into the RUN steps.
   The layer cache keeps torch: a code change rebuilds the package layers only;
 - ``docker.io/library/alpine:3.10``, which the PyTorchJob Worker's ``init-pytorch`` container runs (``sh``, ``seq``,
-  ``nslookup``, ``sleep``): Debian's busybox-static and nothing else.
+  ``nslookup``, ``sleep``): Debian's busybox-static, with Debian's dash as /bin/sh and an ``nslookup`` that succeeds
+  when one search name resolves, as alpine 3.10's does (:data:`NSLOOKUP_WRAPPER`).
 
 Each image is exported to ``<cache>/images/<name>.oci.tar`` (uncompressed layers: see :func:`export_archive`),
 rewritten only when the image changed, and ``<cache>/images/images.json`` maps each archive to its reference
@@ -65,7 +66,7 @@ DEBIAN_SUITE = "bookworm"  # python3 3.11: the Airflow side's minor (payloads ar
 BASE_PACKAGES = ("ca-certificates", "python3", "python-is-python3", "python3-pip")
 #: Bump when what the base or the alpine stand-in is made of changes, so that cached ones are rebuilt.
 BASE_RECIPE = 1
-ALPINE_RECIPE = 1
+ALPINE_RECIPE = 3
 #: What docker/Dockerfile COPYs (with .dockerignore's exclusions): a change here is a change of the image.
 CONTEXT_PATHS = ("pyproject.toml", "README.md", "build_ui.py", "airflow_provider_torchelastic")
 
@@ -465,8 +466,33 @@ def _busybox() -> tuple[Path, str]:
     return path, version
 
 
-def alpine_tree(busybox: Path, applets: Iterable[str], out: Path) -> None:
-    """A root file system with ``busybox`` as /bin/busybox and a /bin symlink for each applet, as a tar."""
+#: /bin/nslookup of the alpine stand-in. init-pytorch looks the master up by its short name; busybox 1.35 walks the
+#: search list but exits 1 when any of the other search names is NXDOMAIN, as a cluster DNS answers them, so the
+#: Worker would wait for ever. alpine 3.10's nslookup, which the training operator pins, succeeds there: so does this.
+#: (It needs a /bin/sh other than busybox-static's, which runs its own applets before it looks at PATH: dash.)
+NSLOOKUP_WRAPPER = b"""#!/bin/sh
+out=$(/bin/busybox nslookup "$@" 2>&1); status=$?
+printf '%s\\n' "$out"
+[ "$status" = 0 ] || printf '%s\\n' "$out" | /bin/busybox grep -q '^Name:'
+"""
+
+
+def shell_files(shell: Path = Path("/bin/dash")) -> dict[str, Path]:
+    """The stand-in's /bin/sh and the shared libraries it loads (``ldd``): {path in the image: file here}."""
+    proc = subprocess.run(["ldd", str(shell)], capture_output=True, text=True, check=False)
+    if proc.returncode != 0 or not shell.is_file():
+        raise ImageBuildError(f"{shell} is not a dynamic executable ldd can read: apt-get install dash")
+    files = {"bin/sh": shell}
+    for line in proc.stdout.splitlines():
+        found = [part for part in line.split() if part.startswith("/")]
+        if found:
+            files[found[0].lstrip("/")] = Path(found[0]).resolve()
+    return files
+
+
+def alpine_tree(busybox: Path, applets: Iterable[str], out: Path, shell: Mapping[str, Path] | None = None) -> None:
+    """A root file system with ``busybox`` as /bin/busybox and a /bin symlink for each applet (nslookup: the
+    :data:`NSLOOKUP_WRAPPER` script; sh: ``shell``'s files, {path: file here}, where given), as a tar."""
     with tarfile.open(out, "w") as tar:
 
         def add_dir(name: str, mode: int = 0o755) -> None:
@@ -479,11 +505,21 @@ def alpine_tree(busybox: Path, applets: Iterable[str], out: Path) -> None:
             info.size, info.mode = len(data), mode
             tar.addfile(info, io.BytesIO(data))
 
-        for name in ("bin", "etc", "root", "proc", "sys", "dev", "usr", "usr/bin", "var"):
+        shell = dict(shell or {})
+        dirs = {"bin", "etc", "root", "proc", "sys", "dev", "usr", "usr/bin", "var"}
+        for path in shell:
+            parts = path.split("/")[:-1]
+            dirs.update("/".join(parts[: i + 1]) for i in range(len(parts)))
+        for name in sorted(dirs):
             add_dir(name, 0o700 if name == "root" else 0o755)
         add_dir("tmp", 0o1777)
         add_file("bin/busybox", busybox.read_bytes(), 0o755)
-        for applet in sorted(set(applets) - {"busybox"}):
+        add_file("bin/nslookup", NSLOOKUP_WRAPPER, 0o755)
+        for path, source in sorted(shell.items()):
+            add_file(path, source.read_bytes(), 0o755)
+        for applet in sorted(
+            set(applets) - {"busybox", "nslookup"} - {Path(p).name for p in shell if p.startswith("bin/")}
+        ):
             info = tarfile.TarInfo(f"bin/{applet}")
             info.type, info.linkname, info.mode = tarfile.SYMTYPE, "/bin/busybox", 0o777
             tar.addfile(info)
@@ -504,7 +540,7 @@ def build_alpine(buildah: Buildah, run: _Run, ids: Mapping[str, str]) -> bool:
         raise ImageBuildError(f"busybox-static {version} lacks {sorted(missing)}, which init-pytorch runs")
     with tempfile.TemporaryDirectory(dir=buildah.root / "tmp") as tmp:
         tree = Path(tmp) / "rootfs.tar"
-        alpine_tree(busybox, applets, tree)
+        alpine_tree(busybox, applets, tree, shell_files())
         _commit_tree(
             buildah,
             run,
