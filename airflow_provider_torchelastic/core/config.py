@@ -27,6 +27,7 @@ from airflow_provider_torchelastic.core.validation import (
 )
 
 __all__ = [
+    "DEFAULT_MONITOR_INTERVAL",
     "CleanPodPolicy",
     "Elastic",
     "Master",
@@ -207,6 +208,12 @@ class Worker(_Replica):
         check_int("Worker", "replicas", self.replicas, minimum=0, optional=True)
 
 
+#: torchrun's own default (``--monitor-interval``, torch's ``LaunchConfig``). The agent's check is cheap; a longer one
+#: (5 s, Flyte's and torch's old default) held every task for half of it on average after its workers ended
+#: (benchmarks/bench_real_node.py).
+DEFAULT_MONITOR_INTERVAL: Final = 0.1
+
+
 @dataclass(frozen=True, kw_only=True)
 class Elastic:
     """Torch elastic (torchrun) training on ``nnodes`` nodes with ``nproc_per_node`` workers each.
@@ -220,8 +227,8 @@ class Elastic:
     nproc_per_node: int | str = 1
     #: How workers are started: ``"spawn"`` (safe default) or ``"fork"`` (faster; no CUDA before the fork).
     start_method: str = "spawn"
-    #: Seconds between the agent's health checks of its workers.
-    monitor_interval: float = 5
+    #: Seconds between the agent's health checks of its workers: how soon a node notices that its workers ended.
+    monitor_interval: float = DEFAULT_MONITOR_INTERVAL
     #: In-place restarts of the whole worker group before the node gives up.
     max_restarts: int = 0
     #: Rendezvous settings passed to torch elastic.

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Final
 
-from airflow_provider_torchelastic.core.config import Elastic, PyTorch, TaskConfig
+from airflow_provider_torchelastic.core.config import DEFAULT_MONITOR_INTERVAL, Elastic, PyTorch, TaskConfig
 from airflow_provider_torchelastic.core.outcome import TERMINATION_MESSAGE_LIMIT
 
 RUNNER_MODULE: Final = "airflow_provider_torchelastic.runner"
@@ -88,7 +88,7 @@ def config_to_launch_spec(config: TaskConfig) -> LaunchSpec:
             max_nodes=config.nnodes,
             nproc_per_node=config.nproc_per_node,
             start_method=config.start_method,
-            monitor_interval=5,
+            monitor_interval=DEFAULT_MONITOR_INTERVAL,
             max_restarts=0,
             rdzv_configs={},
             static_ranks=True,

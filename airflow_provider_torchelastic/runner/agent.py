@@ -27,6 +27,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Final
 
+from airflow_provider_torchelastic.core.config import DEFAULT_MONITOR_INTERVAL
+
 # Re-exported: the error a worker raises for rank 0's value is the runner's.
 from airflow_provider_torchelastic.core.encoding import ResultNotSerializableError as ResultNotSerializableError
 from airflow_provider_torchelastic.core.outcome import (
@@ -145,7 +147,8 @@ def _build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     parser.add_argument("--nnodes", default=env_default("NNODES", "1"), help="N or MIN:MAX (env PET_NNODES)")
     parser.add_argument("--nproc-per-node", default=env_default("NPROC_PER_NODE", "1"), help="N, auto, cpu or gpu")
     parser.add_argument("--start-method", default=env.get("PET_START_METHOD", "spawn"), choices=["spawn", "fork"])
-    parser.add_argument("--monitor-interval", type=float, default=float(env_default("MONITOR_INTERVAL", "5") or 5))
+    monitor = env_default("MONITOR_INTERVAL", "") or DEFAULT_MONITOR_INTERVAL
+    parser.add_argument("--monitor-interval", type=float, default=float(monitor))
     parser.add_argument("--max-restarts", type=int, default=int(env_default("MAX_RESTARTS", "0") or 0))
     parser.add_argument("--rdzv-backend", default=env_default("RDZV_BACKEND", None))
     parser.add_argument("--rdzv-endpoint", default=env_default("RDZV_ENDPOINT", None))
