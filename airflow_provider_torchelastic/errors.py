@@ -18,7 +18,7 @@ One word for "a retry may help": **recoverable**. Every exception the package de
     │   │                               EXIT_USAGE and publishes the error where the outcome would have gone
     │   ├── ArtifactRefError            (core.artifact_ref) an artifact reference that is malformed, or not under
     │   │                               this try's location
-    │   └── ArtifactIntegrityError      (worker.artifacts) an artifact's bytes are not those its reference names
+    │   └── ArtifactIntegrityError      (worker.artifact_streams) an artifact's bytes are not those its reference names
     │                                   (sha256, size): refused before anything is read from them
     ├── PermissionError
     │   └── ArtifactPickleRefusedError  (worker.artifacts) a pickled module, to be loaded where pickles are not
