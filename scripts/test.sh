@@ -17,6 +17,8 @@ echo "==> import contracts (lint-imports: [tool.importlinter] in pyproject.toml)
 if [ "${TORCHELASTIC_SKIP_CLUSTER:-0}" != "1" ]; then
   echo "==> kube-apiserver (built once from Debian's kubernetes source, then cached)"
   bash scripts/build-kube-apiserver.sh
+  echo "==> kubelet, kube-scheduler, kube-controller-manager (the real node's: built once from the same source, then cached)"
+  bash scripts/build-kube-node.sh
   echo "==> runner env (the pods' Python: built like docker/Dockerfile, then cached)"
   bash scripts/build-runner-env.sh
   echo "==> runner image (docker/Dockerfile itself, with Debian's buildah; cached: a code change rebuilds only the package layers)"

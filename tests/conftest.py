@@ -94,6 +94,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         return
     for item in deployment:
         _join_group(item, SERVICES_GROUP)
+    # Other tests that share one expensive fixture (the real node: tests/e2e/test_real_node_e2e.py) say so with
+    # ``pytest.mark.xdist_group(name)``, which xdist itself no longer applies under pytest 9.2 (_join_group).
+    for item in items:
+        mark = item.get_closest_marker("xdist_group")
+        if mark is not None and mark.args and not _uses_deployment(item):
+            _join_group(item, str(mark.args[0]))
 
 
 @pytest.hookimpl(trylast=True)

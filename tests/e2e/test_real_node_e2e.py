@@ -1,0 +1,366 @@
+"""The provider end to end on the real node: a kubelet, kube-scheduler and kube-controller-manager 1.20.2 with
+containerd (tests/cluster/real_node.py), running the runner image built from docker/Dockerfile. Runs by default.
+
+The DAGs (``tests/dags/real_node_e2e.py``) run through ``dag.test()`` as in tests/e2e/test_kubernetes.py, against a
+cluster of this module's own (``node="real"``), which it stops at the end, checking that nothing survives. What the
+simulated kubelet plays elsewhere happens for real here: two elastic pods rendezvous on the one node, rank 0's
+result comes from a real termination message, the memory limit kills, the image cannot be pulled, the missing
+Secret stops the container's creation, the scheduler finds no GPU, a deleted pod gets its grace period and the
+controller-manager's garbage collector removes its payload Secret, and checkpoints and results go to a hostPath
+folder the pods share with the Airflow side, while a checkpoint on a pod's own file system is not found by the
+retry. All of these tests form one xdist group: one worker owns the node.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import shutil
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.cluster import control_plane as cp
+from tests.cluster import real_node as rn
+from tests.cluster.pytest_plugin import airflow_connection_json
+from tests.dag_support import OUT_DIR_ENV
+from tests.dags import real_node_e2e as dags
+from tests.e2e.test_kubernetes import (
+    Cluster,
+    DagRunResult,
+    _replace_inline_trigger,
+    run_dag,
+    training_container_status,
+    wait_for,
+)
+
+#: One worker runs every test of the real node (tests/conftest.py gives xdist_group marks their group).
+GROUP = "real-node"
+pytestmark = [
+    pytest.mark.cluster,
+    pytest.mark.xdist_group(GROUP),
+    pytest.mark.usefixtures("airflow_db", "clean_namespace"),
+]
+
+FAILED = "airflow_provider_torchelastic.operators.TrainingFailedError: "
+RECOVERABLE = "airflow_provider_torchelastic.operators.TrainingRecoverableError: "
+JOB_NAME_LABEL = "training.kubeflow.org/job-name"
+
+
+def say(message: str) -> None:
+    """Timings, outside pytest's capture: what the module costs is part of what it reports."""
+    print(f"\n[real node e2e] {message}", file=sys.__stderr__, flush=True)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RealNodeCluster:
+    info: cp.ClusterInfo
+    layout: rn.NodeLayout
+    image: str
+    #: A folder of this machine that the DAGs' pods mount by hostPath at the same path.
+    shared_dir: Path
+    #: The apiserver's audit log: who deleted what.
+    audit_log: Path
+
+    def env(self, out_dir: Path) -> dict[str, str]:
+        """What the DAG file and the tasks read: the connection, the image, the shared folder, the failure files."""
+        return {
+            "AIRFLOW_CONN_KUBERNETES_DEFAULT": airflow_connection_json(self.info.kubeconfig, self.info.namespace),
+            # What the folder's DAGs without an image of their own take (tests/e2e/conftest.py sets it per test).
+            "AIRFLOW__TORCH_ELASTIC__IMAGE": self.image,
+            dags.IMAGE_ENV: self.image,
+            dags.SHARED_DIR_ENV: str(self.shared_dir),
+            OUT_DIR_ENV: str(out_dir),
+        }
+
+    def deleted_by(self, resource: str, name: str) -> list[str]:
+        """The users whose deletion of ``resource``/``name`` succeeded, from the audit log."""
+        users = []
+        with contextlib.suppress(FileNotFoundError):
+            for line in self.audit_log.read_text().splitlines():
+                event = json.loads(line)
+                ref = event.get("objectRef") or {}
+                if (
+                    event.get("verb") == "delete"
+                    and ref.get("resource") == resource
+                    and ref.get("name") == name
+                    and (event.get("responseStatus") or {}).get("code") == 200
+                ):
+                    users.append(event["user"]["username"])
+        return users
+
+
+def _preflight() -> str:
+    """Fail loudly, with the reason, where the node cannot run; returns the runner image's reference."""
+    from tests.cluster import image
+
+    try:
+        rn.check_cgroup_v1()
+    except rn.NodeError as e:
+        pytest.fail(f"the real node cannot run here: {e}", pytrace=False)
+    folder = rn.node_binaries_dir()
+    missing = [b for b in rn.NODE_BINARIES if not (folder / b).is_file()]
+    if missing:
+        pytest.fail(
+            f"the real node's binaries are not built ({', '.join(missing)} missing in {folder}): run "
+            f"`bash {rn.NODE_BUILD_SCRIPT.relative_to(cp.REPO_ROOT)}` (scripts/test.sh does; 13 to 27 min cold)",
+            pytrace=False,
+        )
+    try:  # about a second when current; after a code change only the package layers rebuild
+        image.ensure_images(log=lambda line: say(line) if line.startswith("[runner-image") else None)
+    except image.ImageBuildError as e:
+        pytest.fail(f"the runner image could not be built: {e}", pytrace=False)
+    return image.runner_image_ref()
+
+
+@pytest.fixture(scope="module")
+def real_node(kube_apiserver_binary: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealNodeCluster]:
+    runner_image = _preflight()
+    state_dir = tmp_path_factory.mktemp("real-node-e2e")
+    shared_dir = tmp_path_factory.mktemp("real-node-shared")
+    audit_log = state_dir / "audit.log"
+    progress: list[str] = []
+    plane = cp.ControlPlane(state_dir, node="real", audit_log=audit_log, log=progress.append)
+    started = time.monotonic()
+    try:
+        info = plane.start()
+    except cp.ClusterError as e:
+        pytest.fail(f"the real-node cluster could not start: {e}\n(progress: {'; '.join(progress)})", pytrace=False)
+    say(f"node up in {time.monotonic() - started:.1f} s")
+    layout = rn.load_layout(state_dir)
+    assert layout is not None
+    try:
+        yield RealNodeCluster(info=info, layout=layout, image=runner_image, shared_dir=shared_dir, audit_log=audit_log)
+    finally:
+        survivors = plane.stop()
+        shutil.rmtree(state_dir / "etcd", ignore_errors=True)
+    assert not survivors, f"real-node cluster processes survived teardown: {survivors}"
+    assert rn.leftovers(layout) == [], "the real node left something on the host"
+
+
+@pytest.fixture(scope="module")
+def cluster(real_node: RealNodeCluster) -> Cluster:
+    return Cluster(real_node.info.kubeconfig, real_node.info.namespace)
+
+
+@pytest.fixture
+def clean_namespace(cluster: Cluster) -> Iterator[None]:
+    yield
+    cluster.delete_everything()
+
+
+@pytest.fixture
+def failure_dir(tmp_path: Path) -> Path:
+    out = tmp_path / "failures"
+    out.mkdir()
+    return out
+
+
+@pytest.fixture(autouse=True)
+def real_node_env(real_node: RealNodeCluster, failure_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for name, value in real_node.env(failure_dir).items():
+        monkeypatch.setenv(name, value)
+
+
+def timed_run(dag_id: str) -> DagRunResult:
+    started = time.monotonic()
+    result = run_dag(dag_id)
+    say(f"{dag_id}: {time.monotonic() - started:.1f} s")
+    return result
+
+
+def job_of(result: DagRunResult, task_id: str = "train", try_number: int = 1) -> str:
+    from airflow_provider_torchelastic.core.naming import job_name
+
+    return job_name(result.identity(try_number, task_id=task_id))
+
+
+def error_of(failure_dir: Path, dag_id: str, task_id: str = "train", try_number: int = 1) -> str:
+    return (failure_dir / f"{dag_id}.{task_id}.try{try_number}.txt").read_text()
+
+
+def rank0_holder(pods: list[Any]) -> tuple[str, Any]:
+    """The one pod whose real termination message carries rank 0's result, and that outcome."""
+    from airflow_provider_torchelastic.core.outcome import decode_outcome
+
+    outcomes = {}
+    for pod in pods:
+        terminated = training_container_status(pod).state.terminated
+        assert terminated is not None and terminated.exit_code == 0, pod.status
+        outcomes[pod.metadata.name] = decode_outcome(terminated.message)
+    holders = [(name, outcome) for name, outcome in outcomes.items() if outcome.holds_rank0]
+    assert len(holders) == 1, outcomes
+    return holders[0]
+
+
+# --- results ----------------------------------------------------------------------------------------------------------
+
+
+def test_elastic_two_pods_on_the_one_node_return_rank_0_from_a_real_termination_message(
+    real_node: RealNodeCluster, cluster: Cluster
+) -> None:
+    result = timed_run("real_node_elastic")
+    assert result.state == "success", result
+    name = result.xcom(key="job_name")
+    pods = cluster.pods(f"{JOB_NAME_LABEL}={name}")
+    assert sorted(p.metadata.name for p in pods) == [f"{name}-worker-0", f"{name}-worker-1"]
+    # Bound by the real scheduler to the one real node, run there by containerd.
+    assert {p.spec.node_name for p in pods} == {real_node.layout.node_name}
+    assert all(training_container_status(p).image_id for p in pods), "no container ran from an image"
+    value = result.xcom()
+    assert {k: value[k] for k in ("rank", "world_size", "sum")} == {"rank": 0, "world_size": 2, "sum": 3.0}
+    holder, outcome = rank0_holder(pods)
+    assert outcome.result == value and value["pod"] == holder  # the container's host name is its pod's
+
+
+def test_master_and_worker_rendezvous_through_the_cluster_dns(real_node: RealNodeCluster, cluster: Cluster) -> None:
+    result = timed_run("real_node_master_worker")
+    assert result.state == "success", result
+    name = result.xcom(key="job_name")
+    pods = cluster.pods(f"{JOB_NAME_LABEL}={name}")
+    assert sorted(p.metadata.name for p in pods) == [f"{name}-master-0", f"{name}-worker-0"]
+    assert {p.spec.node_name for p in pods} == {real_node.layout.node_name}
+    value = result.xcom()
+    assert {k: value[k] for k in ("rank", "world_size", "sum")} == {"rank": 0, "world_size": 2, "sum": 3.0}
+    holder, outcome = rank0_holder(pods)
+    assert holder == f"{name}-master-0" and outcome.result == value  # the Master is rank 0
+
+
+# --- failures the node produces itself: one DAG run, one task per case -----------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class FailuresRun:
+    result: DagRunResult
+    errors: dict[str, str]
+    #: The training container's status of each task's pod, read before the namespace is emptied.
+    pods: dict[str, Any]
+
+
+@pytest.fixture(scope="module")
+def failures(
+    real_node: RealNodeCluster, cluster: Cluster, airflow_db: None, tmp_path_factory: pytest.TempPathFactory
+) -> FailuresRun:
+    out = tmp_path_factory.mktemp("real-node-failures")
+    with pytest.MonkeyPatch.context() as patch:
+        for key, value in real_node.env(out).items():
+            patch.setenv(key, value)
+        result = timed_run("real_node_failures")
+    tasks = ("oom", "image_pull", "missing_secret", "unschedulable")
+    errors = {task: error_of(out, "real_node_failures", task) for task in tasks}
+    pods = {task: cluster.get_pod(job_of(result, task)) for task in tasks}
+    return FailuresRun(result=result, errors=errors, pods=pods)
+
+
+def test_a_real_memory_limit_oom_kills_and_the_retry_may_help(failures: FailuresRun) -> None:
+    error, pod = failures.errors["oom"], failures.pods["oom"]
+    assert failures.result.tasks[("oom", -1)] == ("failed", 1)
+    assert error.startswith(RECOVERABLE), error
+    assert pod is not None and pod.metadata.name in error, error
+    terminated = training_container_status(pod).state.terminated
+    assert terminated is not None and terminated.reason == "OOMKilled", pod.status  # containerd's, not ours
+    # The kernel killed the worker filling memory, not the container's main process: the runner lived to report
+    # its rank as killed by SIGKILL. (The error does not say OOMKilled, though the container status does.)
+    assert "rank 0" in error and "SIGKILL" in error, error
+
+
+def test_an_image_that_does_not_exist_fails_fast_without_a_retry(failures: FailuresRun) -> None:
+    error = failures.errors["image_pull"]
+    assert error.startswith(FAILED), error
+    assert job_of(failures.result, "image_pull") in error, error
+    assert "ImagePullBackOff" in error or "ErrImagePull" in error, error
+    assert dags.MISSING_IMAGE in error, error  # the kubelet's own message names the image
+
+
+def test_a_missing_secret_is_a_create_container_config_error(failures: FailuresRun) -> None:
+    error = failures.errors["missing_secret"]
+    assert error.startswith(FAILED), error
+    assert job_of(failures.result, "missing_secret") in error, error
+    assert "CreateContainerConfigError" in error and f'secret "{dags.MISSING_SECRET}" not found' in error, error
+
+
+def test_a_gpu_request_is_unschedulable_with_the_real_schedulers_message(failures: FailuresRun) -> None:
+    error, pod = failures.errors["unschedulable"], failures.pods["unschedulable"]
+    assert error.startswith(RECOVERABLE), error  # capacity may free up
+    assert "scheduling_timeout=5" in error and "Unschedulable" in error, error
+    assert "Insufficient nvidia.com/gpu" in error, error  # kube-scheduler's own words
+    assert pod is not None and not pod.spec.node_name
+
+
+# --- deletion ---------------------------------------------------------------------------------------------------------
+
+
+def test_a_deleted_pod_gets_its_grace_period_and_the_garbage_collector_takes_its_payload(
+    real_node: RealNodeCluster, cluster: Cluster, failure_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from airflow_provider_torchelastic.kubernetes.render import payload_secret_name
+
+    marker = real_node.shared_dir / "deleted-pod"
+    seen: dict[str, Any] = {}
+
+    def delete_while_deferred(trigger: Any, ti: Any, run_to_event: Callable[..., Any]) -> Any:
+        name = trigger.serialize()[1]["name"]
+        wait_for(lambda: (marker / "started").is_file(), 120, "the worker to start", interval=0.5)
+        # As `kubectl delete pod` would: the pod's own grace period, dependents left to the garbage collector.
+        deleted_at = time.time()
+        cluster.core.delete_namespaced_pod(name, cluster.namespace, body={"propagationPolicy": "Background"})
+        terminating = cluster.get_pod(name)
+        seen["grace"] = terminating.metadata.deletion_grace_period_seconds if terminating else None
+        wait_for(lambda: cluster.get_pod(name) is None, dags.GRACE_SECONDS + 60, f"pod {name} to go")
+        seen["gone_after"] = time.time() - deleted_at
+        seen["sigterm_after"] = float((marker / "sigterm").read_text()) - deleted_at
+        seen["name"] = name
+        return run_to_event(trigger, ti)  # the trigger sees the pod gone and fires
+
+    _replace_inline_trigger(monkeypatch, delete_while_deferred)
+    result = timed_run("real_node_deleted_pod")
+    assert result.state == "failed", result
+    name = seen["name"]
+    assert seen["grace"] == dags.GRACE_SECONDS
+    # The worker noted SIGTERM at once and ignored it: only the kubelet's SIGKILL after the grace period ended it.
+    assert seen["sigterm_after"] < dags.GRACE_SECONDS, seen
+    assert dags.GRACE_SECONDS <= seen["gone_after"] < dags.GRACE_SECONDS + 30, seen
+    error = error_of(failure_dir, "real_node_deleted_pod")
+    assert error.startswith(RECOVERABLE), error
+    assert f"Pod {cluster.namespace}/{name} was deleted before it finished" in error, error
+    # The payload Secret is owned by the pod: the failed job is kept (on_finish_action), so nothing of the provider
+    # deletes it, and the simulated operator collects only PyTorchJobs' dependents. The controller-manager does.
+    secret = payload_secret_name(name)
+    wait_for(lambda: cluster.get_payload(secret) is None, 60, f"the payload Secret {secret} to be collected")
+    users = wait_for(lambda: real_node.deleted_by("secrets", secret), 10, "the audit log's deletion")
+    assert users == [rn.CONTROLLER_MANAGER_USER], users
+    say(f"deleted pod: SIGTERM after {seen['sigterm_after']:.1f} s, gone after {seen['gone_after']:.1f} s")
+
+
+# --- storage the pods share, and storage they do not -----------------------------------------------------------------
+
+
+def test_checkpoints_and_results_on_a_shared_hostpath_and_a_pods_own_checkpoint_is_not_found(
+    real_node: RealNodeCluster, failure_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    results = real_node.shared_dir / "results"
+    monkeypatch.setenv("AIRFLOW__TORCH_ELASTIC__RESULT_STORAGE", f"file://{results}")
+    result = timed_run("real_node_storage")
+    assert result.state == "success", result
+    total = sum(range(dags.STEPS))
+    # On the hostPath folder: try 2, a new pod, resumes after the step try 1 saved last.
+    shared = result.xcom("shared_checkpoint")
+    assert result.tasks[("shared_checkpoint", -1)] == ("success", 2)
+    assert (shared["try_number"], shared["resumed_from"], shared["total"]) == (2, dags.FAIL_AFTER, total), shared
+    saved = sorted(p.name.split("-")[1] for p in (real_node.shared_dir / "checkpoints").glob("step-*"))
+    assert saved == [f"{step:012d}" for step in range(dags.STEPS)], saved  # written by the pods, seen here
+    # On the pod's own file system: gone with try 1's pod, so try 2 starts over.
+    unshared = result.xcom("unshared_checkpoint")
+    assert result.tasks[("unshared_checkpoint", -1)] == ("success", 2)
+    assert (unshared["try_number"], unshared["resumed_from"], unshared["total"]) == (2, None, total), unshared
+    assert "preempted after step 2" in error_of(failure_dir, "real_node_storage", "unshared_checkpoint")
+    # 64 KiB through result storage on the same folder: written by the pod, read (and then deleted) here.
+    large = result.xcom("large_result")
+    assert large["rank"] == 0 and len(large["text"]) == 64 * 1024
+    assert large["text"] == "".join(chr(65 + i % 26) for i in range(64 * 1024))
+    assert results.is_dir() and not [p for p in results.rglob("*") if p.is_file()], "read, so deleted"
