@@ -1,5 +1,5 @@
 # The two commands of the README: `make demo` (set up, run the quickstart DAG locally) and `make test` (everything).
-.PHONY: demo ui test setup lint cluster-up cluster-down golden crd bench bench-triggerer bench-artifacts
+.PHONY: demo ui test setup lint cluster-up cluster-down golden crd bench bench-triggerer bench-artifacts bench-real-node
 
 setup:
 	bash scripts/setup.sh
@@ -43,3 +43,12 @@ bench-triggerer: setup
 	bash scripts/build-kube-apiserver.sh
 	bash scripts/build-runner-env.sh
 	.venv/bin/python benchmarks/bench_triggerer.py
+
+# The task's overhead beyond its pods' run on the local cluster's real node, Pod and PyTorchJob, deferred and not,
+# beside KubernetesPodOperator + torchrun in the same image (about 10 min warm); not part of `make test`.
+bench-real-node: setup
+	bash scripts/build-kube-apiserver.sh
+	bash scripts/build-kube-node.sh
+	bash scripts/build-runner-env.sh
+	.venv/bin/python -m tests.cluster.image
+	.venv/bin/python benchmarks/bench_real_node.py
