@@ -347,6 +347,12 @@ def decide_run(reports: list[NodeReport]) -> Verdict:
         if failure is not None:
             kind = "recoverable" if failure.recoverable else "non-recoverable"
             detail = f"{node.name}: {failure.summary()} ({kind})"
+            if node.reason in INFRASTRUCTURE_REASONS:
+                # The runner saw a worker die of a signal; only the container's status says who sent it (on a real
+                # node the kernel's OOM killer picks a worker, not the runner, and the container ends OOMKilled).
+                detail += f"; its container ended {node.reason}" + (
+                    " (out of memory: raise its memory limit or use less)" if node.reason == "OOMKilled" else ""
+                )
             if tier == _CONSEQUENCE:
                 silent = [_ended(r) for (t, _), _, r in standings if t == _UNEXPLAINED]
                 detail += (

@@ -265,8 +265,9 @@ def test_a_real_memory_limit_oom_kills_and_the_retry_may_help(failures: Failures
     terminated = training_container_status(pod).state.terminated
     assert terminated is not None and terminated.reason == "OOMKilled", pod.status  # containerd's, not ours
     # The kernel killed the worker filling memory, not the container's main process: the runner lived to report
-    # its rank as killed by SIGKILL. (The error does not say OOMKilled, though the container status does.)
+    # its rank as killed by SIGKILL, and the error adds what the container status says.
     assert "rank 0" in error and "SIGKILL" in error, error
+    assert "its container ended OOMKilled (out of memory" in error, error
 
 
 def test_an_image_that_does_not_exist_fails_fast_without_a_retry(failures: FailuresRun) -> None:

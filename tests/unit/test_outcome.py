@@ -421,3 +421,14 @@ def test_a_local_node_killed_by_a_signal_beats_a_victim() -> None:
     )
     assert (verdict.node, verdict.recoverable) == ("node 0", True)
     assert "exited with code 137 (SIGKILL)" in verdict.detail
+
+
+def test_a_worker_the_oom_killer_picked_is_said_to_be_out_of_memory() -> None:
+    # On a real node the kernel kills a worker, not the runner: the runner reports the signal, the container OOMKilled.
+    sigkill = failed(exception="SignalSIGKILL", message="Signal 9 (SIGKILL) received by PID 4711", recoverable=True)
+    verdict = decide_run([report("job-worker-0", 1, sigkill, reason="OOMKilled")])
+    assert verdict.recoverable and "SignalSIGKILL" in verdict.detail
+    assert "its container ended OOMKilled (out of memory" in verdict.detail, verdict.detail
+    # A worker's own exception in a container that ended normally says nothing of memory.
+    plain = decide_run([report("job-worker-0", 1, failed(exception="ValueError", recoverable=False))])
+    assert "container ended" not in plain.detail
