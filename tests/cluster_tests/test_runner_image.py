@@ -21,6 +21,10 @@ from tests.cluster import image
 
 NODE_ENV = "TORCHELASTIC_NODE"
 
+# One pytest worker runs the whole module, in order: the last test checks that no working container is left, which
+# another worker's test holding one (buildah from ... rm) would make fail at random.
+pytestmark = pytest.mark.xdist_group("runner-image")
+
 
 # --- pure pieces ----------------------------------------------------------------------------------------------------
 
