@@ -70,6 +70,9 @@ with _dag("k8s_trainjob_node_fails", retries=1):
     )
 
 # One node OOM-killed on the first try (the fault counts per DAG run): recoverable, the retry's new TrainJob succeeds.
+# Twice: the runtime restarts a failed node in place (OnFailure), and a node restarted once, early, can still join
+# its peers' rendezvous and complete the job inside the wait's 5 s settle; the second kill and the doubled restart
+# backoff keep the first TrainJob from completing before the wait fails it.
 with _dag("k8s_trainjob_oom_retried", retries=1):
     TorchElasticOperator(
         task_id="train",
@@ -82,7 +85,7 @@ with _dag("k8s_trainjob_oom_retried", retries=1):
             annotations={
                 "sim.torchelastic.dev/fail": "OOMKilled",
                 "sim.torchelastic.dev/fail-after-seconds": "0.5",
-                "sim.torchelastic.dev/fail-times": "1",
+                "sim.torchelastic.dev/fail-times": "2",
                 "sim.torchelastic.dev/fail-times-scope": "torchelastic.airflow.apache.org/run-id",
             }
         ),

@@ -325,7 +325,8 @@ def test_a_deleted_pod_gets_its_grace_period_and_the_garbage_collector_takes_its
     assert seen["grace"] == dags.GRACE_SECONDS
     # The worker noted SIGTERM at once and ignored it: only the kubelet's SIGKILL after the grace period ended it.
     assert seen["sigterm_after"] < dags.GRACE_SECONDS, seen
-    assert dags.GRACE_SECONDS <= seen["gone_after"] < dags.GRACE_SECONDS + 30, seen
+    # At least the grace period; the upper bound is the wait's own (a loaded 2-core machine took 55 s once).
+    assert dags.GRACE_SECONDS <= seen["gone_after"] < dags.GRACE_SECONDS + 60, seen
     error = error_of(failure_dir, "real_node_deleted_pod")
     assert error.startswith(RECOVERABLE), error
     assert f"Pod {cluster.namespace}/{name} was deleted before it finished" in error, error
