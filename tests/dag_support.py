@@ -41,3 +41,24 @@ def record_failure(context: Any) -> None:
     ti, error = context["ti"], context.get("exception")
     path = Path(out) / f"{ti.dag_id}.{ti.task_id}.try{ti.try_number}.txt"
     path.write_text(f"{type(error).__module__}.{type(error).__qualname__}: {error}")
+
+
+def recording_dag(dag_id: str, *, execution_timeout_minutes: float, **default_args: Any) -> Any:
+    """A manual DAG whose tasks record each failed try (:func:`record_failure`) and do not retry unless
+    ``default_args`` says so; a hang fails the task (and deletes its job) after ``execution_timeout_minutes`` instead
+    of stalling the suite. Airflow is imported here, not at the top: the workers unpickle this module's functions."""
+    from datetime import timedelta
+
+    import pendulum
+    from airflow.sdk import DAG
+
+    args = {
+        "retries": 0,
+        "retry_delay": timedelta(0),
+        "on_failure_callback": record_failure,
+        "on_retry_callback": record_failure,
+        "execution_timeout": timedelta(minutes=execution_timeout_minutes),
+        **default_args,
+    }
+    start = pendulum.datetime(2026, 1, 1, tz="UTC")
+    return DAG(dag_id, schedule=None, start_date=start, catchup=False, default_args=args)

@@ -10,9 +10,7 @@ one process per node, tiny functions, one-second polls.
 from __future__ import annotations
 
 import os
-from datetime import timedelta
 
-import pendulum
 from airflow.sdk import DAG
 
 from airflow_provider_torchelastic import (
@@ -26,9 +24,8 @@ from airflow_provider_torchelastic import (
 )
 from airflow_provider_torchelastic.core.naming import LABEL_RUN_ID
 from airflow_provider_torchelastic.pod import PodOptions, secret_key_ref
-from tests.dag_support import record_failure
+from tests.dag_support import recording_dag
 
-START = pendulum.datetime(2026, 1, 1, tz="UTC")
 IMAGE = "local/torchelastic-runner:test"
 #: Every Kubernetes task: fast polls, fast failure of stuck pods.
 FAST = {"image": IMAGE, "execution": "kubernetes", "poll_interval": 1, "pending_grace_seconds": 5}
@@ -44,16 +41,7 @@ def small(**overrides: object) -> Elastic:
 
 
 def _dag(dag_id: str, **default_args: object) -> DAG:
-    args = {
-        "retries": 0,
-        "retry_delay": timedelta(0),
-        "on_failure_callback": record_failure,
-        "on_retry_callback": record_failure,
-        # A hang fails the task (and deletes its job) instead of stalling the suite.
-        "execution_timeout": timedelta(minutes=3),
-        **default_args,
-    }
-    return DAG(dag_id, schedule=None, start_date=START, catchup=False, default_args=args)
+    return recording_dag(dag_id, execution_timeout_minutes=3, **default_args)
 
 
 def _one_worker_fault(**fault: str) -> dict[str, str]:

@@ -5,30 +5,19 @@ simulated kubelet runs each node's pod as local processes (see tests/dags/k8s_e2
 from __future__ import annotations
 
 import os
-from datetime import timedelta
 
-import pendulum
 from airflow.sdk import DAG
 
 from airflow_provider_torchelastic import Elastic, TorchElasticOperator
 from airflow_provider_torchelastic.pod import JobOptions, PodOptions
-from tests.dag_support import fail_on_rank_1, record_failure
+from tests.dag_support import fail_on_rank_1, recording_dag
 
-START = pendulum.datetime(2026, 1, 1, tz="UTC")
 IMAGE = "local/torchelastic-runner:test"
 FAST = {"image": IMAGE, "execution": "kubernetes", "poll_interval": 1, "pending_grace_seconds": 5}
 
 
 def _dag(dag_id: str, **default_args: object) -> DAG:
-    args = {
-        "retries": 0,
-        "retry_delay": timedelta(0),
-        "on_failure_callback": record_failure,
-        "on_retry_callback": record_failure,
-        "execution_timeout": timedelta(minutes=4),
-        **default_args,
-    }
-    return DAG(dag_id, schedule=None, start_date=START, catchup=False, default_args=args)
+    return recording_dag(dag_id, execution_timeout_minutes=4, **default_args)
 
 
 def two_nodes() -> Elastic:

@@ -15,17 +15,14 @@ Functions live in this file and travel by value. Each failure case is its own ta
 from __future__ import annotations
 
 import os
-from datetime import timedelta
 
-import pendulum
 from airflow.sdk import DAG
 
 from airflow_provider_torchelastic import Elastic, Master, PyTorch, TorchElasticOperator, Worker
 from airflow_provider_torchelastic.pod import PodOptions
 from tests.cluster.image import runner_image_ref
-from tests.dag_support import record_failure
+from tests.dag_support import recording_dag
 
-START = pendulum.datetime(2026, 1, 1, tz="UTC")
 IMAGE_ENV = "TORCHELASTIC_TEST_RUNNER_IMAGE"
 SHARED_DIR_ENV = "TORCHELASTIC_TEST_SHARED_DIR"
 IMAGE = os.environ.get(IMAGE_ENV) or runner_image_ref()
@@ -63,16 +60,7 @@ def options(**changes: object) -> PodOptions:
 
 
 def _dag(dag_id: str, **default_args: object) -> DAG:
-    args = {
-        "retries": 0,
-        "retry_delay": timedelta(0),
-        "on_failure_callback": record_failure,
-        "on_retry_callback": record_failure,
-        # A hang fails the task (and deletes its job) instead of stalling the suite.
-        "execution_timeout": timedelta(minutes=3),
-        **default_args,
-    }
-    return DAG(dag_id, schedule=None, start_date=START, catchup=False, default_args=args)
+    return recording_dag(dag_id, execution_timeout_minutes=3, **default_args)
 
 
 # --- training functions (shipped by value) ---------------------------------------------------------------------------
