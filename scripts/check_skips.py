@@ -20,9 +20,6 @@ EXPECTED: Final = {
     r"^upstream CRD not at ": "the upstream CRDs are not beside this clone",
     # This machine has no GPU; the GPU path is checked on a lent device.
     r"^needs a CUDA device": "no CUDA device here",
-    # The real node (issue 17) is being built up beside the simulated kubelet: until the tiers move onto it, its own
-    # tests run where asked (TORCHELASTIC_NODE=real), not in every run.
-    r"^the real node is opt-in: set TORCHELASTIC_NODE=real": "the real node's tests are opt-in until the tiers move",
 }
 
 

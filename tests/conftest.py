@@ -52,12 +52,14 @@ def airflow_db() -> Iterator[None]:
     yield
 
 
-#: The session fixture of the one Airflow deployment (tests/airflow_services): every test that needs it runs in the
-#: same pytest worker, so it starts once. The local cluster (tests/cluster) is not shared that way: each worker that
-#: runs a cluster test starts its own (about 15 s), so that the cluster tests, most of the suite's time and mostly
-#: waiting on pods, spread over both workers instead of queueing on one.
-_SHARED_SERVICES = frozenset({"airflow_services"})
-SERVICES_GROUP = "airflow-deployment"
+#: Session fixtures shared by every test that uses them in one pytest worker: the real-node cluster
+#: (tests/cluster/pytest_plugin.py: kubelet, scheduler, controller-manager, containerd) and the one Airflow deployment
+#: (tests/airflow_services), which runs its DAGs on that node. Each starts once and stops after its last test. The
+#: simulated local cluster (``kube_cluster``) is not shared that way: each worker that runs a cluster test starts its
+#: own (about 15 s), so that those tests, most of the suite's time and mostly waiting on pods, spread over both workers
+#: instead of queueing on one.
+DEPLOYMENT_FIXTURE = "airflow_services"
+REAL_NODE_FIXTURE = "real_node_cluster"
 
 
 def _join_group(item: pytest.Item, group: str) -> None:
@@ -76,45 +78,53 @@ def _join_group(item: pytest.Item, group: str) -> None:
     item._id = coerce_node_id(item.nodeid + suffix)  # type: ignore[attr-defined]
 
 
-def _uses_deployment(item: pytest.Item | None) -> bool:
-    return item is not None and bool(_SHARED_SERVICES.intersection(getattr(item, "fixturenames", ())))
+def _uses(item: pytest.Item | None, fixture: str) -> bool:
+    return item is not None and fixture in getattr(item, "fixturenames", ())
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The tests of the Airflow deployment run one after the other, so that it can stop after the last of them
-    (:func:`pytest_runtest_teardown`): they move to where the first of them is. Under pytest-xdist (``-n 2 --dist
-    loadgroup``, scripts/test.sh) they also form one group: one worker runs them (xdist hands out the largest group
-    first), while the other worker takes the rest, and both share what is left."""
-    deployment = [item for item in items if _uses_deployment(item)]
-    if deployment:
-        first = items.index(deployment[0])
-        rest = [item for item in items if not _uses_deployment(item)]
-        items[:] = rest[:first] + deployment + rest[first:]
+    """The tests of the real node run one after the other, the deployment's last among them, so that each of the two
+    can stop after its last test (:func:`pytest_runtest_teardown`): they move to where the first of them is. Under
+    pytest-xdist (``-n 2 --dist loadgroup``, scripts/test.sh) they also form one group: one worker runs them (xdist
+    hands out the largest group first), while the other worker takes the rest, and both share what is left."""
+    node_tests = [item for item in items if _uses(item, REAL_NODE_FIXTURE)]
+    if node_tests:
+        first = items.index(node_tests[0])
+        rest = [item for item in items if not _uses(item, REAL_NODE_FIXTURE)]
+        node_tests.sort(key=lambda item: _uses(item, DEPLOYMENT_FIXTURE))  # stable: the deployment's, in order, last
+        items[:] = rest[:first] + node_tests + rest[first:]
     if not getattr(config.option, "loadgroup", False):  # set on xdist workers only
         return
-    for item in deployment:
-        _join_group(item, SERVICES_GROUP)
-    # Other tests that share one expensive fixture (the real node: tests/e2e/test_real_node_e2e.py) say so with
-    # ``pytest.mark.xdist_group(name)``, which xdist itself no longer applies under pytest 9.2 (_join_group).
+    if node_tests:
+        from tests.cluster.pytest_plugin import REAL_NODE_GROUP
+
+        for item in node_tests:
+            _join_group(item, REAL_NODE_GROUP)
+    # Other tests that share one expensive fixture say so with ``pytest.mark.xdist_group(name)``, which xdist itself
+    # no longer applies under pytest 9.2 (_join_group).
     for item in items:
         mark = item.get_closest_marker("xdist_group")
-        if mark is not None and mark.args and not _uses_deployment(item):
+        if mark is not None and mark.args and not _uses(item, REAL_NODE_FIXTURE):
             _join_group(item, str(mark.args[0]))
 
 
 @pytest.hookimpl(trylast=True)
 def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
-    """Stop the Airflow deployment once its last test is done rather than at the end of the session: idle, its
-    scheduler, dag-processor, triggerer, api-server and PostgreSQL take about a tenth of a core from the tests that
-    follow. (Its fixture's own finalizer then finds nothing left to stop.)"""
-    if nextitem is None or not _uses_deployment(item) or _uses_deployment(nextitem):
-        return  # at the end of the session the fixture's finalizer stops it
-    services = getattr(item, "funcargs", {}).get("airflow_services")
-    if services is None:
-        return
-    services.close()
-    survivors = services.deployment.stop()
-    assert not survivors, f"Airflow deployment processes survived teardown: {survivors}"
+    """Stop the Airflow deployment, then the real node, once the last test that uses it is done rather than at the
+    end of the session: idle, the deployment's scheduler, dag-processor, triggerer, api-server and PostgreSQL take
+    about a tenth of a core from the tests that follow, and the node's kubelet and controllers more. (Their fixtures'
+    finalizers then find nothing left to stop.)"""
+    if nextitem is None:
+        return  # at the end of the session the fixtures' finalizers stop them
+    funcargs = getattr(item, "funcargs", {})
+    services = funcargs.get(DEPLOYMENT_FIXTURE)
+    if services is not None and not _uses(nextitem, DEPLOYMENT_FIXTURE):
+        services.close()
+        survivors = services.deployment.stop()
+        assert not survivors, f"Airflow deployment processes survived teardown: {survivors}"
+    node = funcargs.get(REAL_NODE_FIXTURE)
+    if node is not None and not _uses(nextitem, REAL_NODE_FIXTURE):
+        node.stop()
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

@@ -56,11 +56,13 @@ from tests.cluster.control_plane import (
     write_pids,
 )
 from tests.cluster.pytest_plugin import airflow_connection_json
+from tests.deployment_dags import node_storage
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DAGS_FOLDER = REPO_ROOT / "tests" / "deployment_dags"
-#: The runner image of the local test cluster (its kubelet runs the runner env; the name only has to be valid).
-RUNNER_IMAGE = "local/torchelastic-runner:test"
+#: The image of a deployment on the simulated kubelet, which runs every image as the runner env (the name only has to
+#: be valid); on the real node it is the runner image built from docker/Dockerfile (``Deployment.start(image=)``).
+SIM_RUNNER_IMAGE = "local/torchelastic-runner:test"
 MARKER_ENV = "TORCHELASTIC_AIRFLOW_SERVICES"
 #: Where in the state dir the test-only job kind's distribution is written (module docstring).
 JOB_KINDS_DIRNAME = "job_kinds"
@@ -100,6 +102,12 @@ class DeploymentInfo:
     password: str
     #: A cluster this deployment started for itself (``up`` without ``--kubeconfig``); ``down`` stops it.
     cluster_dir: Path | None = None
+    #: ``[torch_elastic] image``: what the DAGs' pods run.
+    image: str = SIM_RUNNER_IMAGE
+    #: A folder that the DAGs' pods mount by hostPath at the same path (tests/deployment_dags/node_storage.py), where
+    #: artifacts go: on the real node, the only storage a pod shares with the Airflow worker. None on the simulated
+    #: kubelet, whose pods are processes of this machine and see the state dir.
+    shared_dir: Path | None = None
 
     @property
     def base_url(self) -> str:
@@ -117,7 +125,7 @@ class DeploymentInfo:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> DeploymentInfo:
-        paths = {"state_dir", "pg_dir", "kubeconfig", "cluster_dir"}
+        paths = {"state_dir", "pg_dir", "kubeconfig", "cluster_dir", "shared_dir"}
         known = {f.name for f in dataclasses.fields(cls)}
         values = {k: (Path(v) if k in paths and v is not None else v) for k, v in data.items() if k in known}
         return cls(**values)
@@ -210,15 +218,18 @@ def service_env(info: DeploymentInfo) -> dict[str, str]:
         if not k.startswith(("AIRFLOW", "_AIRFLOW", "PYTEST_", "TORCHELASTIC_E2E")) and k != MARKER_ENV
     }
     plugged = str(info.state_dir / JOB_KINDS_DIRNAME)
+    storage = (info.shared_dir or info.state_dir) / "artifacts"
+    if info.shared_dir is not None:
+        env[node_storage.SHARED_DIR_ENV] = str(info.shared_dir)
     env.update(
         PYTHONPATH=os.pathsep.join(p for p in (plugged, env.get("PYTHONPATH", "")) if p),
         AIRFLOW_HOME=str(info.home),
         AIRFLOW_CONN_KUBERNETES_DEFAULT=airflow_connection_json(info.kubeconfig, info.namespace),
-        AIRFLOW__TORCH_ELASTIC__IMAGE=RUNNER_IMAGE,
+        AIRFLOW__TORCH_ELASTIC__IMAGE=info.image,
         # As in the other tiers (tests/conftest.py): the local cluster serves TrainJob too.
         AIRFLOW__TORCH_ELASTIC__JOB_KIND="pytorchjob",
-        # Rank 0's tensors go here: the local cluster's pods are processes of this machine, so a folder is shared.
-        AIRFLOW__TORCH_ELASTIC__ARTIFACT_STORAGE=f"file://{info.state_dir / 'artifacts'}",
+        # Rank 0's tensors go here: a folder the pods share with this machine (shared_dir).
+        AIRFLOW__TORCH_ELASTIC__ARTIFACT_STORAGE=f"file://{storage}",
         PYTHONUNBUFFERED="1",
         # setproctitle would otherwise reuse the environment's memory for the long process titles Airflow sets,
         # and /proc/<pid>/environ, where stop() looks for the marker, would read as garbage.
@@ -261,6 +272,8 @@ class Deployment:
         kubeconfig: Path,
         namespace: str,
         cluster_dir: Path | None = None,
+        image: str = SIM_RUNNER_IMAGE,
+        shared_dir: Path | None = None,
         timeout: float = 240.0,
     ) -> DeploymentInfo:
         """Install PostgreSQL if needed, start it, migrate, start the four Airflow processes, wait until healthy."""
@@ -283,6 +296,8 @@ class Deployment:
             username=USERNAME,
             password=secrets.token_urlsafe(12),
             cluster_dir=cluster_dir,
+            image=image,
+            shared_dir=None if shared_dir is None else Path(shared_dir).resolve(),
         )
         self.info = info
         try:

@@ -1,9 +1,10 @@
 """pytest plugin for tests that need a real Airflow deployment; load it as tests/deployment/conftest.py does.
 
-Fixture ``airflow_services`` (session): an :class:`~tests.airflow_services.services.AirflowServices` on the local
-cluster of ``kube_cluster`` (so it is skipped with ``TORCHELASTIC_SKIP_CLUSTER=1``), stopped at the end of the
-session, which also checks that no process of it survived. Its logs stay in pytest's temporary dir
-(``airflow-services*/logs``).
+Fixture ``airflow_services`` (session): an :class:`~tests.airflow_services.services.AirflowServices` on the real
+node (``real_node_cluster``: so it is skipped with ``TORCHELASTIC_SKIP_CLUSTER=1``), whose pods run the runner image
+built from docker/Dockerfile and mount the node's shared folder, where artifacts go. It is stopped after the last test
+that uses it (tests/conftest.py) or at the end of the session, which also checks that no process of it survived.
+Its logs stay in pytest's temporary dir (``airflow-services*/logs``).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from tests.airflow_services.services import AirflowServices
 
 
 @pytest.fixture(scope="session")
-def airflow_services(kube_cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[AirflowServices]:
+def airflow_services(real_node_cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[AirflowServices]:
     state_dir = tmp_path_factory.mktemp("airflow-services")
     progress: list[str] = []
 
@@ -29,7 +30,12 @@ def airflow_services(kube_cluster, tmp_path_factory: pytest.TempPathFactory) -> 
 
     deployment = Deployment(state_dir, log=log)
     try:
-        deployment.start(kubeconfig=kube_cluster.kubeconfig, namespace=kube_cluster.namespace)
+        deployment.start(
+            kubeconfig=real_node_cluster.kubeconfig,
+            namespace=real_node_cluster.namespace,
+            image=real_node_cluster.image,
+            shared_dir=real_node_cluster.shared_dir,
+        )
     except Exception as e:  # PostgreSQL, migration or a process that would not start: the message says which
         pytest.fail(f"the Airflow deployment could not start: {e}\n(progress: {'; '.join(progress)})", pytrace=False)
     services = AirflowServices(deployment)

@@ -539,7 +539,11 @@ class ControlPlane:
 
     def _start_simulators(self, info: ClusterInfo) -> None:
         if self.node == "real":  # pods run images on the real node: neither the simulated kubelet nor its layer
-            self._start_simulator_modules(info, [m for m in SIMULATORS if m != "sim_kubelet"], {})
+            # ... nor the garbage collector the simulated controllers play: the controller-manager's collects what
+            # PyTorchJobs, TrainJobs, JobSets and Jobs own, and runs their foreground and orphan deletions.
+            own = ["--kubeconfig", str(info.operator_kubeconfig), "--no-garbage-collector"]
+            modules = [m for m in SIMULATORS if m != "sim_kubelet"]
+            self._start_simulator_modules(info, modules, {"sim_operator": own, "sim_trainer": own})
             return
         # Pods run this checkout's code as the runner image would have it: installed into a layer of this cluster's
         # own on the cached runner env (the checkout changes between clusters, the env does not).

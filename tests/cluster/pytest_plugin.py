@@ -6,6 +6,10 @@ Fixtures:
   use; each cluster layers this checkout on it, and its pods run with that layer (``KubeCluster.runner_python``).
 - ``kube_cluster`` (session): a fresh cluster (etcd, kube-apiserver, CRD, RBAC, simulators) in a temporary dir, torn
   down at the end of the session, which also checks that no process survived.
+- ``real_node_cluster`` (session): a cluster of its own on the real node (tests/cluster/real_node.py: kubelet,
+  kube-scheduler, kube-controller-manager, containerd) with the runner image built from docker/Dockerfile, and a
+  folder the pods mount by hostPath. Every test that uses it runs in one pytest worker (tests/conftest.py), which
+  stops it after the last of them (:meth:`RealNodeCluster.stop`), checking that nothing survived on the host.
 - ``fault_proxy`` (function): a started :class:`~tests.cluster.proxy.FaultProxy` in front of that cluster.
 - ``kubernetes_default_connection`` (function): ``AIRFLOW_CONN_KUBERNETES_DEFAULT`` pointing at the admin kubeconfig
   and the test namespace.
@@ -16,11 +20,13 @@ fixture errors with the reason; set ``TORCHELASTIC_SKIP_CLUSTER=1`` to skip clus
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
 import shutil
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -31,6 +37,9 @@ from tests.cluster import real_node, runner_env
 from tests.cluster.proxy import FaultProxy
 
 SKIP_ENV = "TORCHELASTIC_SKIP_CLUSTER"
+#: The pytest-xdist group of every test of the real node (tests/conftest.py puts the users of ``real_node_cluster`` in
+#: it): one worker owns the node.
+REAL_NODE_GROUP = "real-node"
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -105,6 +114,85 @@ class KubeCluster:
         if identity == "sa" and namespace is None:
             namespace = self.namespace
         return proxy.write_kubeconfig(path, token=tokens[identity], user=f"{identity}-via-proxy", namespace=namespace)
+
+
+@dataclasses.dataclass(kw_only=True, eq=False)
+class RealNodeCluster:
+    """The real-node cluster, as a test sees it: the cluster, the node's derived names, the runner image, a folder of
+    this machine the DAGs' pods mount by hostPath at the same path, and the apiserver's audit log."""
+
+    info: cp.ClusterInfo
+    layout: real_node.NodeLayout
+    image: str
+    #: A folder of this machine that pods mount by hostPath at the same path: storage they really share.
+    shared_dir: Path
+    audit_log: Path
+    _plane: cp.ControlPlane = dataclasses.field(repr=False)
+    _stopped: bool = dataclasses.field(default=False, repr=False)
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.info.kubeconfig
+
+    @property
+    def namespace(self) -> str:
+        return self.info.namespace
+
+    def deleted_by(self, resource: str, name: str) -> list[str]:
+        """The users whose deletion of ``resource``/``name`` succeeded, from the audit log."""
+        users = []
+        with contextlib.suppress(FileNotFoundError):
+            for line in self.audit_log.read_text().splitlines():
+                event = json.loads(line)
+                ref = event.get("objectRef") or {}
+                if (
+                    event.get("verb") == "delete"
+                    and ref.get("resource") == resource
+                    and ref.get("name") == name
+                    and (event.get("responseStatus") or {}).get("code") == 200
+                ):
+                    users.append(event["user"]["username"])
+        return users
+
+    def stop(self) -> None:
+        """Stop the cluster and check that nothing of it is left on the host; a second call does nothing (the
+        worker stops it after its last test, the fixture's finalizer at the end of the session)."""
+        if self._stopped:
+            return
+        self._stopped = True
+        survivors = self._plane.stop()
+        shutil.rmtree(self.info.state_dir / "etcd", ignore_errors=True)
+        assert not survivors, f"real-node cluster processes survived teardown: {survivors}"
+        assert real_node.leftovers(self.layout) == [], "the real node left something on the host"
+
+
+def _say(message: str) -> None:
+    """Outside pytest's capture: a cold build and the node's start are the slow steps, and say so."""
+    print(f"\n[real node] {message}", file=sys.__stderr__, flush=True)
+
+
+def _real_node_preflight() -> str:
+    """Fail loudly, with the reason, where the node cannot run; returns the runner image's reference."""
+    from tests.cluster import image
+
+    try:
+        real_node.check_cgroup_v1()
+    except real_node.NodeError as e:
+        pytest.fail(f"the real node cannot run here: {e}", pytrace=False)
+    folder = real_node.node_binaries_dir()
+    missing = [b for b in real_node.NODE_BINARIES if not (folder / b).is_file()]
+    if missing:
+        script = real_node.NODE_BUILD_SCRIPT.relative_to(cp.REPO_ROOT)
+        pytest.fail(
+            f"the real node's binaries are not built ({', '.join(missing)} missing in {folder}): run "
+            f"`bash {script}` (scripts/test.sh does; 13 to 27 min cold)",
+            pytrace=False,
+        )
+    try:  # about a second when current; after a code change only the package layers rebuild
+        image.ensure_images(log=lambda line: _say(line) if line.startswith("[runner-image") else None)
+    except image.ImageBuildError as e:
+        pytest.fail(f"the runner image could not be built: {e}", pytrace=False)
+    return image.runner_image_ref()
 
 
 def airflow_connection_json(kubeconfig: Path, namespace: str) -> str:
@@ -184,6 +272,33 @@ def kube_cluster(
         # The etcd data dir (~60 MB of preallocated WAL) is not worth keeping in pytest's kept tmp dirs; logs are.
         shutil.rmtree(state_dir / "etcd", ignore_errors=True)
     assert not survivors, f"cluster processes survived teardown: {survivors}"
+
+
+@pytest.fixture(scope="session")
+def real_node_cluster(
+    kube_apiserver_binary: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[RealNodeCluster]:
+    image_ref = _real_node_preflight()
+    state_dir = tmp_path_factory.mktemp("real-node")
+    shared_dir = tmp_path_factory.mktemp("real-node-shared")
+    audit_log = state_dir / "audit.log"
+    progress: list[str] = []
+    plane = cp.ControlPlane(state_dir, node="real", audit_log=audit_log, log=progress.append)
+    started = time.monotonic()
+    try:
+        info = plane.start()
+    except cp.ClusterError as e:
+        pytest.fail(f"the real-node cluster could not start: {e}\n(progress: {'; '.join(progress)})", pytrace=False)
+    _say(f"node up in {time.monotonic() - started:.1f} s")
+    layout = real_node.load_layout(state_dir)
+    assert layout is not None
+    cluster = RealNodeCluster(
+        info=info, layout=layout, image=image_ref, shared_dir=shared_dir, audit_log=audit_log, _plane=plane
+    )
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
 
 
 @pytest.fixture

@@ -1,7 +1,8 @@
-"""A real node for the local cluster (opt-in): containerd, kubelet, kube-scheduler and kube-controller-manager.
+"""A real node for the local cluster: containerd, kubelet, kube-scheduler and kube-controller-manager.
 
-Selected with ``python -m tests.cluster up --node real`` or ``TORCHELASTIC_NODE=real`` (the pytest plugin reads the
-same variable); the default stays the simulated kubelet. What was verified on the reference machine and why each
+Selected with ``python -m tests.cluster up --node real`` or ``TORCHELASTIC_NODE=real`` (``kube_cluster``, the pytest
+plugin's simulated cluster, reads the same variable); the default stays the simulated kubelet. The tests that run on
+the real node by default use the plugin's ``real_node_cluster``. What was verified on the reference machine and why each
 setting is what it is: ``../shared/notes/real-node.md``.
 
 One node per cluster, everything derived from the cluster's state dir so that two clusters can run side by side:

@@ -1151,7 +1151,9 @@ def controller_job_key(obj: dict[str, Any]) -> tuple[str, str] | None:
 
 
 class Operator:
-    def __init__(self, api: client.ApiClient, *, seed: int | None = None) -> None:
+    def __init__(self, api: client.ApiClient, *, seed: int | None = None, collect_garbage: bool = True) -> None:
+        #: False beside a real kube-controller-manager (the real node), whose garbage collector does this part.
+        self.collects_garbage = collect_garbage
         self.core = client.CoreV1Api(api)
         self.custom = client.CustomObjectsApi(api)
         self.stop = threading.Event()
@@ -1174,9 +1176,10 @@ class Operator:
     def _on_job(self, kind: str, job: dict[str, Any]) -> None:
         meta = job["metadata"]
         if kind == "DELETED":
-            threading.Thread(
-                target=self.collect_garbage, args=(meta["namespace"], meta["uid"]), daemon=True, name="gc"
-            ).start()
+            if self.collects_garbage:
+                threading.Thread(
+                    target=self.collect_garbage, args=(meta["namespace"], meta["uid"]), daemon=True, name="gc"
+                ).start()
             return
         self.queue.add((meta["namespace"], meta["name"]))
 
@@ -1194,7 +1197,8 @@ class Operator:
             return
         meta = job["metadata"]
         if meta.get("deletionTimestamp"):
-            self.finalize_deleted_job(job)
+            if self.collects_garbage:  # else the real collector's foreground/orphan finalizers
+                self.finalize_deleted_job(job)
             return
         pods = job_pods(job, self.pods.items())
         services = job_services(job, self.services.items())
@@ -1483,6 +1487,8 @@ class Operator:
                 last_resync = time.monotonic()
                 for job in self.jobs.items():
                     self.queue.add((job["metadata"]["namespace"], job["metadata"]["name"]))
+            if not self.collects_garbage:
+                continue
             try:
                 self.sweep_orphans()
             except Exception as err:
@@ -1511,11 +1517,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--kubeconfig", required=True)
     parser.add_argument("--log-level", default="INFO")
+    parser.add_argument(
+        "--no-garbage-collector",
+        action="store_true",
+        help="leave PyTorchJobs' dependents to a real kube-controller-manager's garbage collector",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=args.log_level.upper(), stream=sys.stderr, format="%(asctime)s sim-operator %(levelname)s %(message)s"
     )
-    operator = Operator(build_api_client(args.kubeconfig))
+    operator = Operator(build_api_client(args.kubeconfig), collect_garbage=not args.no_garbage_collector)
     # Replica types are visited in random (Go map) order; this seed reproduces a run's orders.
     log.info("replica order seed: %d (set %s to reproduce)", operator.seed, SEED_ENV)
 

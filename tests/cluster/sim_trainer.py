@@ -939,7 +939,9 @@ def owner_key(obj: JsonDict, kind: str) -> tuple[str, str, str] | None:
 class Controllers:
     """The three simulated controllers, one worker draining one queue of (kind, namespace, name) keys."""
 
-    def __init__(self, api: client.ApiClient) -> None:
+    def __init__(self, api: client.ApiClient, *, collect_garbage: bool = True) -> None:
+        #: False beside a real kube-controller-manager (the real node), whose garbage collector does this part.
+        self.collects_garbage = collect_garbage
         self.core = client.CoreV1Api(api)
         self.batch = client.BatchV1Api(api)
         self.custom = client.CustomObjectsApi(api)
@@ -960,6 +962,8 @@ class Controllers:
     # -- event handlers -------------------------------------------------------------------------------------------
 
     def _gc_later(self, obj: JsonDict) -> None:
+        if not self.collects_garbage:
+            return
         meta = obj["metadata"]
         threading.Thread(
             target=self.collect_garbage, args=(meta["namespace"], meta["uid"]), daemon=True, name="gc"
@@ -1313,6 +1317,8 @@ class Controllers:
 
     def finalize_deleted(self, obj: JsonDict, group: str, version: str, plural: str) -> None:
         """The GC's part of a Foreground or Orphan deletion, then its finalizer goes."""
+        if not self.collects_garbage:  # the real collector's finalizers
+            return
         meta = obj["metadata"]
         finalizers = meta.get("finalizers") or []
         namespace, uid = meta["namespace"], meta["uid"]
@@ -1414,6 +1420,8 @@ class Controllers:
 
     def _housekeeping(self) -> None:
         while not self.stop.wait(SWEEP_SECONDS):
+            if not self.collects_garbage:
+                continue
             try:
                 self.sweep_orphans()
             except Exception as err:
@@ -1593,11 +1601,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--kubeconfig", required=True)
     parser.add_argument("--log-level", default="INFO")
+    parser.add_argument(
+        "--no-garbage-collector",
+        action="store_true",
+        help="leave dependents to a real kube-controller-manager's garbage collector",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=args.log_level.upper(), stream=sys.stderr, format="%(asctime)s sim-trainer %(levelname)s %(message)s"
     )
-    controllers = Controllers(build_api_client(args.kubeconfig))
+    controllers = Controllers(build_api_client(args.kubeconfig), collect_garbage=not args.no_garbage_collector)
 
     def on_signal(signum: int, _frame: Any) -> None:
         log.info("signal %d: stopping", signum)

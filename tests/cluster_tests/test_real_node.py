@@ -25,15 +25,11 @@ import pytest
 
 from tests.cluster import control_plane as cp
 from tests.cluster import real_node as rn
+from tests.cluster.pytest_plugin import REAL_NODE_GROUP
 
-pytestmark = [
-    pytest.mark.cluster,
-    pytest.mark.skipif(
-        os.environ.get(rn.NODE_ENV) != "real",
-        reason=f"the real node is opt-in: set {rn.NODE_ENV}=real to run these (root, cgroup v1; the first run builds "
-        "kubelet, kube-scheduler and kube-controller-manager, ~13 min)",
-    ),
-]
+#: In the worker that owns the real node (tests/conftest.py), before the session's real-node cluster starts there:
+#: the host snapshots compare the whole host, so no other real node may come or go meanwhile.
+pytestmark = [pytest.mark.cluster, pytest.mark.xdist_group(REAL_NODE_GROUP)]
 
 BUSYBOX_IMAGE = "torchelastic.test/busybox:1.35"
 

@@ -99,8 +99,8 @@ def triggerer_of(ti: dict[str, Any]) -> int | None:
 
 
 @pytest.fixture(scope="module")
-def kube(kube_cluster) -> Kube:
-    return Kube(kube_cluster.kubeconfig, kube_cluster.namespace)
+def kube(airflow_services: AirflowServices) -> Kube:
+    return Kube(airflow_services.info.kubeconfig, airflow_services.info.namespace)
 
 
 @pytest.fixture

@@ -25,7 +25,7 @@ from airflow_provider_torchelastic.core.outcome import encode_success
 from airflow_provider_torchelastic.kubernetes.pod_template import payload_secret_name
 from airflow_provider_torchelastic.kubernetes.sweep import NOT_AFTER_LABEL
 from tests import fake_kind
-from tests.airflow_services.deployment import RUNNER_IMAGE
+from tests.airflow_services.deployment import SIM_RUNNER_IMAGE as RUNNER_IMAGE
 from tests.airflow_services.services import AirflowServices
 from tests.deployment.test_airflow_deployment import wait_for
 
@@ -199,8 +199,8 @@ class FakeJobCluster:
 
 
 @pytest.fixture(scope="module")
-def cluster(kube_cluster: Any) -> FakeJobCluster:
-    return FakeJobCluster(kube_cluster.kubeconfig, kube_cluster.namespace)
+def cluster(airflow_services: AirflowServices) -> FakeJobCluster:
+    return FakeJobCluster(airflow_services.info.kubeconfig, airflow_services.info.namespace)
 
 
 @pytest.fixture(scope="module")

@@ -1,9 +1,11 @@
 """DAGs for tests/deployment: parsed by a real dag-processor, run by a real scheduler, LocalExecutor and triggerer
-(tests/airflow_services), on the local test cluster through the connection ``kubernetes_default``.
+(tests/airflow_services), on the real node (kubelet, scheduler, controller-manager, containerd) of the local test
+cluster through the connection ``kubernetes_default``; every pod mounts the folder it shares with the deployment
+(node_storage.py).
 
 No ``image=``: the deployment's ``[torch_elastic] image`` gives it, as in production. Training functions are defined
 here, so they travel by value in the payload (the pods have neither Airflow nor this repository). Keep them tiny and
-the polls short: two cores run Airflow, the simulated cluster and every pod.
+the polls short: two cores run Airflow, the cluster, the node and every pod.
 """
 
 from __future__ import annotations
@@ -13,11 +15,18 @@ from datetime import timedelta
 
 import pendulum
 from airflow.sdk import DAG, task
+from node_storage import SHARED
 
 from airflow_provider_torchelastic import Elastic, TorchElasticOperator
 
 START = pendulum.datetime(2026, 1, 1, tz="UTC")
-FAST = {"execution": "kubernetes", "poll_interval": 1, "pending_grace_seconds": 10, "deferrable": True}
+FAST = {
+    "execution": "kubernetes",
+    "poll_interval": 1,
+    "pending_grace_seconds": 10,
+    "deferrable": True,
+    "pod_options": SHARED,
+}
 DEFAULT_ARGS = {"retries": 0, "execution_timeout": timedelta(minutes=4)}
 
 

@@ -1,5 +1,6 @@
-"""DAGs for the browser tests (tests/ui): training that reports metrics, and training that fails, on the local
-cluster. Both wait in the worker (deferrable=False), whose wait turns rank 0's metrics lines into the job summary.
+"""DAGs for the browser tests (tests/ui): training that reports metrics, and training that fails, on the real node of
+the local cluster. Both wait in the worker (deferrable=False), whose wait turns rank 0's metrics lines into the job
+summary.
 """
 
 from __future__ import annotations
@@ -8,11 +9,18 @@ from datetime import timedelta
 
 import pendulum
 from airflow.sdk import DAG, task
+from node_storage import SHARED
 
 from airflow_provider_torchelastic import Elastic
 
 START = pendulum.datetime(2026, 1, 1, tz="UTC")
-SETTINGS = {"execution": "kubernetes", "poll_interval": 1, "pending_grace_seconds": 10, "deferrable": False}
+SETTINGS = {
+    "execution": "kubernetes",
+    "poll_interval": 1,
+    "pending_grace_seconds": 10,
+    "deferrable": False,
+    "pod_options": SHARED,
+}
 DEFAULT_ARGS = {"retries": 0, "execution_timeout": timedelta(minutes=4)}
 #: Steps the reporting job reports; the browser test counts them in the charts.
 STEPS = 12

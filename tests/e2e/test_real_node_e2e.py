@@ -1,22 +1,20 @@
 """The provider end to end on the real node: a kubelet, kube-scheduler and kube-controller-manager 1.20.2 with
 containerd (tests/cluster/real_node.py), running the runner image built from docker/Dockerfile. Runs by default.
 
-The DAGs (``tests/dags/real_node_e2e.py``) run through ``dag.test()`` as in tests/e2e/test_kubernetes.py, against a
-cluster of this module's own (``node="real"``), which it stops at the end, checking that nothing survives. What the
+The DAGs (``tests/dags/real_node_e2e.py``) run through ``dag.test()`` as in tests/e2e/test_kubernetes.py, against
+the session's real-node cluster (fixture ``real_node_cluster``, which the Airflow deployment's tests use too), which
+is stopped after the last test that uses it, checking that nothing survives. What the
 simulated kubelet plays elsewhere happens for real here: two elastic pods rendezvous on the one node, rank 0's
 result comes from a real termination message, the memory limit kills, the image cannot be pulled, the missing
 Secret stops the container's creation, the scheduler finds no GPU, a deleted pod gets its grace period and the
 controller-manager's garbage collector removes its payload Secret, and checkpoints and results go to a hostPath
 folder the pods share with the Airflow side, while a checkpoint on a pod's own file system is not found by the
-retry. All of these tests form one xdist group: one worker owns the node.
+retry. Every test that uses the node runs in one pytest worker (tests/conftest.py): one worker owns the node.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import json
-import shutil
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -25,12 +23,14 @@ from typing import Any
 
 import pytest
 
-from tests.cluster import control_plane as cp
 from tests.cluster import real_node as rn
-from tests.cluster.pytest_plugin import airflow_connection_json
+from tests.cluster.pytest_plugin import RealNodeCluster, airflow_connection_json
 from tests.dag_support import OUT_DIR_ENV
 from tests.dags import real_node_e2e as dags
 from tests.e2e.test_kubernetes import (
+    GROUP,
+    PLURAL,
+    VERSION,
     Cluster,
     DagRunResult,
     _replace_inline_trigger,
@@ -39,13 +39,7 @@ from tests.e2e.test_kubernetes import (
     wait_for,
 )
 
-#: One worker runs every test of the real node (tests/conftest.py gives xdist_group marks their group).
-GROUP = "real-node"
-pytestmark = [
-    pytest.mark.cluster,
-    pytest.mark.xdist_group(GROUP),
-    pytest.mark.usefixtures("airflow_db", "clean_namespace"),
-]
+pytestmark = [pytest.mark.cluster, pytest.mark.usefixtures("airflow_db", "clean_namespace")]
 
 FAILED = "airflow_provider_torchelastic.operators.TrainingFailedError: "
 RECOVERABLE = "airflow_provider_torchelastic.operators.TrainingRecoverableError: "
@@ -57,95 +51,21 @@ def say(message: str) -> None:
     print(f"\n[real node e2e] {message}", file=sys.__stderr__, flush=True)
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class RealNodeCluster:
-    info: cp.ClusterInfo
-    layout: rn.NodeLayout
-    image: str
-    #: A folder of this machine that the DAGs' pods mount by hostPath at the same path.
-    shared_dir: Path
-    #: The apiserver's audit log: who deleted what.
-    audit_log: Path
-
-    def env(self, out_dir: Path) -> dict[str, str]:
-        """What the DAG file and the tasks read: the connection, the image, the shared folder, the failure files."""
-        return {
-            "AIRFLOW_CONN_KUBERNETES_DEFAULT": airflow_connection_json(self.info.kubeconfig, self.info.namespace),
-            # What the folder's DAGs without an image of their own take (tests/e2e/conftest.py sets it per test).
-            "AIRFLOW__TORCH_ELASTIC__IMAGE": self.image,
-            dags.IMAGE_ENV: self.image,
-            dags.SHARED_DIR_ENV: str(self.shared_dir),
-            OUT_DIR_ENV: str(out_dir),
-        }
-
-    def deleted_by(self, resource: str, name: str) -> list[str]:
-        """The users whose deletion of ``resource``/``name`` succeeded, from the audit log."""
-        users = []
-        with contextlib.suppress(FileNotFoundError):
-            for line in self.audit_log.read_text().splitlines():
-                event = json.loads(line)
-                ref = event.get("objectRef") or {}
-                if (
-                    event.get("verb") == "delete"
-                    and ref.get("resource") == resource
-                    and ref.get("name") == name
-                    and (event.get("responseStatus") or {}).get("code") == 200
-                ):
-                    users.append(event["user"]["username"])
-        return users
-
-
-def _preflight() -> str:
-    """Fail loudly, with the reason, where the node cannot run; returns the runner image's reference."""
-    from tests.cluster import image
-
-    try:
-        rn.check_cgroup_v1()
-    except rn.NodeError as e:
-        pytest.fail(f"the real node cannot run here: {e}", pytrace=False)
-    folder = rn.node_binaries_dir()
-    missing = [b for b in rn.NODE_BINARIES if not (folder / b).is_file()]
-    if missing:
-        pytest.fail(
-            f"the real node's binaries are not built ({', '.join(missing)} missing in {folder}): run "
-            f"`bash {rn.NODE_BUILD_SCRIPT.relative_to(cp.REPO_ROOT)}` (scripts/test.sh does; 13 to 27 min cold)",
-            pytrace=False,
-        )
-    try:  # about a second when current; after a code change only the package layers rebuild
-        image.ensure_images(log=lambda line: say(line) if line.startswith("[runner-image") else None)
-    except image.ImageBuildError as e:
-        pytest.fail(f"the runner image could not be built: {e}", pytrace=False)
-    return image.runner_image_ref()
+def node_env(node: RealNodeCluster, out_dir: Path) -> dict[str, str]:
+    """What the DAG file and the tasks read: the connection, the image, the shared folder, the failure files."""
+    return {
+        "AIRFLOW_CONN_KUBERNETES_DEFAULT": airflow_connection_json(node.kubeconfig, node.namespace),
+        # What the folder's DAGs without an image of their own take (tests/e2e/conftest.py sets it per test).
+        "AIRFLOW__TORCH_ELASTIC__IMAGE": node.image,
+        dags.IMAGE_ENV: node.image,
+        dags.SHARED_DIR_ENV: str(node.shared_dir),
+        OUT_DIR_ENV: str(out_dir),
+    }
 
 
 @pytest.fixture(scope="module")
-def real_node(kube_apiserver_binary: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealNodeCluster]:
-    runner_image = _preflight()
-    state_dir = tmp_path_factory.mktemp("real-node-e2e")
-    shared_dir = tmp_path_factory.mktemp("real-node-shared")
-    audit_log = state_dir / "audit.log"
-    progress: list[str] = []
-    plane = cp.ControlPlane(state_dir, node="real", audit_log=audit_log, log=progress.append)
-    started = time.monotonic()
-    try:
-        info = plane.start()
-    except cp.ClusterError as e:
-        pytest.fail(f"the real-node cluster could not start: {e}\n(progress: {'; '.join(progress)})", pytrace=False)
-    say(f"node up in {time.monotonic() - started:.1f} s")
-    layout = rn.load_layout(state_dir)
-    assert layout is not None
-    try:
-        yield RealNodeCluster(info=info, layout=layout, image=runner_image, shared_dir=shared_dir, audit_log=audit_log)
-    finally:
-        survivors = plane.stop()
-        shutil.rmtree(state_dir / "etcd", ignore_errors=True)
-    assert not survivors, f"real-node cluster processes survived teardown: {survivors}"
-    assert rn.leftovers(layout) == [], "the real node left something on the host"
-
-
-@pytest.fixture(scope="module")
-def cluster(real_node: RealNodeCluster) -> Cluster:
-    return Cluster(real_node.info.kubeconfig, real_node.info.namespace)
+def cluster(real_node_cluster: RealNodeCluster) -> Cluster:
+    return Cluster(real_node_cluster.kubeconfig, real_node_cluster.namespace)
 
 
 @pytest.fixture
@@ -162,8 +82,8 @@ def failure_dir(tmp_path: Path) -> Path:
 
 
 @pytest.fixture(autouse=True)
-def real_node_env(real_node: RealNodeCluster, failure_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    for name, value in real_node.env(failure_dir).items():
+def real_node_env(real_node_cluster: RealNodeCluster, failure_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for name, value in node_env(real_node_cluster, failure_dir).items():
         monkeypatch.setenv(name, value)
 
 
@@ -202,7 +122,7 @@ def rank0_holder(pods: list[Any]) -> tuple[str, Any]:
 
 
 def test_elastic_two_pods_on_the_one_node_return_rank_0_from_a_real_termination_message(
-    real_node: RealNodeCluster, cluster: Cluster
+    real_node_cluster: RealNodeCluster, cluster: Cluster
 ) -> None:
     result = timed_run("real_node_elastic")
     assert result.state == "success", result
@@ -210,7 +130,7 @@ def test_elastic_two_pods_on_the_one_node_return_rank_0_from_a_real_termination_
     pods = cluster.pods(f"{JOB_NAME_LABEL}={name}")
     assert sorted(p.metadata.name for p in pods) == [f"{name}-worker-0", f"{name}-worker-1"]
     # Bound by the real scheduler to the one real node, run there by containerd.
-    assert {p.spec.node_name for p in pods} == {real_node.layout.node_name}
+    assert {p.spec.node_name for p in pods} == {real_node_cluster.layout.node_name}
     assert all(training_container_status(p).image_id for p in pods), "no container ran from an image"
     value = result.xcom()
     assert {k: value[k] for k in ("rank", "world_size", "sum")} == {"rank": 0, "world_size": 2, "sum": 3.0}
@@ -218,17 +138,40 @@ def test_elastic_two_pods_on_the_one_node_return_rank_0_from_a_real_termination_
     assert outcome.result == value and value["pod"] == holder  # the container's host name is its pod's
 
 
-def test_master_and_worker_rendezvous_through_the_cluster_dns(real_node: RealNodeCluster, cluster: Cluster) -> None:
+def test_master_and_worker_rendezvous_through_the_cluster_dns(
+    real_node_cluster: RealNodeCluster, cluster: Cluster
+) -> None:
     result = timed_run("real_node_master_worker")
     assert result.state == "success", result
     name = result.xcom(key="job_name")
     pods = cluster.pods(f"{JOB_NAME_LABEL}={name}")
     assert sorted(p.metadata.name for p in pods) == [f"{name}-master-0", f"{name}-worker-0"]
-    assert {p.spec.node_name for p in pods} == {real_node.layout.node_name}
+    assert {p.spec.node_name for p in pods} == {real_node_cluster.layout.node_name}
     value = result.xcom()
     assert {k: value[k] for k in ("rank", "world_size", "sum")} == {"rank": 0, "world_size": 2, "sum": 3.0}
     holder, outcome = rank0_holder(pods)
     assert holder == f"{name}-master-0" and outcome.result == value  # the Master is rank 0
+    # Kept (on_finish_action="keep"); deleted here as `kubectl delete pytorchjob` does. Its pods, Services and payload
+    # Secret are then the controller-manager's garbage collector's to remove: the simulated operator collects nothing
+    # on the real node. (The namespace is emptied after every test: whatever is in it is this job's.)
+    services = sorted(s.metadata.name for s in cluster.core.list_namespaced_service(cluster.namespace).items)
+    assert services == [f"{name}-master-0", f"{name}-worker-0"], services
+    (payload,) = [s.metadata.name for s in cluster.payloads()]
+    cluster.custom.delete_namespaced_custom_object(
+        GROUP, VERSION, cluster.namespace, PLURAL, name, body={"propagationPolicy": "Background"}
+    )
+
+    def dependents() -> list[str]:
+        found = [f"pod/{p.metadata.name}" for p in cluster.pods()]
+        found += [f"service/{s.metadata.name}" for s in cluster.core.list_namespaced_service(cluster.namespace).items]
+        return found + [f"secret/{s.metadata.name}" for s in cluster.payloads()]
+
+    wait_for(lambda: not dependents(), 90, f"the garbage collector to remove {name}'s dependents")
+    for resource, dependent in [("services", s) for s in services] + [("secrets", payload)]:
+        users = wait_for(
+            lambda r=resource, d=dependent: real_node_cluster.deleted_by(r, d), 10, "the audit log's deletion"
+        )
+        assert users == [rn.CONTROLLER_MANAGER_USER], (dependent, users)
 
 
 # --- failures the node produces itself: one DAG run, one task per case -----------------------------------------------
@@ -244,11 +187,11 @@ class FailuresRun:
 
 @pytest.fixture(scope="module")
 def failures(
-    real_node: RealNodeCluster, cluster: Cluster, airflow_db: None, tmp_path_factory: pytest.TempPathFactory
+    real_node_cluster: RealNodeCluster, cluster: Cluster, airflow_db: None, tmp_path_factory: pytest.TempPathFactory
 ) -> FailuresRun:
     out = tmp_path_factory.mktemp("real-node-failures")
     with pytest.MonkeyPatch.context() as patch:
-        for key, value in real_node.env(out).items():
+        for key, value in node_env(real_node_cluster, out).items():
             patch.setenv(key, value)
         result = timed_run("real_node_failures")
     tasks = ("oom", "image_pull", "missing_secret", "unschedulable")
@@ -297,11 +240,11 @@ def test_a_gpu_request_is_unschedulable_with_the_real_schedulers_message(failure
 
 
 def test_a_deleted_pod_gets_its_grace_period_and_the_garbage_collector_takes_its_payload(
-    real_node: RealNodeCluster, cluster: Cluster, failure_dir: Path, monkeypatch: pytest.MonkeyPatch
+    real_node_cluster: RealNodeCluster, cluster: Cluster, failure_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from airflow_provider_torchelastic.kubernetes.render import payload_secret_name
 
-    marker = real_node.shared_dir / "deleted-pod"
+    marker = real_node_cluster.shared_dir / "deleted-pod"
     seen: dict[str, Any] = {}
 
     def delete_while_deferred(trigger: Any, ti: Any, run_to_event: Callable[..., Any]) -> Any:
@@ -334,7 +277,7 @@ def test_a_deleted_pod_gets_its_grace_period_and_the_garbage_collector_takes_its
     # deletes it, and the simulated operator collects only PyTorchJobs' dependents. The controller-manager does.
     secret = payload_secret_name(name)
     wait_for(lambda: cluster.get_payload(secret) is None, 60, f"the payload Secret {secret} to be collected")
-    users = wait_for(lambda: real_node.deleted_by("secrets", secret), 10, "the audit log's deletion")
+    users = wait_for(lambda: real_node_cluster.deleted_by("secrets", secret), 10, "the audit log's deletion")
     assert users == [rn.CONTROLLER_MANAGER_USER], users
     say(f"deleted pod: SIGTERM after {seen['sigterm_after']:.1f} s, gone after {seen['gone_after']:.1f} s")
 
@@ -343,9 +286,9 @@ def test_a_deleted_pod_gets_its_grace_period_and_the_garbage_collector_takes_its
 
 
 def test_checkpoints_and_results_on_a_shared_hostpath_and_a_pods_own_checkpoint_is_not_found(
-    real_node: RealNodeCluster, failure_dir: Path, monkeypatch: pytest.MonkeyPatch
+    real_node_cluster: RealNodeCluster, failure_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    results = real_node.shared_dir / "results"
+    results = real_node_cluster.shared_dir / "results"
     monkeypatch.setenv("AIRFLOW__TORCH_ELASTIC__RESULT_STORAGE", f"file://{results}")
     result = timed_run("real_node_storage")
     assert result.state == "success", result
@@ -354,7 +297,7 @@ def test_checkpoints_and_results_on_a_shared_hostpath_and_a_pods_own_checkpoint_
     shared = result.xcom("shared_checkpoint")
     assert result.tasks[("shared_checkpoint", -1)] == ("success", 2)
     assert (shared["try_number"], shared["resumed_from"], shared["total"]) == (2, dags.FAIL_AFTER, total), shared
-    saved = sorted(p.name.split("-")[1] for p in (real_node.shared_dir / "checkpoints").glob("step-*"))
+    saved = sorted(p.name.split("-")[1] for p in (real_node_cluster.shared_dir / "checkpoints").glob("step-*"))
     assert saved == [f"{step:012d}" for step in range(dags.STEPS)], saved  # written by the pods, seen here
     # On the pod's own file system: gone with try 1's pod, so try 2 starts over.
     unshared = result.xcom("unshared_checkpoint")

@@ -26,7 +26,6 @@ from airflow_provider_torchelastic.core.naming import (
 )
 from tests.airflow_services import postgres
 from tests.airflow_services.services import AirflowServices
-from tests.cluster.sim_kubelet import ANN_FAIL
 
 pytestmark = pytest.mark.cluster
 
@@ -42,8 +41,8 @@ def _identity(dag_id: str) -> RunIdentity:
 
 
 def _pending_pod(dag_id: str, namespace: str) -> dict[str, Any]:
-    """A single-pod job of ``dag_id``'s task as the provider names and labels it; it never schedules (no node has
-    the selector's label, and the simulated scheduler is told so), so it stays listed while the test reads."""
+    """A single-pod job of ``dag_id``'s task as the provider names and labels it; it never schedules (the real node
+    lacks the selector's label, so kube-scheduler leaves it Pending), so it stays listed while the test reads."""
     identity = _identity(dag_id)
     return {
         "apiVersion": "v1",
@@ -52,7 +51,7 @@ def _pending_pod(dag_id: str, namespace: str) -> dict[str, Any]:
             "name": job_name(identity),
             "namespace": namespace,
             "labels": identity_labels(identity),
-            "annotations": {**identity_annotations(identity), ANN_FAIL: "Unschedulable"},
+            "annotations": identity_annotations(identity),
         },
         "spec": {
             "nodeSelector": {"torchelastic.dev/test-no-such-node": "true"},
@@ -110,7 +109,7 @@ def _unseed_teams(url: str) -> None:
 
 @pytest.fixture(scope="module")
 def teams_server(
-    airflow_services: AirflowServices, kube_cluster, tmp_path_factory: pytest.TempPathFactory
+    airflow_services: AirflowServices, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[str, dict[str, str]]]:
     """The multi-team api-server's base URL and each user's token."""
     from kubernetes import client, config
@@ -120,7 +119,7 @@ def teams_server(
     passwords = {user: secrets.token_urlsafe(12) for user in USERS}
     passwords_file = tmp_path_factory.mktemp("teams") / "passwords.json"
     passwords_file.write_text(json.dumps(passwords))
-    core = client.CoreV1Api(config.new_client_from_config(str(kube_cluster.kubeconfig)))
+    core = client.CoreV1Api(config.new_client_from_config(str(info.kubeconfig)))
     pods = [_pending_pod(dag_id, info.namespace) for dag_id in DAGS.values()]
 
     _seed_teams(db_url)
