@@ -15,6 +15,30 @@ from airflow_provider_torchelastic import RecoverableError
 
 #: Where the tests read what the failure callbacks saw (set by the test, read when a task fails).
 OUT_DIR_ENV = "TORCHELASTIC_E2E_OUT"
+#: Set before a DAG file is parsed by the tests that run on the real node (tests/e2e/real_node_support.py): the runner
+#: image's reference, imported into the node's containerd, and a folder of this machine that the pods mount by
+#: hostPath at the same path, the storage they really share with each other and with the Airflow side.
+IMAGE_ENV = "TORCHELASTIC_TEST_RUNNER_IMAGE"
+SHARED_DIR_ENV = "TORCHELASTIC_TEST_SHARED_DIR"
+#: The image of the simulated kubelet's pods, which run every image as the runner env (the name only has to be valid).
+SIM_IMAGE = "local/torchelastic-runner:test"
+
+
+def pod_image() -> str:
+    """The image the DAGs' pods run: the runner image on the real node, else :data:`SIM_IMAGE`."""
+    return os.environ.get(IMAGE_ENV) or SIM_IMAGE
+
+
+def shared_folder_mount() -> dict[str, list[dict[str, Any]]]:
+    """``PodOptions`` fields that mount the shared folder (:data:`SHARED_DIR_ENV`) where it is on this machine; none
+    where it is unset (the simulated kubelet's pods are processes of this machine and see every folder)."""
+    folder = os.environ.get(SHARED_DIR_ENV)
+    if not folder:
+        return {}
+    return {
+        "volumes": [{"name": "shared", "hostPath": {"path": folder, "type": "Directory"}}],
+        "volume_mounts": [{"name": "shared", "mountPath": folder}],
+    }
 
 
 class TransientStorageError(RecoverableError):

@@ -1,13 +1,14 @@
 """An S3-compatible server on this machine for the storage tests: moto in server mode, on a free port.
 
 Import the fixture into a test module (``from tests.s3_server import s3  # noqa: F401``). The server is a thread of
-the test process; the runners and the pods of the local cluster (local processes) reach it over TCP with the
+the test process; the runners and the pods of the simulated kubelet (local processes) reach it over TCP with the
 credentials and endpoint in :attr:`S3Server.env`, as pods would get theirs from a Secret. ``AWS_ENDPOINT_URL`` is
 read by botocore, so s3fs needs no endpoint argument.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import uuid
@@ -63,25 +64,33 @@ class S3Server:
         return sorted(item["Key"] for page in pages for item in page.get("Contents", []))
 
 
-def _free_port() -> int:
+def _free_port(address: str) -> int:
     with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
+        sock.bind((address, 0))
         return int(sock.getsockname()[1])
 
 
-@pytest.fixture(scope="session")
-def s3() -> Iterator[S3Server]:
+@contextlib.contextmanager
+def serve_s3(address: str = "127.0.0.1") -> Iterator[S3Server]:
+    """A started server on ``address`` with one fresh bucket; stopped on exit. Pods on the real node reach this
+    machine only at their bridge's gateway (``real_node_cluster.layout.gateway``), not at its loopback."""
     from moto.server import ThreadedMotoServer
 
-    port = _free_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    port = _free_port(address)
+    server = ThreadedMotoServer(ip_address=address, port=port, verbose=False)
     server.start()
     try:
-        info = S3Server(endpoint=f"http://127.0.0.1:{port}", bucket=f"torchelastic-{uuid.uuid4().hex[:8]}")
+        info = S3Server(endpoint=f"http://{address}:{port}", bucket=f"torchelastic-{uuid.uuid4().hex[:8]}")
         info.client().create_bucket(Bucket=info.bucket)
         yield info
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def s3() -> Iterator[S3Server]:
+    with serve_s3() as server:
+        yield server
 
 
 @pytest.fixture

@@ -124,6 +124,8 @@ class RealNodeCluster:
     info: cp.ClusterInfo
     layout: real_node.NodeLayout
     image: str
+    #: The ``STORAGE=1`` variant: s3fs and the other [storage] file systems.
+    storage_image: str
     #: A folder of this machine that pods mount by hostPath at the same path: storage they really share.
     shared_dir: Path
     audit_log: Path
@@ -171,8 +173,9 @@ def _say(message: str) -> None:
     print(f"\n[real node] {message}", file=sys.__stderr__, flush=True)
 
 
-def _real_node_preflight() -> str:
-    """Fail loudly, with the reason, where the node cannot run; returns the runner image's reference."""
+def _real_node_preflight() -> tuple[str, str]:
+    """Fail loudly, with the reason, where the node cannot run; returns the runner image's references (plain and
+    ``STORAGE=1``)."""
     from tests.cluster import image
 
     try:
@@ -192,7 +195,7 @@ def _real_node_preflight() -> str:
         image.ensure_images(log=lambda line: _say(line) if line.startswith("[runner-image") else None)
     except image.ImageBuildError as e:
         pytest.fail(f"the runner image could not be built: {e}", pytrace=False)
-    return image.runner_image_ref()
+    return image.runner_image_ref(), image.runner_image_ref(storage=True)
 
 
 def airflow_connection_json(kubeconfig: Path, namespace: str) -> str:
@@ -278,7 +281,7 @@ def kube_cluster(
 def real_node_cluster(
     kube_apiserver_binary: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[RealNodeCluster]:
-    image_ref = _real_node_preflight()
+    image_ref, storage_image_ref = _real_node_preflight()
     state_dir = tmp_path_factory.mktemp("real-node")
     shared_dir = tmp_path_factory.mktemp("real-node-shared")
     audit_log = state_dir / "audit.log"
@@ -293,7 +296,13 @@ def real_node_cluster(
     layout = real_node.load_layout(state_dir)
     assert layout is not None
     cluster = RealNodeCluster(
-        info=info, layout=layout, image=image_ref, shared_dir=shared_dir, audit_log=audit_log, _plane=plane
+        info=info,
+        layout=layout,
+        image=image_ref,
+        storage_image=storage_image_ref,
+        shared_dir=shared_dir,
+        audit_log=audit_log,
+        _plane=plane,
     )
     try:
         yield cluster

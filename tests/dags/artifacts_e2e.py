@@ -1,5 +1,6 @@
 """The DAGs of tests/e2e/test_local_artifacts.py and test_kubernetes_artifacts.py (issue 23): models and tensors
-between tasks, locally (``te_artifacts``) and on the local cluster (``k8s_artifacts``), the same tasks.
+between tasks, locally (``te_artifacts``) and on the real node of the local cluster (``k8s_artifacts``), the same
+tasks.
 
 ``init_model`` (a training task) returns a Module, a 100 MB state dict, a numpy array, a dataclass and a state dict
 of 300 small tensors, whose references alone outgrow the 4096-byte result file (so the value travels through result
@@ -8,7 +9,8 @@ and a 5 MB tensor argument, and returns the trained Module DDP-wrapped; ``evalua
 artifact with ``artifacts.load`` and returns plain JSON the test checks. Artifact storage comes from the Airflow
 options the test sets. On Kubernetes ``train`` is a PyTorchJob (Master and one Worker: rank 0 on the master), and
 the pods get the S3 server's endpoint and credentials through their env (PodOptions), read from
-TORCHELASTIC_TEST_POD_ENV when the file is parsed, as they would get them from a Secret.
+TORCHELASTIC_TEST_POD_ENV when the file is parsed, as they would get them from a Secret, and mount the folder the
+file:// store is in (tests/dag_support.py's shared_folder_mount).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from airflow.sdk import DAG, task
 
 from airflow_provider_torchelastic import Elastic, Master, PyTorch, Worker
 from airflow_provider_torchelastic.pod import PodOptions
+from tests.dag_support import pod_image, shared_folder_mount
 
 START = pendulum.datetime(2026, 1, 1, tz="UTC")
 #: 4 tensors of 25 MB: a 100 MB state dict.
@@ -31,7 +34,6 @@ BIG_TENSORS, BIG_ELEMENTS = 4, 25 * (1 << 20) // 4
 SAMPLE_ELEMENTS = 5 * (1 << 20) // 8
 #: A state dict of 300 two-element tensors: its reference lists each tensor, about 10 kB of JSON.
 WIDE_TENSORS = 300
-IMAGE = "local/torchelastic-runner:test"
 
 
 @dataclasses.dataclass
@@ -155,8 +157,9 @@ artifacts_dag(
     Elastic(nproc_per_node=1, monitor_interval=0.5),
     PyTorch(master=Master(), worker=Worker(replicas=1), nproc_per_node=1),
     execution="kubernetes",
-    image=IMAGE,
+    image=pod_image(),
     poll_interval=1,
     pending_grace_seconds=5,
-    pod_options=PodOptions(env=pod_env()) if pod_env() else None,
+    # On the real node the pods mount the folder the file:// test stores in (shared_folder_mount).
+    pod_options=PodOptions(env=pod_env(), **shared_folder_mount()),
 )

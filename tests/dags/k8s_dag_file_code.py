@@ -1,8 +1,9 @@
 """A training function that uses a helper, a class and a closure defined here, beside the task, on the cluster.
 
-This file exists only where Airflow parses it. The pods run the runner image (on the local test cluster: the runner
-env, which has neither this repository nor Airflow), so everything the function uses from here has to travel in its
-payload. Run by tests/e2e/test_dag_file_code_in_pods.py; the connection ``kubernetes_default`` is set by the test.
+This file exists only where Airflow parses it. The pods run the runner image built from docker/Dockerfile on the
+real node, which has neither this repository nor Airflow, so everything the function uses from here has to travel in
+its payload. Run by tests/e2e/test_dag_file_code_in_pods.py; the connection ``kubernetes_default`` and the image are
+set by the test (only the image's reference comes from tests/dag_support.py, when the file is parsed).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import pendulum
 from airflow.sdk import DAG
 
 from airflow_provider_torchelastic import Master, PyTorch, TorchElasticOperator, Worker
+from tests.dag_support import pod_image
 
 #: The checkout this file lives in, as the Airflow side sees it; the pods report whether they can see any of it.
 REPO_ROOT = str(Path(__file__).resolve().parents[2])
@@ -105,7 +107,7 @@ with DAG(
         op_kwargs={"weights": [1.0, 2.0, 5.0], "repo_root": REPO_ROOT},
         # Master + Worker: two pods, so that both kinds of replica run the DAG file's code.
         task_config=PyTorch(master=Master(), worker=Worker(replicas=1), nproc_per_node=1),
-        image="local/torchelastic-runner:test",
+        image=pod_image(),
         execution="kubernetes",
         deferrable=False,
         poll_interval=1,

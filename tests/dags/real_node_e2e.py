@@ -21,10 +21,8 @@ from airflow.sdk import DAG
 from airflow_provider_torchelastic import Elastic, Master, PyTorch, TorchElasticOperator, Worker
 from airflow_provider_torchelastic.pod import PodOptions
 from tests.cluster.image import runner_image_ref
-from tests.dag_support import recording_dag
+from tests.dag_support import IMAGE_ENV, SHARED_DIR_ENV, recording_dag
 
-IMAGE_ENV = "TORCHELASTIC_TEST_RUNNER_IMAGE"
-SHARED_DIR_ENV = "TORCHELASTIC_TEST_SHARED_DIR"
 IMAGE = os.environ.get(IMAGE_ENV) or runner_image_ref()
 SHARED_DIR = os.environ.get(SHARED_DIR_ENV) or "/tmp/torchelastic-real-node-shared"
 #: An image no registry serves: the pull goes to a registry named localhost, which refuses at once.

@@ -1,9 +1,10 @@
 """DAGs for tests/e2e/test_retries_and_checkpoints.py: a try that checkpoints then fails resumes in the next try,
-and a 1 MB result travels through result storage; each locally and on the local cluster.
+and a 1 MB result travels through result storage; each locally and on the real node of the local cluster.
 
 The checkpoint root and result storage come from the Airflow options the test sets ([torch_elastic] checkpoint_root,
 result_storage). Pods get the S3 server's endpoint and credentials through their env (PodOptions), as they would get
-them from a Secret; the test puts them in TORCHELASTIC_TEST_POD_ENV before the DAG file is parsed.
+them from a Secret; the test puts them in TORCHELASTIC_TEST_POD_ENV before the DAG file is parsed. They mount the
+folder a file:// checkpoint root is in (tests/dag_support.py's shared_folder_mount).
 """
 
 from __future__ import annotations
@@ -17,10 +18,9 @@ from airflow.sdk import DAG
 
 from airflow_provider_torchelastic import Elastic, TorchElasticOperator
 from airflow_provider_torchelastic.pod import PodOptions
-from tests.dag_support import record_failure
+from tests.dag_support import pod_image, record_failure, shared_folder_mount
 
 START = pendulum.datetime(2026, 1, 1, tz="UTC")
-IMAGE = "local/torchelastic-runner:test"
 STEPS = 5
 FAIL_AFTER = 2
 #: A 1 MiB result, the same on both sides: what arrives must be exactly this.
@@ -90,11 +90,12 @@ def _dag(dag_id: str) -> DAG:
     )
 
 
-KUBERNETES = {"image": IMAGE, "execution": "kubernetes", "poll_interval": 1, "pending_grace_seconds": 5}
+KUBERNETES = {"image": pod_image(), "execution": "kubernetes", "poll_interval": 1, "pending_grace_seconds": 5}
 CONFIG = Elastic(nproc_per_node=1, monitor_interval=0.5)
 
 for prefix, settings in (("te", {"execution": "local"}), ("k8s", KUBERNETES)):
-    options = PodOptions(env=pod_env()) if prefix == "k8s" and pod_env() else None
+    # On the real node the pods mount the folder the file:// tests store in (shared_folder_mount).
+    options = PodOptions(env=pod_env(), **shared_folder_mount()) if prefix == "k8s" else None
     with _dag(f"{prefix}_checkpoint_resume"):
         TorchElasticOperator(
             task_id="train",

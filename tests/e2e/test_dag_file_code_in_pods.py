@@ -1,27 +1,22 @@
 """Code defined in a DAG file runs in the pods, where neither the file nor Airflow exists.
 
-``tests/dags/k8s_dag_file_code.py`` runs through ``dag.test()`` on the local test cluster as a PyTorchJob with a
-Master and a Worker. Its pods run the runner env (what the runner image has: torch, cloudpickle, this package; no
-Airflow, no checkout), so the helper, the class and the closure the training function uses must all have travelled
-in the payload. Every rank also reports what its pod's Python can see.
+``tests/dags/k8s_dag_file_code.py`` runs through ``dag.test()`` on the real node as a PyTorchJob with a Master and
+a Worker. Its pods run the runner image built from docker/Dockerfile (torch, cloudpickle, this package; no Airflow,
+no checkout), so the helper, the class and the closure the training function uses must all have travelled in the
+payload. Every rank also reports what its pod's Python can see.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 
+from tests.e2e import real_node_support as on_node
 from tests.e2e.test_kubernetes import Cluster, run_dag
 
-pytestmark = [pytest.mark.cluster, pytest.mark.usefixtures("airflow_db", "kubernetes_default_connection")]
-
-
-@pytest.fixture
-def cluster(kube_cluster) -> Iterator[Cluster]:
-    cluster = Cluster(kube_cluster.kubeconfig, kube_cluster.namespace)
-    yield cluster
-    cluster.delete_everything()  # a failed job is kept; the next test wants an empty namespace
+pytestmark = [pytest.mark.cluster, pytest.mark.usefixtures("airflow_db", "clean_namespace")]
+# The real node's fixtures, bound here so that pytest finds them.
+cluster, clean_namespace, failure_dir = on_node.cluster, on_node.clean_namespace, on_node.failure_dir
+real_node_env, real_node_image = on_node.real_node_env, on_node.real_node_image
 
 
 def test_helper_class_and_closure_of_the_dag_file_run_in_the_pods(cluster: Cluster) -> None:

@@ -1,8 +1,9 @@
-"""Models and tensors between tasks on the local cluster, through ``dag.test()`` (issue 23): the DAG of
+"""Models and tensors between tasks on the real node, through ``dag.test()`` (issue 23): the DAG of
 test_local_artifacts.py as Kubernetes tasks (``k8s_artifacts``: ``init_model`` one Pod, ``train`` a PyTorchJob whose
-rank 0 is on the master). A Module, a 100 MB state dict, a numpy array and a 5 MB tensor argument round-trip through
-artifact storage over file:// (the simulated kubelet's pods are processes of this machine: a folder here is a volume
-they share) and an S3-compatible server (moto) whose credentials reach the pods through their env, never the payload;
+rank 0 is on the master), in the runner image built with STORAGE=1. A Module, a 100 MB state dict, a numpy array and
+a 5 MB tensor argument round-trip through artifact storage over file:// (a folder the pods mount by hostPath) and an
+S3-compatible server (moto) on the node's address, whose credentials reach the pods through their env, never the
+payload;
 every XCom is plain JSON; an artifact replaced in the store is refused by its sha256. Only
 ``[torch_elastic] artifact_storage`` is set: ``init_model``'s references (a state dict of 300 tensors among them) are
 larger than the termination message, and arrive through result storage, which defaults to artifact storage. One DAG
@@ -19,29 +20,30 @@ import pytest
 from airflow_provider_torchelastic.core.artifact_ref import iter_refs
 from airflow_provider_torchelastic.core.outcome import TERMINATION_MESSAGE_LIMIT
 from airflow_provider_torchelastic.core.run_context import safe_path_piece
+from tests.cluster.pytest_plugin import RealNodeCluster
 from tests.dags.artifacts_e2e import BIG_ELEMENTS, BIG_TENSORS, SAMPLE_ELEMENTS, WIDE_TENSORS
-from tests.e2e.test_kubernetes import (  # noqa: F401 - fixtures
-    Cluster,
-    clean_namespace,
-    cluster,
-    connection,
-    failure_dir,
-    run_dag,
-)
+from tests.e2e import real_node_support as on_node
+from tests.e2e.test_kubernetes import run_dag
 from tests.e2e.test_kubernetes_checkpoints import give_pods_the_s3_server
 from tests.e2e.test_local_artifacts import overwrite, stored
-from tests.s3_server import S3Server, s3  # noqa: F401 - a fixture
+from tests.s3_server import S3Server
 
 pytestmark = [pytest.mark.cluster, pytest.mark.usefixtures("airflow_db", "clean_namespace")]
+# The real node's fixtures, bound here so that pytest finds them; s3 is the server on the node's address (and what
+# stored() and overwrite() ask for), and the pods run the STORAGE=1 image (s3fs).
+cluster, clean_namespace, failure_dir = on_node.cluster, on_node.clean_namespace, on_node.failure_dir
+real_node_env, s3, real_node_image = on_node.real_node_env, on_node.s3, on_node.storage_image
 
 
 @pytest.fixture(params=["file", "s3"])
-def store(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+def store(
+    request: pytest.FixtureRequest, tmp_path: Path, real_node_cluster: RealNodeCluster, monkeypatch: pytest.MonkeyPatch
+) -> str:
     """``[torch_elastic] artifact_storage`` alone (no result storage); s3: with an aws connection to the server for
     the Airflow side, and the server's endpoint and credentials in the pods' env (not in this process's: what the
     pods use cannot have come from the Airflow side)."""
     if request.param == "file":
-        root = f"file://{tmp_path / 'store'}"
+        root = f"file://{real_node_cluster.shared_dir / tmp_path.name / 'store'}"
     else:
         server: S3Server = request.getfixturevalue("s3")
         give_pods_the_s3_server(server, monkeypatch)

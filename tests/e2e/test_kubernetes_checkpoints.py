@@ -1,7 +1,8 @@
-"""Retries and checkpoints on the local cluster (real kube-apiserver; the simulated kubelet runs the pods' runners in
-the runner env, which has s3fs as the image built with STORAGE=1 has): the run context rendered into the pods, a
-retried try that resumes from its checkpoint, and a 1 MB result through result storage, via file:// and an
-S3-compatible server (moto) whose credentials reach the pods through their env, never the payload."""
+"""Retries and checkpoints on the real node (tests/e2e/real_node_support.py; the pods run the runner image built with
+STORAGE=1, which has s3fs): the run context rendered into the pods, a retried try, in a new pod, that resumes from
+its checkpoint, and a 1 MB result through result storage, via file:// on a folder the pods mount by hostPath and an
+S3-compatible server (moto) on the node's address, whose credentials reach the pods through their env, never the
+payload."""
 
 from __future__ import annotations
 
@@ -11,19 +12,18 @@ from pathlib import Path
 
 import pytest
 
+from tests.cluster.pytest_plugin import RealNodeCluster
 from tests.dags.retries_and_checkpoints import one_megabyte
-from tests.e2e.test_kubernetes import (  # noqa: F401 - fixtures
-    Cluster,
-    clean_namespace,
-    cluster,
-    connection,
-    failure_dir,
-    run_dag,
-)
+from tests.e2e import real_node_support as on_node
+from tests.e2e.test_kubernetes import run_dag
 from tests.e2e.test_local_checkpoints import assert_resumed_from_the_last_complete_checkpoint
-from tests.s3_server import S3Server, s3  # noqa: F401 - a fixture
+from tests.s3_server import S3Server
 
 pytestmark = [pytest.mark.cluster, pytest.mark.usefixtures("airflow_db", "clean_namespace")]
+# The real node's fixtures, bound here so that pytest finds them; s3 is the server on the node's address, and the
+# pods run the STORAGE=1 image (s3fs).
+cluster, clean_namespace, failure_dir = on_node.cluster, on_node.clean_namespace, on_node.failure_dir
+real_node_env, s3, real_node_image = on_node.real_node_env, on_node.s3, on_node.storage_image
 
 
 def give_pods_the_s3_server(server: S3Server, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -33,11 +33,16 @@ def give_pods_the_s3_server(server: S3Server, monkeypatch: pytest.MonkeyPatch) -
 
 @pytest.mark.parametrize("store", ["file", "s3"])
 def test_a_retried_try_resumes_from_its_checkpoint_on_kubernetes(
-    store: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
+    store: str,
+    tmp_path: Path,
+    real_node_cluster: RealNodeCluster,
+    monkeypatch: pytest.MonkeyPatch,
+    request: pytest.FixtureRequest,
 ) -> None:
     if store == "file":
-        # The simulated kubelet's containers are processes of this machine: a folder here is a volume they share.
-        root = f"file://{tmp_path / 'ckpt'}"
+        # In the folder the pods mount by hostPath: try 2's pod sees what try 1's wrote (a pod's own file system
+        # would not: tests/e2e/test_real_node_e2e.py checks that too).
+        root = f"file://{real_node_cluster.shared_dir / tmp_path.name / 'ckpt'}"
     else:
         server: S3Server = request.getfixturevalue("s3")
         give_pods_the_s3_server(server, monkeypatch)

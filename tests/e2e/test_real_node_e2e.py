@@ -17,16 +17,16 @@ from __future__ import annotations
 import dataclasses
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.cluster import real_node as rn
-from tests.cluster.pytest_plugin import RealNodeCluster, airflow_connection_json
-from tests.dag_support import OUT_DIR_ENV
+from tests.cluster.pytest_plugin import RealNodeCluster
 from tests.dags import real_node_e2e as dags
+from tests.e2e import real_node_support as on_node
 from tests.e2e.test_kubernetes import (
     GROUP,
     PLURAL,
@@ -40,6 +40,9 @@ from tests.e2e.test_kubernetes import (
 )
 
 pytestmark = [pytest.mark.cluster, pytest.mark.usefixtures("airflow_db", "clean_namespace")]
+# The real node's fixtures, bound here so that pytest finds them (names, not imports: tests take them as arguments).
+cluster, clean_namespace, failure_dir = on_node.cluster, on_node.clean_namespace, on_node.failure_dir
+real_node_env, real_node_image = on_node.real_node_env, on_node.real_node_image
 
 FAILED = "airflow_provider_torchelastic.operators.TrainingFailedError: "
 RECOVERABLE = "airflow_provider_torchelastic.operators.TrainingRecoverableError: "
@@ -49,42 +52,6 @@ JOB_NAME_LABEL = "training.kubeflow.org/job-name"
 def say(message: str) -> None:
     """Timings, outside pytest's capture: what the module costs is part of what it reports."""
     print(f"\n[real node e2e] {message}", file=sys.__stderr__, flush=True)
-
-
-def node_env(node: RealNodeCluster, out_dir: Path) -> dict[str, str]:
-    """What the DAG file and the tasks read: the connection, the image, the shared folder, the failure files."""
-    return {
-        "AIRFLOW_CONN_KUBERNETES_DEFAULT": airflow_connection_json(node.kubeconfig, node.namespace),
-        # What the folder's DAGs without an image of their own take (tests/e2e/conftest.py sets it per test).
-        "AIRFLOW__TORCH_ELASTIC__IMAGE": node.image,
-        dags.IMAGE_ENV: node.image,
-        dags.SHARED_DIR_ENV: str(node.shared_dir),
-        OUT_DIR_ENV: str(out_dir),
-    }
-
-
-@pytest.fixture(scope="module")
-def cluster(real_node_cluster: RealNodeCluster) -> Cluster:
-    return Cluster(real_node_cluster.kubeconfig, real_node_cluster.namespace)
-
-
-@pytest.fixture
-def clean_namespace(cluster: Cluster) -> Iterator[None]:
-    yield
-    cluster.delete_everything()
-
-
-@pytest.fixture
-def failure_dir(tmp_path: Path) -> Path:
-    out = tmp_path / "failures"
-    out.mkdir()
-    return out
-
-
-@pytest.fixture(autouse=True)
-def real_node_env(real_node_cluster: RealNodeCluster, failure_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    for name, value in node_env(real_node_cluster, failure_dir).items():
-        monkeypatch.setenv(name, value)
 
 
 def timed_run(dag_id: str) -> DagRunResult:
@@ -191,7 +158,7 @@ def failures(
 ) -> FailuresRun:
     out = tmp_path_factory.mktemp("real-node-failures")
     with pytest.MonkeyPatch.context() as patch:
-        for key, value in node_env(real_node_cluster, out).items():
+        for key, value in on_node.node_env(real_node_cluster, out, real_node_cluster.image).items():
             patch.setenv(key, value)
         result = timed_run("real_node_failures")
     tasks = ("oom", "image_pull", "missing_secret", "unschedulable")
