@@ -1,7 +1,9 @@
-"""DAGs for the Kubernetes end-to-end tests (tests/e2e/test_kubernetes.py), run against the local test cluster.
+"""DAGs for the Kubernetes end-to-end tests (tests/e2e/test_kubernetes.py on the simulated kubelet, and
+test_kubernetes_on_node.py on the real node), run against the local test cluster.
 
-The cluster's simulated kubelet runs each pod's containers as local processes (the image is ignored, but the renderer
-needs one), so every run is real torch elastic: keep workers few, functions tiny and polls short on a small machine.
+On the real node the pods run the runner image (tests/dag_support.pod_image); the simulated kubelet runs each pod's
+containers as local processes (the image is ignored, but the renderer needs one). Either way every run is real torch
+elastic: keep workers few, functions tiny and polls short on a small machine.
 The connection ``kubernetes_default`` is set by the test (``AIRFLOW_CONN_KUBERNETES_DEFAULT``).
 """
 
@@ -15,12 +17,11 @@ from airflow.sdk import DAG
 
 from airflow_provider_torchelastic import Elastic, Master, PyTorch, TorchElasticOperator, Worker
 from airflow_provider_torchelastic.pod import PodOptions
-from tests.dag_support import fail_on_rank_1, flaky_on_first_try, record_failure
+from tests.dag_support import fail_on_rank_1, flaky_on_first_try, pod_image, record_failure
 
 START = pendulum.datetime(2026, 1, 1, tz="UTC")
-IMAGE = "local/torchelastic-runner:test"
 #: Every Kubernetes task: fast polls, fast failure of stuck pods.
-FAST = {"image": IMAGE, "execution": "kubernetes", "poll_interval": 1, "pending_grace_seconds": 5}
+FAST = {"image": pod_image(), "execution": "kubernetes", "poll_interval": 1, "pending_grace_seconds": 5}
 
 
 def small(**overrides: object) -> Elastic:

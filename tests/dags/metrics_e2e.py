@@ -10,9 +10,9 @@ import pendulum
 from airflow.sdk import DAG
 
 from airflow_provider_torchelastic import Elastic, Master, PyTorch, TorchElasticOperator, Worker
+from tests.dag_support import pod_image
 
 START = pendulum.datetime(2026, 1, 1, tz="UTC")
-IMAGE = "local/torchelastic-runner:test"
 
 
 def train_and_report(steps: int, seconds_per_step: float, fail_rank: int = -1) -> dict:
@@ -64,7 +64,7 @@ for _dag_id, _deferrable in (("k8s_metrics_sync", False), ("k8s_metrics_deferred
             python_callable=train_and_report,
             op_kwargs={"steps": 30, "seconds_per_step": 0.1},
             task_config=PyTorch(master=Master(), worker=Worker(replicas=1), nproc_per_node=1),
-            image=IMAGE,
+            image=pod_image(),
             execution="kubernetes",
             deferrable=_deferrable,
             poll_interval=1,

@@ -5,7 +5,8 @@ On the real node a pod has its own file system, so rank 0's artifacts (``[torch_
 ``file://`` URL) reach the Airflow worker only through a folder both see: the deployment (tests/airflow_services)
 sets ``TORCHELASTIC_TEST_SHARED_DIR`` to one, and :data:`SHARED` mounts it into every pod by hostPath at the same
 path. Unset (a deployment on the simulated kubelet, whose pods are processes of this machine), there is nothing to
-mount.
+mount. (tests/dag_support.py's ``shared_folder_mount`` does the same for the ``dag.test()`` tiers; the deployment's
+processes cannot import ``tests``, so this folder has its own.)
 """
 
 from __future__ import annotations

@@ -7,8 +7,9 @@ test in the one pytest worker that owns the node.
 - ``cluster`` (module): :class:`~tests.e2e.test_kubernetes.Cluster` on the node's cluster;
 - ``clean_namespace``: empties the test namespace after a test;
 - ``failure_dir``: where the DAGs' failure callbacks write each failed try's exception;
-- ``real_node_env`` (autouse): what the DAG files and the tasks read: the connection, the image, the shared folder
-  (:data:`~tests.dag_support.SHARED_DIR_ENV`), the failure dir;
+- ``node_dag_env``: what the DAG files and the tasks read: the connection, the image, the shared folder
+  (:data:`~tests.dag_support.SHARED_DIR_ENV`), the failure dir; ``real_node_env`` is the same, autouse, for a
+  module whose every test runs on the node;
 - ``real_node_image``: the image the pods run; a module whose pods need s3fs binds :func:`storage_image` as
   ``real_node_image`` instead;
 - ``s3`` (session): the S3-compatible test server (tests/s3_server.py's, whose ``s3`` it replaces in the modules that
@@ -70,12 +71,17 @@ def storage_image(real_node_cluster: RealNodeCluster) -> str:
     return real_node_cluster.storage_image
 
 
-@pytest.fixture(autouse=True)
-def real_node_env(
+@pytest.fixture
+def node_dag_env(
     real_node_cluster: RealNodeCluster, real_node_image: str, failure_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     for name, value in node_env(real_node_cluster, failure_dir, real_node_image).items():
         monkeypatch.setenv(name, value)
+
+
+@pytest.fixture(autouse=True)
+def real_node_env(node_dag_env: None) -> None:
+    """``node_dag_env`` for every test of the module that binds it."""
 
 
 @pytest.fixture(scope="session")

@@ -16,7 +16,7 @@ from tests.e2e.test_kubernetes import Cluster, run_dag
 pytestmark = [pytest.mark.cluster, pytest.mark.usefixtures("airflow_db", "clean_namespace")]
 # The real node's fixtures, bound here so that pytest finds them.
 cluster, clean_namespace, failure_dir = on_node.cluster, on_node.clean_namespace, on_node.failure_dir
-real_node_env, real_node_image = on_node.real_node_env, on_node.real_node_image
+real_node_env, node_dag_env, real_node_image = on_node.real_node_env, on_node.node_dag_env, on_node.real_node_image
 
 
 def test_helper_class_and_closure_of_the_dag_file_run_in_the_pods(cluster: Cluster) -> None:

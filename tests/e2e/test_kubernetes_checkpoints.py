@@ -23,7 +23,8 @@ pytestmark = [pytest.mark.cluster, pytest.mark.usefixtures("airflow_db", "clean_
 # The real node's fixtures, bound here so that pytest finds them; s3 is the server on the node's address, and the
 # pods run the STORAGE=1 image (s3fs).
 cluster, clean_namespace, failure_dir = on_node.cluster, on_node.clean_namespace, on_node.failure_dir
-real_node_env, s3, real_node_image = on_node.real_node_env, on_node.s3, on_node.storage_image
+real_node_env, node_dag_env, s3 = on_node.real_node_env, on_node.node_dag_env, on_node.s3
+real_node_image = on_node.storage_image
 
 
 def give_pods_the_s3_server(server: S3Server, monkeypatch: pytest.MonkeyPatch) -> None:

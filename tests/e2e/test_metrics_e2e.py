@@ -1,5 +1,5 @@
 """Training metrics end to end: ``report()`` in real workers, progress lines and the last values in the task log,
-and the job summary (XCom ``torch_elastic_job``) saved when the job ends, locally and on the local cluster."""
+and the job summary (XCom ``torch_elastic_job``) saved when the job ends, locally and on the real node."""
 
 from __future__ import annotations
 
@@ -8,10 +8,11 @@ import re
 import pytest
 
 from airflow_provider_torchelastic.core.summary import XCOM_KEY, JobSummary
+from tests.e2e import real_node_support as on_node
 
-# The Kubernetes tests' session cluster and per-test clean-up (not their autouse fixtures: the local test needs no
-# cluster).
-from tests.e2e.test_kubernetes import clean_namespace, cluster  # noqa: F401
+# The real node's fixtures, bound here so that pytest finds them; not its autouse one: the local test needs no node.
+cluster, clean_namespace, failure_dir = on_node.cluster, on_node.clean_namespace, on_node.failure_dir
+node_dag_env, real_node_image = on_node.node_dag_env, on_node.real_node_image
 
 PROGRESS = re.compile(r"metrics: step (\d+) loss=\S+ accuracy=\S+")
 
@@ -64,7 +65,7 @@ def test_local_run_logs_progress_and_saves_the_job_summary(
 
 
 @pytest.mark.cluster
-@pytest.mark.usefixtures("airflow_db", "clean_namespace", "kubernetes_default_connection")
+@pytest.mark.usefixtures("airflow_db", "clean_namespace", "node_dag_env")
 @pytest.mark.parametrize("dag_id", ["k8s_metrics_sync", "k8s_metrics_deferred"])
 def test_kubernetes_wait_logs_progress_and_saves_the_pods(
     dag_id: str, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
