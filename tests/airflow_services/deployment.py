@@ -56,13 +56,14 @@ from tests.cluster.control_plane import (
     write_pids,
 )
 from tests.cluster.pytest_plugin import airflow_connection_json
+from tests.dag_support import SIM_IMAGE
 from tests.deployment_dags import node_storage
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DAGS_FOLDER = REPO_ROOT / "tests" / "deployment_dags"
 #: The image of a deployment on the simulated kubelet, which runs every image as the runner env (the name only has to
 #: be valid); on the real node it is the runner image built from docker/Dockerfile (``Deployment.start(image=)``).
-SIM_RUNNER_IMAGE = "local/torchelastic-runner:test"
+SIM_RUNNER_IMAGE = SIM_IMAGE
 MARKER_ENV = "TORCHELASTIC_AIRFLOW_SERVICES"
 #: Where in the state dir the test-only job kind's distribution is written (module docstring).
 JOB_KINDS_DIRNAME = "job_kinds"

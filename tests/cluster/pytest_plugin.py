@@ -162,10 +162,25 @@ class RealNodeCluster:
         if self._stopped:
             return
         self._stopped = True
-        survivors = self._plane.stop()
-        shutil.rmtree(self.info.state_dir / "etcd", ignore_errors=True)
+        survivors = _stop_plane(self._plane, self.info.state_dir)
         assert not survivors, f"real-node cluster processes survived teardown: {survivors}"
         assert real_node.leftovers(self.layout) == [], "the real node left something on the host"
+
+
+def _start_plane(plane: cp.ControlPlane, progress: list[str], what: str) -> cp.ClusterInfo:
+    """``plane.start()``, or the test fails with why and the start's progress lines (``progress``, its log)."""
+    try:
+        return plane.start()
+    except cp.ClusterError as e:
+        pytest.fail(f"{what} could not start: {e}\n(progress: {'; '.join(progress)})", pytrace=False)
+
+
+def _stop_plane(plane: cp.ControlPlane, state_dir: Path) -> list[str]:
+    """``plane.stop()``; returns the processes that survived it."""
+    survivors = plane.stop()
+    # The etcd data dir (~60 MB of preallocated WAL) is not worth keeping in pytest's kept tmp dirs; logs are.
+    shutil.rmtree(state_dir / "etcd", ignore_errors=True)
+    return survivors
 
 
 def _say(message: str) -> None:
@@ -264,16 +279,11 @@ def kube_cluster(
     progress: list[str] = []
     # TORCHELASTIC_NODE=real: a real kubelet, scheduler and controller-manager (real_node.py); default: simulated.
     plane = cp.ControlPlane(state_dir, log=progress.append, node=real_node.node_mode())
-    try:
-        info = plane.start()
-    except cp.ClusterError as e:
-        pytest.fail(f"local cluster could not start: {e}\n(progress: {'; '.join(progress)})", pytrace=False)
+    info = _start_plane(plane, progress, "local cluster")
     try:
         yield KubeCluster(info=info)
     finally:
-        survivors = plane.stop()
-        # The etcd data dir (~60 MB of preallocated WAL) is not worth keeping in pytest's kept tmp dirs; logs are.
-        shutil.rmtree(state_dir / "etcd", ignore_errors=True)
+        survivors = _stop_plane(plane, state_dir)
     assert not survivors, f"cluster processes survived teardown: {survivors}"
 
 
@@ -288,10 +298,7 @@ def real_node_cluster(
     progress: list[str] = []
     plane = cp.ControlPlane(state_dir, node="real", audit_log=audit_log, log=progress.append)
     started = time.monotonic()
-    try:
-        info = plane.start()
-    except cp.ClusterError as e:
-        pytest.fail(f"the real-node cluster could not start: {e}\n(progress: {'; '.join(progress)})", pytrace=False)
+    info = _start_plane(plane, progress, "the real-node cluster")
     _say(f"node up in {time.monotonic() - started:.1f} s")
     layout = real_node.load_layout(state_dir)
     assert layout is not None

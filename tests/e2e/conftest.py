@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from tests.dag_support import SIM_IMAGE
+
 #: The runner image of the local test cluster (its kubelet runs the runner env; the name only has to be valid).
-RUNNER_IMAGE = "local/torchelastic-runner:test"
+RUNNER_IMAGE = SIM_IMAGE
 
 
 @pytest.fixture(autouse=True)

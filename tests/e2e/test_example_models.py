@@ -5,14 +5,13 @@ the trained model is evaluated downstream, and the fixed outlet asset's event ca
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.e2e.test_kubernetes import IMAGE, Cluster, clean_namespace, cluster  # noqa: F401 - fixtures
-from tests.e2e.test_local_execution import EXAMPLE_DAGS, LOCAL_BUNDLE, TEST_DAGS
+from tests.e2e.test_local_execution import EXAMPLE_DAGS, use_example_dags
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("airflow_db")]
 
@@ -24,11 +23,7 @@ ASSET = "torchelastic-models/classifier"
 def example_bundle(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
     """The example folder as a bundle, and artifact storage in a folder (the local cluster's pods share this
     machine's filesystem). Returns the storage's URL."""
-    bundles = [
-        {"name": "dags-folder", "classpath": LOCAL_BUNDLE, "kwargs": {"path": str(TEST_DAGS)}},
-        {"name": "example-dags", "classpath": LOCAL_BUNDLE, "kwargs": {"path": str(EXAMPLE_DAGS)}},
-    ]
-    monkeypatch.setenv("AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_CONFIG_LIST", json.dumps(bundles))
+    use_example_dags(monkeypatch)
     root = f"file://{tmp_path / 'artifacts'}"
     monkeypatch.setenv("AIRFLOW__TORCH_ELASTIC__ARTIFACT_STORAGE", root)
     return root

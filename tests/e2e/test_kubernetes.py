@@ -26,12 +26,13 @@ from typing import Any
 import pytest
 
 from tests.conftest import REPO_ROOT, TEST_DAGS
+from tests.dag_support import SIM_IMAGE
 
 pytestmark = [pytest.mark.cluster, pytest.mark.usefixtures("airflow_db", "clean_namespace")]
 
 EXAMPLE_DAGS = REPO_ROOT / "example_dags"
 LOCAL_BUNDLE = "airflow.dag_processing.bundles.local.LocalDagBundle"
-IMAGE = "local/torchelastic-runner:test"
+IMAGE = SIM_IMAGE
 GROUP, VERSION, PLURAL = "kubeflow.org", "v1", "pytorchjobs"
 MANAGED = "app.kubernetes.io/managed-by=airflow-provider-torchelastic"
 DAG_ID_LABEL = "torchelastic.airflow.apache.org/dag-id"

@@ -22,8 +22,6 @@ import pytest
 from tests.e2e import real_node_support as on_node
 from tests.e2e.test_kubernetes import (
     EXAMPLE_DAGS,
-    LOCAL_BUNDLE,
-    TEST_DAGS,
     Cluster,
     rendered_fields,
     run_dag,
@@ -32,6 +30,7 @@ from tests.e2e.test_kubernetes import (
     training_container_status,
     wait_for,
 )
+from tests.e2e.test_local_execution import use_example_dags
 
 pytestmark = [pytest.mark.cluster, pytest.mark.usefixtures("airflow_db", "clean_namespace")]
 # The real node's fixtures, bound here so that pytest finds them.
@@ -107,13 +106,7 @@ def test_master_and_worker_use_the_injected_static_rendezvous(cluster: Cluster) 
 
 
 def test_quickstart_dag_on_kubernetes(monkeypatch: pytest.MonkeyPatch, cluster: Cluster) -> None:
-    # Airflow reads [core] dags_folder once, at import (airflow.settings.DAGS_FOLDER), so AIRFLOW__CORE__DAGS_FOLDER set
-    # now would not be seen; the bundle list is read each time dag.test() syncs bundles.
-    bundles = [
-        {"name": "dags-folder", "classpath": LOCAL_BUNDLE, "kwargs": {"path": str(TEST_DAGS)}},
-        {"name": "example-dags", "classpath": LOCAL_BUNDLE, "kwargs": {"path": str(EXAMPLE_DAGS)}},
-    ]
-    monkeypatch.setenv("AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_CONFIG_LIST", json.dumps(bundles))
+    use_example_dags(monkeypatch)
     monkeypatch.setenv("AIRFLOW__TORCH_ELASTIC__EXECUTION", "kubernetes")
     # The quickstart names no image: [torch_elastic] image gives it, the runner image (real_node_env sets it).
     result = run_dag("torch_elastic_quickstart", EXAMPLE_DAGS)

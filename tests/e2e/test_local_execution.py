@@ -141,7 +141,8 @@ def test_execution_defaults_to_kubernetes(monkeypatch: pytest.MonkeyPatch) -> No
     assert "torch_elastic_e2e.py" in str(info.value)
 
 
-def test_quickstart_dag_trains_a_classifier(monkeypatch: pytest.MonkeyPatch) -> None:
+def use_example_dags(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The example folder as a second bundle, beside the tests' DAGs, for ``run_dag(..., EXAMPLE_DAGS)``."""
     # Airflow reads [core] dags_folder once, at import (airflow.settings.DAGS_FOLDER), so setting
     # AIRFLOW__CORE__DAGS_FOLDER now would not be seen; the bundle list is read each time dag.test() syncs bundles.
     bundles = [
@@ -149,6 +150,10 @@ def test_quickstart_dag_trains_a_classifier(monkeypatch: pytest.MonkeyPatch) -> 
         {"name": "example-dags", "classpath": LOCAL_BUNDLE, "kwargs": {"path": str(EXAMPLE_DAGS)}},
     ]
     monkeypatch.setenv("AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_CONFIG_LIST", json.dumps(bundles))
+
+
+def test_quickstart_dag_trains_a_classifier(monkeypatch: pytest.MonkeyPatch) -> None:
+    use_example_dags(monkeypatch)
     monkeypatch.setenv("AIRFLOW__TORCH_ELASTIC__EXECUTION", "local")
     result = run_dag("torch_elastic_quickstart", EXAMPLE_DAGS)
     assert result.state == "success", result

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import TEST_DAGS
+from tests.dag_support import SIM_IMAGE
 from tests.e2e.test_kubernetes import (  # noqa: F401 - fixtures, found by pytest through this import
     Cluster,
     clean_namespace,
@@ -27,7 +28,7 @@ from tests.e2e.test_kubernetes import (  # noqa: F401 - fixtures, found by pytes
 
 pytestmark = [pytest.mark.cluster, pytest.mark.usefixtures("airflow_db", "clean_namespace")]
 
-IMAGE = "local/torchelastic-runner:test"
+IMAGE = SIM_IMAGE
 FORGED = {"value": "forged", "rank": 0}
 
 
