@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from pathlib import Path
 
 import pytest
@@ -127,16 +127,118 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> 
         node.stop()
 
 
-def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    """Write every skip and its reason where ``TORCHELASTIC_SKIP_REPORT`` says: ``.ci/run`` fails on any skip that
-    ``scripts/check_skips.py`` does not list as expected, so a tier cannot vanish from CI unnoticed."""
-    target = os.environ.get("TORCHELASTIC_SKIP_REPORT")
-    if not target:
+#: Where the pytest run writes its report for CI (scripts/ci_guard.py): every test with its tier, outcome and time,
+#: and each skip's reason. Only the run itself writes it: ``.ci/run`` names a file that does not exist yet, so a
+#: missing report says that pytest did not get there.
+REPORT_ENV = "TORCHELASTIC_TEST_REPORT"
+#: The report's name for a test's tier, kept on the test's reports (``user_properties``), which pytest-xdist carries
+#: from the worker that ran the test to the controller that writes the report.
+TIER_PROPERTY = "tier"
+#: The tier of the tests of each folder under tests/ that do not use a cluster (:func:`tier_of`).
+TIER_BY_DIR = {
+    "unit": "unit",
+    "contract": "contract",
+    "runner": "runner",
+    "e2e": "e2e-local",
+    "cluster_tests": "harness",
+    "deployment": "deployment",
+    "ui": "ui",
+}
+#: Folders whose every test uses a cluster, yet is its own tier: the Airflow deployment, and the UI in a browser.
+_OWN_TIER_DIRS = frozenset({"deployment", "ui"})
+
+
+def _tests_dir(path: Path) -> str:
+    """The folder under tests/ that holds ``path`` ("" for a file elsewhere)."""
+    try:
+        parts = path.relative_to(REPO_ROOT / "tests").parts
+    except ValueError:
+        return ""
+    return parts[0] if len(parts) > 1 else ""
+
+
+def _in_real_node_group(group: str | None) -> bool:
+    """tests/cluster_tests/test_real_node.py starts a real node of its own rather than sharing the session's: it says
+    so by joining the real node's group, which runs it in the worker that owns the node."""
+    if group is None:
+        return False
+    from tests.cluster.pytest_plugin import REAL_NODE_GROUP
+
+    return group == REAL_NODE_GROUP
+
+
+def tier_of(path: Path, fixtures: Collection[str], *, cluster_mark: bool, group: str | None) -> str:
+    """The tier CI counts a test in (scripts/ci_guard.py's MINIMUMS): by the folder of its file, except that a test
+    that uses a cluster counts in that cluster's tier, wherever it lies. ``group`` is its ``xdist_group`` mark's."""
+    folder = _tests_dir(path)
+    if folder in _OWN_TIER_DIRS:
+        return TIER_BY_DIR[folder]
+    if REAL_NODE_FIXTURE in fixtures or _in_real_node_group(group):
+        return "real-node"
+    if cluster_mark or "kube_cluster" in fixtures:
+        from tests.cluster.real_node import NODE_ENV
+
+        # TORCHELASTIC_NODE=real puts the local cluster on the real node (tests/cluster/pytest_plugin.py): its tests
+        # then count there, and the simulated kubelet's tier comes up short rather than passing unnoticed.
+        return "real-node" if os.environ.get(NODE_ENV) == "real" else "cluster"
+    return TIER_BY_DIR.get(folder, "unclassified")
+
+
+def pytest_itemcollected(item: pytest.Item) -> None:
+    group = item.get_closest_marker("xdist_group")
+    tier = tier_of(
+        item.path,
+        getattr(item, "fixturenames", ()),
+        cluster_mark=item.get_closest_marker("cluster") is not None,
+        group=str(group.args[0]) if group is not None and group.args else None,
+    )
+    item.user_properties.append((TIER_PROPERTY, tier))
+
+
+def _outcome(reports: list[pytest.TestReport]) -> str:
+    """One outcome of a test's setup, call and teardown reports: an error in any of them fails it."""
+    if any(r.failed for r in reports):
+        return "failed"
+    if any(r.skipped and hasattr(r, "wasxfail") for r in reports):
+        return "xfailed"
+    return "skipped" if any(r.skipped for r in reports) else "passed"
+
+
+def _skip_reason(reports: list[pytest.TestReport]) -> str:
+    report = next(r for r in reports if r.skipped)
+    reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+    return str(reason).removeprefix("Skipped: ")
+
+
+def _report_line(nodeid: str, reports: list[pytest.TestReport]) -> dict[str, object]:
+    tiers = [value for r in reports for name, value in r.user_properties if name == TIER_PROPERTY]
+    line: dict[str, object] = {
+        "test": nodeid,
+        "tier": tiers[0] if tiers else "unclassified",
+        "outcome": _outcome(reports),
+        # setup + call + teardown: a session fixture's start counts in the time of the first test that uses it.
+        "duration": round(sum(r.duration for r in reports), 3),
+    }
+    if line["outcome"] == "skipped":
+        line["reason"] = _skip_reason(reports)
+    return line
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
+    """Write the report CI checks where ``TORCHELASTIC_TEST_REPORT`` says: ``.ci/run`` fails on any skip that
+    ``scripts/ci_guard.py`` does not list as expected, and on a tier that ran fewer tests than its minimum, so a tier
+    cannot vanish from CI unnoticed."""
+    target = os.environ.get(REPORT_ENV)
+    # Each pytest-xdist worker runs this hook too, with only its own tests in its stats; the controller's hold every
+    # worker's reports (their user_properties included), so it alone writes.
+    if not target or hasattr(config, "workerinput"):
         return
     import json
 
-    lines = []
-    for report in terminalreporter.stats.get("skipped", []):
-        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
-        lines.append(json.dumps({"test": report.nodeid, "reason": str(reason).removeprefix("Skipped: ")}))
-    Path(target).write_text("".join(f"{line}\n" for line in lines))
+    by_test: dict[str, list[pytest.TestReport]] = {}
+    for reports in terminalreporter.stats.values():
+        for report in reports:
+            if isinstance(report, pytest.TestReport):  # not the warnings', deselected items nor collection errors
+                by_test.setdefault(report.nodeid, []).append(report)
+    lines = [_report_line(nodeid, reports) for nodeid, reports in sorted(by_test.items())]
+    Path(target).write_text("".join(f"{json.dumps(line)}\n" for line in lines))
