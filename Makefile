@@ -1,5 +1,5 @@
 # The two commands of the README: `make demo` (set up, run the quickstart DAG locally) and `make test` (everything).
-.PHONY: demo ui test setup lint cluster-up cluster-down golden crd bench bench-triggerer bench-artifacts bench-real-node
+.PHONY: demo ui test setup lint cluster-up cluster-down golden crd bench bench-triggerer bench-artifacts bench-real-node test-torch
 
 setup:
 	bash scripts/setup.sh
@@ -52,3 +52,8 @@ bench-real-node: setup
 	bash scripts/build-runner-env.sh
 	.venv/bin/python -m tests.cluster.image
 	.venv/bin/python benchmarks/bench_real_node.py
+
+# The runner's tests (tests/runner) against torch 2.14.1 and 2.15.0, each in a throwaway venv: CUDA builds of several
+# GB here, so not part of `make test`. Prints the README's "torch versions" table rows.
+test-torch: setup
+	bash scripts/test_torch.sh

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from airflow_provider_torchelastic.errors import RecoverableError
     from airflow_provider_torchelastic.operators import TorchElasticOperator
     from airflow_provider_torchelastic.worker.metrics import report
+    from airflow_provider_torchelastic.worker.program import set_result
 
 from airflow_provider_torchelastic.core.version import __version__
 
@@ -40,6 +41,7 @@ __all__ = [
     "checkpoint",
     "context",
     "report",
+    "set_result",
 ]
 
 # Every name is imported on first access. The operator's module needs Airflow, so the runner (and images without
@@ -53,6 +55,7 @@ _LAZY = {
     ),
     "RecoverableError": "airflow_provider_torchelastic.errors",
     "report": "airflow_provider_torchelastic.worker.metrics",
+    "set_result": "airflow_provider_torchelastic.worker.program",
 }
 # Modules for training functions (``context.current()``, ``checkpoint.save``) and for the tasks downstream of them
 # (``artifacts.load``): imported on first access too.

@@ -19,7 +19,9 @@ from airflow_provider_torchelastic.operators import TorchElasticOperator, check_
 __all__ = ["torch_elastic_task"]
 
 
-class _TorchElasticDecoratedOperator(DecoratedOperator, TorchElasticOperator):
+# The operator's python_callable may be None (module=/script= in its place); the decorator's never is, which is all
+# DecoratedOperator's narrower declaration says.
+class _TorchElasticDecoratedOperator(DecoratedOperator, TorchElasticOperator):  # type: ignore[misc]
     custom_operator_name = "@task.torch_elastic"
     template_fields: Sequence[str] = TorchElasticOperator.template_fields
     template_fields_renderers: ClassVar[dict[str, str]] = TorchElasticOperator.template_fields_renderers

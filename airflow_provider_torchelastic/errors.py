@@ -11,11 +11,15 @@ One word for "a retry may help": **recoverable**. Every exception the package de
     ├── StreamUnavailable               (kubernetes.watch) the shared watch may not list or watch (401/403); its
     │                                   triggers poll the API on their own instead
     ├── PreflightError                  (preflight) the preflight could not start: the connection is unusable
+    ├── WorkerExit                      (runner.worker) a worker's sys.exit() with a failing code, raised in its
+    │                                   place so that torch records it; named SystemExit in reports
     ├── ValueError
     │   ├── PayloadError                (core.payload) the payload is corrupt, of another format, or of another Python
     │   ├── ResultTooLargeError         (core.outcome) rank 0's value does not fit where it has to travel
     │   ├── RunnerUsageError            (runner) the runner's arguments or environment are unusable: it exits
-    │   │                               EXIT_USAGE and publishes the error where the outcome would have gone
+    │   │   │                           EXIT_USAGE and publishes the error where the outcome would have gone
+    │   │   └── TorchIncompatibleError  (runner.torch_compat) the image's torch lacks a piece of torch elastic the
+    │   │                               runner uses (named, with the versions it is tested with)
     │   ├── ArtifactRefError            (core.artifact_ref) an artifact reference that is malformed, or not under
     │   │                               this try's location
     │   └── ArtifactIntegrityError      (worker.artifact_streams) an artifact's bytes are not those its reference names
@@ -23,6 +27,8 @@ One word for "a retry may help": **recoverable**. Every exception the package de
     ├── PermissionError
     │   └── ArtifactPickleRefusedError  (worker.artifacts) a pickled module, to be loaded where pickles are not
     │                                   allowed (artifacts.load(..., allow_pickle=True) trusts it)
+    ├── FileNotFoundError
+    │   └── ScriptNotFoundError         (worker.program) script= names no file where the workers run
     ├── TypeError
     │   └── ResultNotSerializableError  (core.encoding; the runner re-exports it) rank 0 returned a value that
     │                                   cannot travel as JSON; the message names its type and where it sits
@@ -32,13 +38,26 @@ One word for "a retry may help": **recoverable**. Every exception the package de
     │   ├── NoCheckpointLocationError   (worker.checkpoint) no checkpoint location: neither uri= nor one in the
     │   │                               run context
     │   └── KubernetesUnavailable       (plugin.service) the UI could not read a live job from Kubernetes (HTTP 503)
-    └── AirflowException                (Airflow) what a task ends with:
-        ├── TrainingRecoverableError    (operators) training or waiting failed; a retry may help (Airflow retries)
-        └── AirflowFailException        (Airflow)
-            └── TrainingFailedError     (operators) a retry will not help: the task fails without its retries
+    └── AirflowException                (Airflow) what a task ends with: one class per cause (README's table)
+        └── TrainingError               (operators) training or waiting failed; .cause, .pod, .rank, .exit_code,
+            │                           .reason (operators.exceptions says how retry_policy meets them)
+            ├── TrainingRecoverableError    (operators) a retry may help: retried within ``retries``
+            │   ├── OutOfMemoryError        (operators) a container or worker ran out of memory (OOMKilled)
+            │   ├── PreemptedError          (operators) a pod was evicted or preempted
+            │   ├── CapacityTimeoutError    (operators) no capacity within scheduling_timeout
+            │   ├── NodeLostError           (operators) the node running a pod went away
+            │   └── InfrastructureError     (operators) the API unreachable, the job deleted by someone else
+            ├── TrainingFailedError         (operators) a retry will not help: without a retry_policy, raised with
+            │   │                           AirflowFailException, so the task fails without its retries
+            │   ├── ImageUnavailableError   (operators) the image cannot be pulled
+            │   ├── ConfigurationError      (operators) a missing Secret/ConfigMap, an invalid pod, a refusal
+            │   └── DeadlineExceededError   (operators) ran past run_policy.active_deadline_seconds
+            └── UserCodeError               (operators) the training code raised; .exception_type,
+                │                           .exception_module, .exception_bases, .traceback_tail
+                ├── UserCodeRecoverableError (operators) it raised RecoverableError; also a TrainingRecoverableError
+                └── UserCodeFailedError     (operators) any other exception; also a TrainingFailedError
 
-At run time the worker turns every failure into TrainingRecoverableError or TrainingFailedError, naming the pod,
-the rank and the exception.
+At run time the worker turns every failure into the class of its cause, naming the pod, the rank and the exception.
 Standard library only: the runner imports this module in images that have neither Airflow nor kubernetes.
 """
 

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Final
 
+from airflow_provider_torchelastic.core import causes
 from airflow_provider_torchelastic.core.encoding import NAN, NEGATIVE_INFINITY, POSITIVE_INFINITY, loads_untrusted
 
 __all__ = [
@@ -54,6 +55,11 @@ class WorkerFailure:
     #: of ranks and nodes that failed in the same second.
     timestamp: float = 0.0
     hostname: str = ""
+    #: The module of the exception's class (``builtins``, ``team.errors``), where the worker recorded it.
+    module: str = ""
+    #: The qualified names of the exception's classes, its own first, then its bases up to ``Exception``: so that a
+    #: retry rule naming a base class matches a subclass raised in a pod, where the class itself lives.
+    bases: tuple[str, ...] = ()
 
     def summary(self) -> str:
         where = f"rank {self.rank}" if self.rank >= 0 else "the runner"
@@ -172,6 +178,10 @@ def encode_failure(failure: WorkerFailure, *, max_bytes: int | None = None) -> s
         if value:
             fields[key] = _trim_to_encoded_size(value, _json_size(value) - excess, keep_end=keep_end)
             text = json.dumps({"schema": SCHEMA, "succeeded": False, "failure": fields})
+    if len(text.encode()) > max_bytes and fields.get("bases"):
+        # Only the class names are left to give up: the rules that name a base class then match the class alone.
+        fields["bases"] = []
+        text = json.dumps({"schema": SCHEMA, "succeeded": False, "failure": fields})
     return text
 
 
@@ -257,7 +267,21 @@ def _failure_from_json(raw: dict[str, Any]) -> WorkerFailure:
         exitcode=integer("exitcode", 1),
         timestamp=stamp if math.isfinite(stamp) else 0.0,
         hostname=text("hostname"),
+        module=text("module"),
+        bases=_names(raw.get("bases")),
     )
+
+
+#: At most this many class names are kept of an exception's bases (its own class first), each at most this long.
+MAX_BASES: Final = 8
+_MAX_NAME: Final = 200
+
+
+def _names(value: Any) -> tuple[str, ...]:
+    """A list of class names from a pod's document: strings only, bounded in count and length."""
+    if not isinstance(value, list):
+        return ()
+    return tuple(item[:_MAX_NAME] for item in value if isinstance(item, str) and item)[:MAX_BASES]
 
 
 # --- deciding a whole run from its nodes (shared by local execution and Kubernetes) --------------------------------
@@ -288,6 +312,12 @@ class Verdict:
     node: str | None = None
     failure: WorkerFailure | None = None
     detail: str = ""
+    #: Why it failed, as one word Airflow can act on (:mod:`airflow_provider_torchelastic.core.causes`); ``""``
+    #: when nothing says why: ``recoverable`` alone decides then.
+    cause: str = causes.UNKNOWN
+    #: The exit code and ending reason of the root cause's container (a pod) or runner (local), where known.
+    exit_code: int | None = None
+    reason: str = ""
 
 
 #: Exit codes >= 128 without a failure report mean the runner was killed by a signal: OOM killer (137), eviction or
@@ -317,6 +347,29 @@ def _killed_for_a_known_reason(report: NodeReport) -> bool:
     return bool(report.reason) and (
         report.reason in INFRASTRUCTURE_REASONS or report.exit_code is None or report.exit_code >= _SIGNAL_EXIT
     )
+
+
+#: What the runner itself raises when its settings or payload are unusable: the job's configuration, not the code.
+_RUNNER_CONFIGURATION_ERRORS: Final = frozenset(
+    {"RunnerUsageError", "TorchIncompatibleError", "PayloadError", "ResultTooLargeError", "ScriptNotFoundError"}
+)
+
+
+def _cause_of_report(failure: WorkerFailure, reason: str) -> str:
+    """The cause of a node that reported a failure: its container's reason first (a worker the kernel's OOM killer
+    picked reports a SIGKILL; only the container says OOMKilled), then what the report says."""
+    named = causes.cause_of_reason(reason)
+    if named:
+        return named
+    if failure.exception in _RUNNER_CONFIGURATION_ERRORS:
+        return causes.CONFIGURATION
+    if failure.exception in ("SignalSIGKILL", "SignalSIGTERM"):
+        # A worker killed from outside the code, with nothing to say by whom: the OOM killer, a drain.
+        return causes.INFRASTRUCTURE
+    if failure.rank < 0:
+        # The runner's own agent failed (it lost the rendezvous a failed node hosted): no training code raised this.
+        return causes.INFRASTRUCTURE
+    return causes.USER_CODE
 
 
 def _ended(report: NodeReport) -> str:
@@ -361,7 +414,14 @@ def decide_run(reports: list[NodeReport]) -> Verdict:
                     + (f" ({'; '.join(silent)}: see their logs)" if silent else "")
                 )
             return Verdict(
-                succeeded=False, recoverable=failure.recoverable, node=node.name, failure=failure, detail=detail
+                succeeded=False,
+                recoverable=failure.recoverable,
+                node=node.name,
+                failure=failure,
+                detail=detail,
+                cause=_cause_of_report(failure, node.reason),
+                exit_code=node.exit_code,
+                reason=node.reason,
             )
         # A node that ended badly without a report: its exit code, or (evicted before exiting) only a reason.
         killed = (node.exit_code or 0) >= _SIGNAL_EXIT or node.reason in INFRASTRUCTURE_REASONS
@@ -369,6 +429,10 @@ def decide_run(reports: list[NodeReport]) -> Verdict:
             succeeded=False,
             recoverable=killed,
             node=node.name,
+            # Killed from outside with no reason given (a bare 137 or 143): the platform's doing, not the code's.
+            cause=causes.cause_of_reason(node.reason) or (causes.INFRASTRUCTURE if killed else causes.UNKNOWN),
+            exit_code=node.exit_code,
+            reason=node.reason,
             detail=f"{_ended(node)}; "
             + (
                 "it was killed from outside (out of memory, eviction, preemption), so a retry may help"

@@ -139,11 +139,19 @@ def _log_call(
     container: str = TRAINING_CONTAINER,
     limit_bytes: int | None = None,
     timestamps: bool = True,
+    previous: bool = False,
 ) -> _Call:
-    # None leaves a parameter to the server's default (for timestamps: without).
+    # None leaves a parameter to the server's default (for timestamps and previous: without).
     options = {"since_seconds": since_seconds, "tail_lines": tail_lines, "limit_bytes": limit_bytes}
-    kwargs = {name: value for name, value in {**options, "timestamps": timestamps or None}.items() if value is not None}
+    flags = {"timestamps": timestamps or None, "previous": previous or None}
+    kwargs = {name: value for name, value in {**options, **flags}.items() if value is not None}
     return core.read_namespaced_pod_log, (pod, namespace), {"container": container, **kwargs}
+
+
+def _events_call(core: Any, pod: str, namespace: str) -> _Call:
+    """The events about one pod (the kubelet's "Failed to pull image ...: <why>")."""
+    selector = f"involvedObject.kind=Pod,involvedObject.name={pod}"
+    return core.list_namespaced_event, (namespace,), {"field_selector": selector}
 
 
 def _owners_call(custom: Any, query: OwnerQuery, name: str, namespace: str) -> _Call:
@@ -255,9 +263,11 @@ class SyncKube:
         container: str = TRAINING_CONTAINER,
         limit_bytes: int | None = None,
         timestamps: bool = True,
+        previous: bool = False,
     ) -> str:
         """The training container's log (the kind's ``log_container``); ``limit_bytes`` bounds what one read may
-        cost, and ``timestamps=False`` leaves the lines as the container wrote them (what a person reads)."""
+        cost, ``timestamps=False`` leaves the lines as the container wrote them (what a person reads), and
+        ``previous=True`` reads the container that ran before its last restart."""
         call = _log_call(
             self._core,
             pod,
@@ -267,6 +277,7 @@ class SyncKube:
             container=container,
             limit_bytes=limit_bytes,
             timestamps=timestamps,
+            previous=previous,
         )
         return self._body(call).decode("utf-8", errors="replace")
 
@@ -283,6 +294,10 @@ class SyncKube:
     def label_job(self, ref: JobRef, labels: Mapping[str, str]) -> None:
         """Set labels of the job object (its lease: :func:`~.deadline.lease_labels`)."""
         self._body(_label_patch_call(self._core, self._custom, ref, labels))
+
+    def pod_events(self, pod: str, namespace: str) -> list[dict[str, Any]]:
+        """The events about ``pod``."""
+        return list(_json(self._body(_events_call(self._core, pod, namespace))).get("items") or [])
 
     def delete_job(self, ref: JobRef) -> bool:
         """Delete the job and its payload Secret; whether the job existed."""
@@ -398,6 +413,10 @@ class AsyncKube:
         doc = _json(await self._body(_list_pods_call(self._core, namespace, label_selector)))
         return list(doc.get("items", []))
 
+    async def pod_events(self, pod: str, namespace: str) -> list[dict[str, Any]]:
+        """The events about ``pod``."""
+        return list(_json(await self._body(_events_call(self._core, pod, namespace))).get("items") or [])
+
     async def snapshot(self, ref: JobRef) -> Snapshot:
         job = await self.get(ref.kind, ref.name, ref.namespace)
         kind = kinds.get(ref.kind)
@@ -418,8 +437,10 @@ class AsyncKube:
         tail_lines: int | None = None,
         *,
         container: str = TRAINING_CONTAINER,
+        previous: bool = False,
     ) -> str:
-        body = await self._body(_log_call(self._core, pod, namespace, since_seconds, tail_lines, container=container))
+        call = _log_call(self._core, pod, namespace, since_seconds, tail_lines, container=container, previous=previous)
+        body = await self._body(call)
         return body.decode("utf-8", errors="replace")
 
     async def list_objects(self, kind: str, namespace: str, label_selector: str) -> dict[str, Any]:

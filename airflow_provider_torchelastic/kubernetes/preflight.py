@@ -199,6 +199,7 @@ def provider_rules(job_kinds: Iterable[JobKind]) -> tuple[Rule, ...]:
         add(rule)
     add(Rule("", "pods", POD_READ_VERBS, "pods of jobs"))
     add(Rule("", "pods/log", ("get",), "pod logs"))
+    add(Rule("", "events", ("list",), "why an image pull failed"))
     add(Rule("", "secrets", SECRET_VERBS, "payload Secret"))
     return tuple(rules.values())
 

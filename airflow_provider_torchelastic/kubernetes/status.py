@@ -16,6 +16,7 @@ from enum import Enum
 from functools import cached_property
 from typing import Any, Final
 
+from airflow_provider_torchelastic.core import causes
 from airflow_provider_torchelastic.core.outcome import NodeReport, Verdict, WorkerFailure, decode_outcome
 from airflow_provider_torchelastic.core.summary import PodSummary, pod_summaries, training_container_status
 
@@ -187,7 +188,9 @@ def _verdict_from_dict(data: Mapping[str, Any] | None) -> Verdict | None:
     if data is None:
         return None
     failure = data.get("failure")
-    return Verdict(**{**data, "failure": WorkerFailure(**failure) if failure else None})
+    # JSON has lists only; the bases are a tuple, as the runner's report gives them.
+    restored = WorkerFailure(**{**failure, "bases": tuple(failure.get("bases") or ())}) if failure else None
+    return Verdict(**{**data, "failure": restored})
 
 
 # --- reading Kubernetes objects -----------------------------------------------------------------------------------
@@ -224,6 +227,18 @@ def pod_report(pod: Mapping[str, Any]) -> NodeReport | None:
         # Evicted or lost before the container ran to an exit code.
         return NodeReport(name=name, exit_code=None, outcome=None, reason=status.get("reason", "") or "Failed")
     return None
+
+
+def restarted_run(pod: Mapping[str, Any], container: str) -> tuple[int, Mapping[str, Any]] | None:
+    """(restart count, how its previous run ended) of a pod's ``container`` that the kubelet restarted in place;
+    None when it never restarted, or the kubelet no longer says how the previous run ended."""
+    statuses = pod.get("status", {}).get("containerStatuses") or []
+    status = next((s for s in statuses if s.get("name") == container), None)
+    if status is None:
+        return None
+    count = int(status.get("restartCount") or 0)
+    terminated = (status.get("lastState") or {}).get("terminated")
+    return (count, terminated) if count > 0 and terminated else None
 
 
 def _stuck_reason(pod: Mapping[str, Any]) -> tuple[str, str] | None:
@@ -313,6 +328,7 @@ def job_gone(ref: JobRef) -> WaitDecision:
             succeeded=False,
             recoverable=True,
             detail=f"{ref.kind} {ref.namespace}/{ref.name} was deleted before it finished (outside Airflow?)",
+            cause=causes.INFRASTRUCTURE,
         ),
     )
 
@@ -397,11 +413,39 @@ def stuck_decision(seen: Observed, policy: WaitPolicy) -> WaitDecision | None:
                     succeeded=False,
                     recoverable=False,
                     node=name,
+                    cause=causes.cause_of_stuck_reason(reason),
+                    reason=reason,
                     detail=f"pod {name} stuck in {reason} for more than {policy.pending_grace_seconds:.0f} s: "
                     f"{message}".rstrip(": "),
                 ),
             )
     return None
+
+
+#: The kubelet's event message for a pull that failed, which says why; the ``ImagePullBackOff`` state only says
+#: ``Back-off pulling image "…"``.
+_PULL_FAILED: Final = "Failed to pull image"
+
+
+def needs_pull_events(verdict: Verdict | None) -> str | None:
+    """The pod whose events say why its image could not be pulled, when ``verdict`` only has the back-off."""
+    if verdict is None or verdict.reason != "ImagePullBackOff" or not verdict.node:
+        return None
+    return verdict.node
+
+
+def with_pull_error(verdict: Verdict, events: Sequence[Mapping[str, Any]]) -> Verdict:
+    """``verdict`` with the newest pull error among a pod's ``events`` (unchanged when there is none)."""
+
+    def when(event: Mapping[str, Any]) -> str:
+        # RFC 3339 strings of one clock sort as times; eventTime is the newer API's, lastTimestamp the kubelet's.
+        return str(event.get("lastTimestamp") or event.get("eventTime") or "")
+
+    failed = [e for e in events if str(e.get("message", "")).startswith(_PULL_FAILED)]
+    if not failed:
+        return verdict
+    message = str(max(failed, key=when)["message"])
+    return replace(verdict, detail=f"{verdict.detail}; the last pull failed: {message}")
 
 
 def out_of_patience(seen: Observed, policy: WaitPolicy, since: float, what: str, node: str | None) -> WaitDecision:
@@ -415,6 +459,7 @@ def out_of_patience(seen: Observed, policy: WaitPolicy, since: float, what: str,
                 succeeded=False,
                 recoverable=True,
                 node=node,
+                cause=causes.UNSCHEDULABLE,
                 detail=f"waited {waited:.0f} s for capacity, longer than scheduling_timeout="
                 f"{policy.scheduling_timeout:g}: {what}; capacity may free up, so a retry may help",
             ),

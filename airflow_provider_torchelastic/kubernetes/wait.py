@@ -22,12 +22,25 @@ import functools
 import time
 from collections.abc import Awaitable, Callable, Generator, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, Final, Protocol, TypeAlias
+from typing import Any, Final
 
-from airflow_provider_torchelastic.core.naming import TRAINING_CONTAINER
+from airflow_provider_torchelastic.core import causes
 from airflow_provider_torchelastic.core.outcome import Verdict
 from airflow_provider_torchelastic.errors import KubeError
 from airflow_provider_torchelastic.kubernetes import deadline, kinds
+from airflow_provider_torchelastic.kubernetes.requests import (
+    AsyncJobSource,
+    DeleteJob,
+    EmitLog,
+    FetchFailed,
+    FetchJob,
+    JobSource,
+    ReadEvents,
+    ReadLog,
+    RenewLease,
+    Request,
+    Sleep,
+)
 from airflow_provider_torchelastic.kubernetes.status import (
     JobRef,
     LogCursor,
@@ -35,7 +48,10 @@ from airflow_provider_torchelastic.kubernetes.status import (
     Snapshot,
     WaitDecision,
     WaitPolicy,
+    needs_pull_events,
     new_log_lines,
+    restarted_run,
+    with_pull_error,
 )
 
 __all__ = [
@@ -45,6 +61,7 @@ __all__ = [
     "FetchFailed",
     "FetchJob",
     "JobSource",
+    "ReadEvents",
     "ReadLog",
     "RenewLease",
     "Sleep",
@@ -54,104 +71,6 @@ __all__ = [
     "until_first_pause",
     "wait_for_job",
 ]
-
-# --- the protocol: requests, answers, and the source that answers them -----------------------------------------------
-
-
-@dataclass(frozen=True)
-class FetchJob:
-    """Get the job and its pods; answered with a :class:`~status.Snapshot`, or :class:`FetchFailed`."""
-
-    ref: JobRef
-
-
-@dataclass(frozen=True)
-class FetchFailed:
-    """The job could not be observed (the API refused, or stayed unreachable through the retries)."""
-
-    error: str
-
-
-@dataclass(frozen=True)
-class ReadLog:
-    """Read the training container's log of ``pod`` with timestamps, from ``since_seconds`` ago (None: all), or only
-    its last ``tail_lines`` lines. Answered with the text, ``""`` when it is not available (yet)."""
-
-    pod: str
-    namespace: str
-    since_seconds: int | None
-    tail_lines: int | None = None
-    #: The kind's training container (``JobKind.log_container``).
-    container: str = TRAINING_CONTAINER
-
-
-@dataclass(frozen=True)
-class DeleteJob:
-    """Delete the job and its payload; answered with whether it existed, or the error text when deletion failed."""
-
-    ref: JobRef
-
-
-@dataclass(frozen=True)
-class RenewLease:
-    """Move the job's lease (:mod:`~.deadline`) to ``until``; answered with None, or the error text when it failed."""
-
-    ref: JobRef
-    until: float
-
-
-@dataclass(frozen=True)
-class Sleep:
-    seconds: float
-
-
-@dataclass(frozen=True)
-class EmitLog:
-    line: str
-
-
-Request: TypeAlias = FetchJob | ReadLog | DeleteJob | RenewLease | Sleep | EmitLog
-
-
-class JobSource(Protocol):
-    """What the sync driver needs: the job as it is now, its pods' logs, and deleting it. Raises ``KubeError``."""
-
-    def snapshot(self, ref: JobRef) -> Snapshot: ...
-
-    def read_log(
-        self,
-        pod: str,
-        namespace: str,
-        since_seconds: int | None,
-        tail_lines: int | None = None,
-        *,
-        container: str = TRAINING_CONTAINER,
-    ) -> str: ...
-
-    def delete_job(self, ref: JobRef) -> bool: ...
-
-    def label_job(self, ref: JobRef, labels: Mapping[str, str]) -> None: ...
-
-
-class AsyncJobSource(Protocol):
-    """The same for the async driver (the trigger)."""
-
-    async def snapshot(self, ref: JobRef) -> Snapshot: ...
-
-    async def read_log(
-        self,
-        pod: str,
-        namespace: str,
-        since_seconds: int | None,
-        tail_lines: int | None = None,
-        *,
-        container: str = TRAINING_CONTAINER,
-    ) -> str: ...
-
-    async def delete_job(self, ref: JobRef) -> bool: ...
-
-    async def label_job(self, ref: JobRef, labels: Mapping[str, str]) -> None: ...
-
 
 # --- the generators: every decision about waiting, no I/O ---------------------------------------------------------
 
@@ -183,6 +102,9 @@ class _WatchState:
     log_interval: float = 0.0
     #: Failed pods whose tails were printed (at most ``log_pods`` of them).
     tails: set[str] = field(default_factory=set)
+    #: Restarted pods: the restart count up to which their previous containers' tails were printed (at most
+    #: ``log_pods`` pods).
+    restarts_read: dict[str, int] = field(default_factory=dict)
     #: The last snapshot in which the job existed: what a job that vanished is judged by.
     last_seen: Snapshot | None = None
 
@@ -215,6 +137,10 @@ def wait_for_job(ref: JobRef, policy: WaitPolicy) -> Generator[Request, Any, Wai
                 f"execution_timeout reached while {ref.kind} {ref.namespace}/{ref.name} ran; the job was deleted",
             )
         decision = kind.decide(ref, snapshot, policy)
+        pulling = needs_pull_events(decision.verdict) if decision.phase.is_terminal else None
+        if pulling is not None and decision.verdict is not None:
+            events = yield ReadEvents(pulling, ref.namespace)
+            decision = replace(decision, verdict=with_pull_error(decision.verdict, events or []))
         current = decision.wait_state
         if current != state.last_state or snapshot.now - state.last_logged >= policy.progress_interval:
             # On change, and as a heartbeat every progress_interval: a long quiet job still shows it is alive.
@@ -280,7 +206,7 @@ def _failed(ref: JobRef, state: str, detail: str) -> WaitDecision:
     return WaitDecision(
         phase=Phase.FAILED,
         progress=f"{ref.kind} {ref.name}: {state}",
-        verdict=Verdict(succeeded=False, recoverable=True, detail=detail),
+        verdict=Verdict(succeeded=False, recoverable=True, detail=detail, cause=causes.INFRASTRUCTURE),
     )
 
 
@@ -323,6 +249,7 @@ def _stream_logs(
         state.rank0_pod = names[0]
     elif state.rank0_pod not in names:
         state.rank0_pod = None  # deleted, or recreated by a restart: rank 0 may land elsewhere now
+    yield from _previous_tails(ref, container, pods, policy, state)
     for pod in started:
         name = pod["metadata"]["name"]
         failed = pod.get("status", {}).get("phase") == "Failed"
@@ -370,6 +297,45 @@ def _stream_logs(
     state.next_log_at = snapshot.now + state.log_interval
 
 
+def _previous_tails(
+    ref: JobRef, container: str, pods: list[Mapping[str, Any]], policy: WaitPolicy, state: _WatchState
+) -> Generator[Request, Any, None]:
+    """Print the tail of each restarted container's previous run, once per restart.
+
+    A node restarted in place (a TrainJob's ``OnFailure``, a PyTorchJob replica's ``OnFailure``/``ExitCode``) runs
+    again in the same pod: its phase never becomes Failed, and its current log starts after the restart, so the
+    exception that killed the earlier run is only in the previous container's log. Bounded like the failed pods'
+    tails: at most ``log_pods`` pods, one read per restart seen (the kubelet's back-off spaces restarts out).
+    """
+    for pod in pods:
+        restarted = restarted_run(pod, container)
+        if restarted is None:
+            continue
+        name = pod.get("metadata", {}).get("name", "?")
+        count, terminated = restarted
+        if state.restarts_read.get(name, 0) >= count:
+            continue
+        if name not in state.restarts_read and len(state.restarts_read) >= policy.log_pods:
+            continue
+        state.restarts_read[name] = count
+        text = yield ReadLog(
+            pod=name,
+            namespace=ref.namespace,
+            since_seconds=None,
+            # One line less than a failed pod's tail: with the header below, it fills one tail of the job summary
+            # (core.metrics_format.TAIL_LINES), which would otherwise drop the header.
+            tail_lines=FAILED_TAIL_LINES - 1,
+            container=container,
+            previous=True,
+        )
+        lines, _ = new_log_lines(LogCursor(), text or "")
+        reason = terminated.get("reason") or ""
+        ended = f"exit code {terminated.get('exitCode')}" + (f", {reason}" if reason not in ("", "Error") else "")
+        yield EmitLog(f"[{name}] --- restart {count}: its previous {container} container ended ({ended}); last lines:")
+        for line in lines:
+            yield EmitLog(f"[{name}] {line}")
+
+
 # --- the drivers: I/O only ------------------------------------------------------------------------------------------
 
 
@@ -378,6 +344,12 @@ def _no_log_text(error: KubeError, log: Callable[[str], None]) -> str:
     if error.status not in (400, 404) and not error.recoverable:
         log(f"could not read logs: {error}")
     return ""
+
+
+def _no_events(error: KubeError, log: Callable[[str], None]) -> list[dict[str, Any]]:
+    # Events only add detail to a decision already taken (a role without "list events" still gets the back-off).
+    log(f"could not read the pod's events: {error}")
+    return []
 
 
 def _tail(request: ReadLog) -> tuple[int, ...]:
@@ -410,10 +382,20 @@ def drive_sync(
         elif isinstance(request, ReadLog):
             try:
                 answer = source.read_log(
-                    request.pod, request.namespace, request.since_seconds, *_tail(request), container=request.container
+                    request.pod,
+                    request.namespace,
+                    request.since_seconds,
+                    *_tail(request),
+                    container=request.container,
+                    previous=request.previous,
                 )
             except KubeError as e:
                 answer = _no_log_text(e, log)
+        elif isinstance(request, ReadEvents):
+            try:
+                answer = source.pod_events(request.pod, request.namespace)
+            except KubeError as e:
+                answer = _no_events(e, log)
         elif isinstance(request, DeleteJob):
             try:
                 answer = retry_sync(functools.partial(source.delete_job, request.ref), log, sleep)
@@ -456,10 +438,20 @@ async def drive_async(
         elif isinstance(request, ReadLog):
             try:
                 answer = await source.read_log(
-                    request.pod, request.namespace, request.since_seconds, *_tail(request), container=request.container
+                    request.pod,
+                    request.namespace,
+                    request.since_seconds,
+                    *_tail(request),
+                    container=request.container,
+                    previous=request.previous,
                 )
             except KubeError as e:
                 answer = _no_log_text(e, log)
+        elif isinstance(request, ReadEvents):
+            try:
+                answer = await source.pod_events(request.pod, request.namespace)
+            except KubeError as e:
+                answer = _no_events(e, log)
         elif isinstance(request, DeleteJob):
             try:
                 answer = await retry_async(functools.partial(source.delete_job, request.ref), log)

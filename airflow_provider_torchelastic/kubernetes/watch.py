@@ -450,15 +450,18 @@ class SharedSource:
         tail_lines: int | None = None,
         *,
         container: str = TRAINING_CONTAINER,
+        previous: bool = False,
     ) -> str:
         cache = self._cache
         if self._direct is None and cache is not None and not cache.closed:
             text: str = await cache.request(
-                lambda: cache.kube.read_log(pod, namespace, since_seconds, tail_lines, container=container)
+                lambda: cache.kube.read_log(
+                    pod, namespace, since_seconds, tail_lines, container=container, previous=previous
+                )
             )
             return text
         direct = self._direct or await self._fall_back("the shared watch ended")
-        text = await direct.read_log(pod, namespace, since_seconds, tail_lines, container=container)
+        text = await direct.read_log(pod, namespace, since_seconds, tail_lines, container=container, previous=previous)
         return text
 
     async def delete_job(self, ref: JobRef) -> bool:
@@ -469,6 +472,15 @@ class SharedSource:
         direct = self._direct or await self._fall_back("the shared watch ended")
         deleted = await direct.delete_job(ref)
         return deleted
+
+    async def pod_events(self, pod: str, namespace: str) -> list[dict[str, Any]]:
+        cache = self._cache
+        if self._direct is None and cache is not None and not cache.closed:
+            events: list[dict[str, Any]] = await cache.request(lambda: cache.kube.pod_events(pod, namespace))
+            return events
+        direct = self._direct or await self._fall_back("the shared watch ended")
+        events = await direct.pod_events(pod, namespace)
+        return events
 
     async def label_job(self, ref: JobRef, labels: Mapping[str, str]) -> None:
         cache = self._usable(ref)

@@ -23,7 +23,22 @@ from airflow_provider_torchelastic.operators.arguments import check_checkpoint_u
 from airflow_provider_torchelastic.operators.arguments import check_mapped_arguments as check_mapped_arguments
 from airflow_provider_torchelastic.operators.arguments import check_operator_arguments as check_operator_arguments
 from airflow_provider_torchelastic.operators.dry_run import UNRENDERED_IMAGE as UNRENDERED_IMAGE
-from airflow_provider_torchelastic.operators.exceptions import TrainingFailedError, TrainingRecoverableError
+from airflow_provider_torchelastic.operators.exceptions import (
+    CapacityTimeoutError,
+    ConfigurationError,
+    DeadlineExceededError,
+    ImageUnavailableError,
+    InfrastructureError,
+    NodeLostError,
+    OutOfMemoryError,
+    PreemptedError,
+    TrainingError,
+    TrainingFailedError,
+    TrainingRecoverableError,
+    UserCodeError,
+    UserCodeFailedError,
+    UserCodeRecoverableError,
+)
 from airflow_provider_torchelastic.operators.links import XCOM_JOB_KIND as XCOM_JOB_KIND
 from airflow_provider_torchelastic.operators.links import XCOM_JOB_NAME as XCOM_JOB_NAME
 from airflow_provider_torchelastic.operators.links import XCOM_JOB_NAMESPACE as XCOM_JOB_NAMESPACE
@@ -34,8 +49,26 @@ from airflow_provider_torchelastic.operators.on_kubernetes import XCOM_MANIFESTS
 from airflow_provider_torchelastic.operators.operator import TorchElasticOperator
 from airflow_provider_torchelastic.operators.results import ResultStorage as ResultStorage
 from airflow_provider_torchelastic.operators.results import read_stored_result as read_stored_result
+from airflow_provider_torchelastic.operators.retry import UserExceptionRule
 from airflow_provider_torchelastic.settings import EXECUTIONS as EXECUTIONS
 from airflow_provider_torchelastic.settings import IMAGE_OPTION as IMAGE_OPTION
 from airflow_provider_torchelastic.settings import SECTION as CONFIG_SECTION  # noqa: F401  (its name here)
 
-__all__ = ["TorchElasticOperator", "TrainingFailedError", "TrainingRecoverableError"]
+__all__ = [
+    "CapacityTimeoutError",
+    "ConfigurationError",
+    "DeadlineExceededError",
+    "ImageUnavailableError",
+    "InfrastructureError",
+    "NodeLostError",
+    "OutOfMemoryError",
+    "PreemptedError",
+    "TorchElasticOperator",
+    "TrainingError",
+    "TrainingFailedError",
+    "TrainingRecoverableError",
+    "UserCodeError",
+    "UserCodeFailedError",
+    "UserCodeRecoverableError",
+    "UserExceptionRule",
+]

@@ -61,9 +61,57 @@ def check_checkpoint_uri(value: object) -> str:
 
 
 def _check_callable(value: object) -> object:
-    if not callable(value):
+    if value is not None and not callable(value):
         raise TypeError(f"python_callable: expected a callable, got {value!r}")
     return value
+
+
+#: ``python -m``'s argument: dotted Python identifiers.
+_MODULE: Final = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*\Z")
+
+
+def _check_module(value: object) -> object:
+    if value is not None and (not isinstance(value, str) or not _MODULE.match(value)):
+        expected = "a dotted module name (team.train), run as `python -m` runs it, or None"
+        raise fail("", "module", value, expected, TypeError if not isinstance(value, str) else ValueError)
+    return value
+
+
+def _check_script(value: object) -> object:
+    if value is not None and (not isinstance(value, str) or not value.strip() or value != value.strip()):
+        expected = "a script's path where the workers run (in the image), or None"
+        raise fail("", "script", value, expected, TypeError if not isinstance(value, str) else ValueError)
+    return value
+
+
+def _check_args(value: object) -> object:
+    expected = "a list of strings (the command-line arguments of module= or script=; templates allowed), or None"
+    if value is None or is_templated(value):
+        return value
+    if isinstance(value, str | bytes) or not isinstance(value, list | tuple):
+        raise fail("", "args", value, expected, TypeError)
+    for index, item in enumerate(value):
+        if not isinstance(item, str):
+            raise fail("", f"args[{index}]", item, expected, TypeError)
+    return value
+
+
+def _check_one_entrypoint(arguments: OperatorArguments) -> None:
+    """Exactly one of ``python_callable``, ``module`` and ``script``; ``args`` only with the last two, and
+    ``op_args``/``op_kwargs`` only with the first."""
+    given = [name for name in ("python_callable", "module", "script") if getattr(arguments, name) is not None]
+    if len(given) != 1:
+        got = ", ".join(f"{name}={getattr(arguments, name)!r}" for name in given) or "none of them"
+        raise TypeError(f"python_callable, module, script: expected exactly one of them, got {got}")
+    if given == ["python_callable"] and arguments.args:
+        raise TypeError(
+            f"args: only for module= or script= (a function takes op_args/op_kwargs), got {arguments.args!r}"
+        )
+    if given != ["python_callable"] and (arguments.op_args or arguments.op_kwargs):
+        raise TypeError(
+            f"op_args, op_kwargs: only for python_callable (module= and script= take args=[...]), got "
+            f"op_args={arguments.op_args!r}, op_kwargs={arguments.op_kwargs!r}"
+        )
 
 
 def _check_namespace(value: object) -> object:
@@ -138,6 +186,9 @@ class OperatorArguments:
     scheduling_timeout: float | None = None
     checkpoint_uri: str | None = None
     job_kind: str | None = None
+    module: str | None = None
+    script: str | None = None
+    args: Collection[str] | None = None
 
     @classmethod
     def pick(cls, values: Mapping[str, Any]) -> OperatorArguments:
@@ -189,6 +240,9 @@ _ARGUMENT_CHECKS: Final = (
         lambda _: None,
     ),
     _Argument("job_kind", _check_job_kind, lambda _: None),
+    _Argument("module", _check_module),
+    _Argument("script", _check_script),
+    _Argument("args", _check_args),
 )
 #: The arguments ``check_operator_arguments`` knows.
 _ARGUMENTS: Final = tuple(argument.name for argument in _ARGUMENT_CHECKS)
@@ -222,6 +276,8 @@ def check_operator_arguments(
     templated image, namespace or argument is accepted as it is: only the run can render it.
     """
     later = frozenset(known_at_run_time)
+    if not later & {"python_callable", "module", "script", "args", "op_args", "op_kwargs"}:
+        _check_one_entrypoint(arguments)
     values = {
         row.name: (row.unknown if row.name in later else row.check)(getattr(arguments, row.name))
         for row in _ARGUMENT_CHECKS

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import io
 import warnings
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import replace
 from types import SimpleNamespace
 from typing import IO, TYPE_CHECKING, Any, Final, cast
@@ -18,7 +18,7 @@ from airflow_provider_torchelastic.core.run_context import TaskContext, artifact
 from airflow_provider_torchelastic.core.validation import is_templated
 from airflow_provider_torchelastic.kubernetes import kinds
 from airflow_provider_torchelastic.kubernetes import render as kubernetes_render
-from airflow_provider_torchelastic.operators.exceptions import TrainingFailedError
+from airflow_provider_torchelastic.operators.exceptions import ConfigurationError
 from airflow_provider_torchelastic.operators.results import result_url
 from airflow_provider_torchelastic.operators.spill import ARGUMENTS_FOLDER, MAX_PAYLOAD_BYTES, dump_try_payload
 
@@ -55,7 +55,7 @@ def task_context_of(
     """What every worker of this try sees as its run context (``TORCHELASTIC_CONTEXT``): the same for every
     rendering of the try, so that a re-attaching worker renders the same manifest."""
     if checkpoint_uri is not None and (is_templated(checkpoint_uri) or not checkpoint_uri):
-        raise TrainingFailedError(f"checkpoint_uri: expected a path or fsspec URL, got {checkpoint_uri!r}")
+        raise ConfigurationError(f"checkpoint_uri: expected a path or fsspec URL, got {checkpoint_uri!r}")
     root = settings.checkpoint_root
     if checkpoint_uri is None and root is not None:
         checkpoint_uri = checkpoint_location(
@@ -172,7 +172,7 @@ def render_without_run(op: TorchElasticOperator, context: Context | None, settin
     identity = identity_of(op, context)
     template_context = context if context is not None else _placeholder_context(op, identity)
     rendered, failed = _render_template_fields(
-        op, ("image", "namespace", "op_args", "op_kwargs", "checkpoint_uri"), template_context
+        op, ("image", "namespace", "op_args", "op_kwargs", "args", "checkpoint_uri"), template_context
     )
     image, namespace = rendered["image"], rendered["namespace"]
     if "image" in failed or is_templated(image):
@@ -202,7 +202,8 @@ def render_without_run(op: TorchElasticOperator, context: Context | None, settin
             stacklevel=3,
         )
     task_context = task_context_of(identity, context, checkpoint_uri, settings)
-    payload = _dry_run_payload(op, rendered["op_args"], rendered["op_kwargs"], settings, task_context)
+    fn, fn_args, fn_kwargs = op.training_call(rendered)
+    payload = _dry_run_payload(op, fn, fn_args, fn_kwargs, settings, task_context)
     return render_objects(
         op,
         identity,
@@ -226,6 +227,7 @@ class _Discarded(io.RawIOBase):
 
 def _dry_run_payload(
     op: TorchElasticOperator,
+    fn: Callable[..., Any],
     args: Collection[Any],
     kwargs: Mapping[str, Any],
     settings: Settings,
@@ -242,7 +244,7 @@ def _dry_run_payload(
         return cast("IO[bytes]", _Discarded())
 
     payload = dump_try_payload(
-        op.python_callable,
+        fn,
         args,
         kwargs,
         storage=settings.artifact_storage,

@@ -21,7 +21,7 @@ from airflow_provider_torchelastic.kubernetes.render import elide_payload, summa
 from airflow_provider_torchelastic.kubernetes.status import JobRef, WaitDecision, WaitPolicy
 from airflow_provider_torchelastic.operators import results
 from airflow_provider_torchelastic.operators.dry_run import identity_of, render_objects, task_context_of
-from airflow_provider_torchelastic.operators.exceptions import TrainingFailedError, TrainingRecoverableError
+from airflow_provider_torchelastic.operators.exceptions import ConfigurationError, InfrastructureError
 from airflow_provider_torchelastic.operators.links import XCOM_JOB_KIND, XCOM_JOB_NAME, XCOM_JOB_NAMESPACE
 from airflow_provider_torchelastic.operators.masking import mask_manifests, sensitive_values
 
@@ -59,7 +59,7 @@ def _check_one_cluster_source(conn_id: str, hook: Any) -> None:
         return
     chosen = submit.chosen_cluster_sources(extras)
     if len(chosen) > 1:
-        raise TrainingFailedError(
+        raise ConfigurationError(
             f"connection {conn_id!r} sets {' and '.join(chosen)}; expected one of {', '.join(submit.CLUSTER_SOURCES)} "
             "(the Kubernetes hook cannot use more than one); fix the connection (a retry will not help)"
         )
@@ -89,7 +89,7 @@ def _served(kube: SyncKube, conn_id: str, kind: kinds.JobKind) -> bool:
 def _submit_error(ref: JobRef, error: KubeError) -> Exception:
     """The task's exception for a failed submission (:func:`..kubernetes.submit.refusal` says which)."""
     refused = submit.refusal(ref, error)
-    return TrainingRecoverableError(refused.message) if refused.recoverable else TrainingFailedError(refused.message)
+    return InfrastructureError(refused.message) if refused.recoverable else ConfigurationError(refused.message)
 
 
 def _deadline(op: TorchElasticOperator, context: Context) -> float | None:
@@ -164,7 +164,7 @@ def _submit(
         raise error from e
     if isinstance(answer, submit.Refusal):
         # Someone else's object holds this try's name: left as it is (it is not this try's to delete).
-        raise TrainingFailedError(answer.message)
+        raise ConfigurationError(answer.message)
     return answer
 
 
@@ -188,7 +188,7 @@ def execute_on_kubernetes(op: TorchElasticOperator, context: Context, payload: b
     except (ValueError, TypeError) as e:
         # A setting only known at run time (templated image, the connection's namespace, the payload's size)
         # is wrong: the same try would fail the same way, so do not spend retries on it.
-        raise TrainingFailedError(f"Cannot build the Kubernetes objects for this task: {e}") from e
+        raise ConfigurationError(f"Cannot build the Kubernetes objects for this task: {e}") from e
     secret, workload = manifests
     ref = JobRef(kind=workload["kind"], name=workload["metadata"]["name"], namespace=namespace)
     # What the log, the XCom and the rendered-template view show: no payload bytes, no secret.
@@ -317,7 +317,7 @@ def resume(op: TorchElasticOperator, context: Context, event: dict[str, Any], se
     if isinstance(outcome, WaitFailed):
         # The trigger could not even start waiting: do not leave the job holding the cluster.
         op._stop(ref)
-        raise TrainingRecoverableError(f"Waiting for {ref.kind} {ref.namespace}/{ref.name} failed: {outcome.message}")
+        raise InfrastructureError(f"Waiting for {ref.kind} {ref.namespace}/{ref.name} failed: {outcome.message}")
     from airflow_provider_torchelastic.core.tap import MetricsTap
 
     decision = outcome.decision

@@ -27,6 +27,7 @@ from airflow_provider_torchelastic.operators.arguments import (
     check_operator_arguments,
 )
 from airflow_provider_torchelastic.operators.dry_run import identity_of, render_without_run, task_context_of
+from airflow_provider_torchelastic.operators.exceptions import TrainingError, for_retry_policy
 from airflow_provider_torchelastic.operators.links import TorchElasticJobLink, TorchElasticLogsLink
 from airflow_provider_torchelastic.operators.spill import dump_try_payload
 from airflow_provider_torchelastic.settings import Settings, read_execution
@@ -44,14 +45,21 @@ __all__ = ["TorchElasticOperator"]
 
 
 class TorchElasticOperator(BaseOperator):
-    """Run ``python_callable(*op_args, **op_kwargs)`` on every worker of a torch elastic job.
+    """Run ``python_callable(*op_args, **op_kwargs)`` on every worker of a torch elastic job, or a torchrun
+    script or module (``script=``/``module=`` with ``args``).
 
-    Rank 0's return value (JSON-serializable) becomes the task's ``return_value`` XCom.
+    Rank 0's return value (JSON-serializable) becomes the task's ``return_value`` XCom; a script's or module's is
+    what its rank 0 passed to ``set_result()``.
 
     :param python_callable: the training function. It runs in fresh worker processes (and, on Kubernetes, in pods
         where the DAG file does not exist): it and the helpers defined beside it are shipped by value.
     :param op_args: positional arguments (templated).
     :param op_kwargs: keyword arguments (templated).
+    :param module: in place of ``python_callable``: a module each worker runs as ``python -m module *args`` would
+        (as ``__main__``), from the image (or the Airflow worker's environment for local execution).
+    :param script: in place of ``python_callable``: a script path each worker runs as ``python script *args``; it
+        must exist where the workers run (checked there).
+    :param args: the command-line arguments of ``module``/``script`` (strings; templated).
     :param task_config: ``Elastic(...)`` (default: one node, one worker) or ``PyTorch(...)``.
     :param execution: ``"local"`` (subprocesses on the Airflow worker) or ``"kubernetes"``; default: the Airflow
         option ``[torch_elastic] execution``, itself ``kubernetes`` by default.
@@ -83,7 +91,15 @@ class TorchElasticOperator(BaseOperator):
     # The manifest is built in execute(); show it in the rendered-template view of the run, not the parse-time one.
     overwrite_rtif_after_execution = True
 
-    template_fields: Sequence[str] = ("op_args", "op_kwargs", "image", "namespace", "checkpoint_uri", "rendered_job")
+    template_fields: Sequence[str] = (
+        "op_args",
+        "op_kwargs",
+        "args",
+        "image",
+        "namespace",
+        "checkpoint_uri",
+        "rendered_job",
+    )
     template_fields_renderers: ClassVar[dict[str, str]] = {"op_args": "py", "op_kwargs": "py", "rendered_job": "yaml"}
     # The callable may hold objects that cannot be deep-copied (Airflow copies operators when it maps tasks).
     shallow_copy_attrs: Sequence[str] = ("python_callable",)
@@ -92,7 +108,7 @@ class TorchElasticOperator(BaseOperator):
     def __init__(
         self,
         *,
-        python_callable: Callable[..., Any],
+        python_callable: Callable[..., Any] | None = DEFAULTS.python_callable,
         op_args: Collection[Any] | None = DEFAULTS.op_args,
         op_kwargs: Mapping[str, Any] | None = DEFAULTS.op_kwargs,
         task_config: TaskConfig | None = DEFAULTS.task_config,
@@ -109,6 +125,9 @@ class TorchElasticOperator(BaseOperator):
         scheduling_timeout: float | None = DEFAULTS.scheduling_timeout,
         checkpoint_uri: str | None = DEFAULTS.checkpoint_uri,
         job_kind: str | None = DEFAULTS.job_kind,
+        module: str | None = DEFAULTS.module,
+        script: str | None = DEFAULTS.script,
+        args: Collection[str] | None = DEFAULTS.args,
         **kwargs: Any,
     ) -> None:
         arguments = OperatorArguments.pick(locals())
@@ -116,6 +135,9 @@ class TorchElasticOperator(BaseOperator):
         # One set of checks for this constructor and for mapped tasks (see partial() and the decorator's expand).
         checked = check_operator_arguments(arguments, dag_id=self.dag_id, task_id=self.task_id)
         self.python_callable = python_callable
+        self.module = module
+        self.script = script
+        self.args: list[str] = list(args or [])
         self.op_args: Collection[Any] = list(op_args or [])
         self.op_kwargs: Mapping[str, Any] = dict(op_kwargs or {})
         self.task_config: TaskConfig = checked.task_config
@@ -145,24 +167,46 @@ class TorchElasticOperator(BaseOperator):
         mark_expanded(plain)  # replaced, not forgotten by the user
         return checked
 
+    def training_call(
+        self, rendered: Mapping[str, Any] | None = None
+    ) -> tuple[Callable[..., Any], Collection[Any], Mapping[str, Any]]:
+        """What every worker calls: the function with its arguments, or the script or module as a
+        :class:`~airflow_provider_torchelastic.worker.program.Program` with its command-line arguments. The
+        arguments are this operator's (rendered, in a run), or those of ``rendered`` (a dry run's)."""
+        given = {"op_args": self.op_args, "op_kwargs": self.op_kwargs, "args": self.args, **(rendered or {})}
+        if self.python_callable is not None:
+            return self.python_callable, given["op_args"] or (), given["op_kwargs"] or {}
+        from airflow_provider_torchelastic.worker.program import Program
+
+        program = Program(module=self.module, script=self.script, args=tuple(map(str, given["args"] or ())))
+        return program, (), {}
+
     def resolve_execution(self) -> str:
         """The execution mode: the operator's own, else ``[torch_elastic] execution`` (read at run time)."""
         return self.execution if self.execution is not None else read_execution()
 
     def execute(self, context: Context) -> Any:
+        try:
+            return self._execute(context)
+        except TrainingError as e:
+            self._raise_for_retry_policy(e, context)
+            raise
+
+    def _execute(self, context: Context) -> Any:
         execution = self.resolve_execution()
         # Every option this try uses, read once: the rest of the try sees these values only.
         settings = Settings.read(execution=execution, deferrable=self.deferrable, job_kind=self.job_kind)
+        fn, fn_args, fn_kwargs = self.training_call()
         payload = dump_try_payload(
-            self.python_callable,
-            self.op_args,
-            self.op_kwargs,
+            fn,
+            fn_args,
+            fn_kwargs,
             storage=settings.artifact_storage,
             task_context=task_context_of(identity_of(self, context), context, self.checkpoint_uri, settings),
         )
         self.log.info(
             "Running %s with %s (%s execution), payload %d bytes",
-            getattr(self.python_callable, "__qualname__", self.python_callable),
+            getattr(fn, "name", None) or getattr(fn, "__qualname__", fn),
             self.task_config,
             execution,
             len(payload),
@@ -256,7 +300,23 @@ class TorchElasticOperator(BaseOperator):
         """
         # The try did defer; what is left reads only result storage.
         settings = Settings.read(execution="kubernetes", deferrable=True)
-        return on_kubernetes.resume(self, context, event, settings)
+        try:
+            return on_kubernetes.resume(self, context, event, settings)
+        except TrainingError as e:
+            self._raise_for_retry_policy(e, context)
+            raise
+
+    def _raise_for_retry_policy(self, error: TrainingError, context: Context) -> None:
+        """Raise ``error`` as the task's retry_policy needs it (:func:`.exceptions.for_retry_policy`), when that is
+        another object: the same one, with the same cause, in its place in the log."""
+        ti = context.get("ti")
+        tries = {
+            "try_number": int(getattr(ti, "try_number", 1) or 1),
+            "max_tries": int(getattr(ti, "max_tries", 0) or 0),
+        }
+        replacement = for_retry_policy(error, self.retry_policy, **tries)
+        if replacement is not error:
+            raise replacement from error.__cause__
 
     def _stop(self, ref: JobRef, kube: SyncKube | None = None) -> None:
         """Delete the job unless it has finished: the one way the worker ends a job it no longer waits for."""

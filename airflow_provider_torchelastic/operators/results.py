@@ -10,7 +10,12 @@ from typing import TYPE_CHECKING, Any, Protocol
 from airflow_provider_torchelastic.core.artifact_ref import ArtifactRef, ArtifactRefError, check_refs_under
 from airflow_provider_torchelastic.core.outcome import Verdict
 from airflow_provider_torchelastic.core.run_context import TaskContext, artifact_location, result_location
-from airflow_provider_torchelastic.operators.exceptions import TrainingFailedError, TrainingRecoverableError
+from airflow_provider_torchelastic.operators.exceptions import (
+    ConfigurationError,
+    InfrastructureError,
+    class_for,
+    error_for_verdict,
+)
 from airflow_provider_torchelastic.settings import ArtifactStorage, ResultStorage
 
 if TYPE_CHECKING:
@@ -52,7 +57,7 @@ def result_url(storage: ResultStorage | None, task_context: TaskContext) -> str 
 
 def expected_result_ref(ref: str, storage: ResultStorage | None, task_context: TaskContext | None) -> str:
     """``ref`` when it is the location this try's result belongs at (recomputed here from the try's own context and
-    ``[torch_elastic] result_storage``), else :class:`TrainingFailedError` naming both.
+    ``[torch_elastic] result_storage``), else :class:`ConfigurationError` naming both.
 
     The reference comes from the pod (its termination message), so it is the pod's to choose: anything else (a file
     on the Airflow worker, a link-local URL, another try's object) would be read with the platform's credentials
@@ -61,7 +66,7 @@ def expected_result_ref(ref: str, storage: ResultStorage | None, task_context: T
     expected = result_url(storage, task_context) if task_context is not None else None
     if expected is None or ref != expected:
         where = expected if expected is not None else "none (no [torch_elastic] result_storage for this try)"
-        raise TrainingFailedError(
+        raise ConfigurationError(
             f"Training reported its result at {ref!r}, which is not where this try's result belongs (expected: "
             f"{where}); refusing to read it (a retry will not help)"
         )
@@ -72,7 +77,7 @@ def read_stored_result(url: str, storage: ResultStorage | None) -> Any:
     """Rank 0's value written to result storage: JSON, read with Airflow's ``ObjectStoragePath`` (the connection
     ``[torch_elastic] result_storage_conn_id`` holds the credentials), then deleted unless
     ``[torch_elastic] result_storage_keep``. Never unpickled; at most ``[torch_elastic] result_storage_max_bytes``
-    are read (beyond, :class:`TrainingFailedError`: the same result is as large on a retry). ``url`` must already be
+    are read (beyond, :class:`ConfigurationError`: the same result is as large on a retry). ``url`` must already be
     checked (:func:`expected_result_ref`)."""
     from airflow.sdk import ObjectStoragePath
 
@@ -86,7 +91,7 @@ def read_stored_result(url: str, storage: ResultStorage | None) -> Any:
         # One byte more than allowed says it is too large without reading all of it.
         data = f.read(limit + 1)
     if len(data) > limit:
-        raise TrainingFailedError(
+        raise ConfigurationError(
             f"Training succeeded but rank 0's result at {url} is larger than [torch_elastic] result_storage_max_bytes "
             f"({limit} bytes); raise the option or return a smaller value (a retry will not help)"
         )
@@ -101,13 +106,13 @@ def checked_artifacts(
 ) -> list[ArtifactRef]:
     """The artifact references in rank 0's value, each checked to lie under this try's artifact location
     (recomputed here from the try's own context and ``[torch_elastic] artifact_storage``), else
-    :class:`TrainingFailedError`: the value came from a pod, which must not point the next task at another try's
+    :class:`ConfigurationError`: the value came from a pod, which must not point the next task at another try's
     objects, or at anything else the platform's credentials could read."""
     location = artifact_location(storage.url, task_context) if storage is not None and task_context else None
     try:
         return check_refs_under(value, location)
     except ArtifactRefError as e:
-        raise TrainingFailedError(
+        raise ConfigurationError(
             f"Training succeeded but its value cannot be accepted: {e}; refusing it (a retry will not help)"
         ) from None
 
@@ -149,10 +154,10 @@ def _result_or_raise(
         url = expected_result_ref(verdict.result_ref, storage, task_context)
         try:
             value = read_stored_result(url, storage)
-        except TrainingFailedError:  # too large: as large on a retry
+        except ConfigurationError:  # too large: as large on a retry
             raise
         except Exception as e:  # the store or its connection failed: the training is done, but its value is not
-            raise TrainingRecoverableError(
+            raise InfrastructureError(
                 f"Training succeeded but rank 0's result could not be read from {url} "
                 f"(result storage, connection [torch_elastic] result_storage_conn_id): {type(e).__name__}: {e}"
             ) from e
@@ -165,9 +170,9 @@ def _result_or_raise(
         log.error("Root cause, %s, traceback:\n%s", verdict.failure.summary(), verdict.failure.traceback)
     if last_metrics:
         log.info("Training failed; %s", last_metrics)
-    if verdict.recoverable:
-        raise TrainingRecoverableError(f"Training failed, a retry may help: {verdict.detail}")
-    raise TrainingFailedError(f"Training failed, a retry will not help: {verdict.detail}")
+    cls = class_for(verdict.cause, recoverable=verdict.recoverable)
+    help_ = "a retry may help" if cls.recoverable else "a retry will not help"
+    raise error_for_verdict(verdict, f"Training failed, {help_} ({cls.__name__}): {verdict.detail}")
 
 
 def push_job_summary(log: Log, context: Context, summary: JobSummary, *, secrets: Sequence[str] = ()) -> None:

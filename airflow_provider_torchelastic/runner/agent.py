@@ -8,10 +8,8 @@ process is :mod:`airflow_provider_torchelastic.runner.worker`, which spawned wor
 from __future__ import annotations
 
 import argparse
-import contextlib
 import hashlib
 import hmac
-import json
 import logging
 import os
 import re
@@ -38,15 +36,15 @@ from airflow_provider_torchelastic.core.outcome import (
     encode_failure,
     encode_success,
     encode_success_ref,
-    root_cause,
 )
 from airflow_provider_torchelastic.core.payload import PayloadError, check_compatible, load_payload, read_header
 from airflow_provider_torchelastic.errors import EXIT_FAILED, EXIT_OK, EXIT_RECOVERABLE, EXIT_USAGE
 from airflow_provider_torchelastic.runner import RunnerUsageError
+
+# Re-exported: the runner package's public name for it.
+from airflow_provider_torchelastic.runner.failures import failure_from_child_failed as failure_from_child_failed
+from airflow_provider_torchelastic.runner.torch_compat import TorchIncompatibleError, elastic_api
 from airflow_provider_torchelastic.runner.worker import (
-    EXCEPTION_MARKER,
-    FAILED_AT_MARKER,
-    RECOVERABLE_MARKER,
     _fetch_arguments,
     _spawn_entrypoint,
     forked_entrypoint,
@@ -232,168 +230,6 @@ def resolve_nproc_per_node(value: str) -> int:
 # --- the agent side -----------------------------------------------------------------------------------------------
 
 
-def _split_message(message: str) -> tuple[str, str]:
-    """torch records ``"<ExceptionType>: <message>"``."""
-    name, sep, rest = message.partition(": ")
-    if sep and name.replace(".", "").replace("_", "").isalnum():
-        return name, rest
-    return "WorkerError", message
-
-
-def failure_from_child_failed(error: Any, log_dir: str | os.PathLike[str] | None = None) -> WorkerFailure:
-    """The root cause of a ``ChildFailedError``, among all the workers of its attempt that failed.
-
-    torch reports the failed workers it found at one poll (with function workers, only the first one, which is
-    usually the lowest local rank) and stamps them with whole seconds, so a rank that failed a moment after its peer
-    (the peer's exit closed their connection) ties with the peer, or is the only one reported. So every failure is
-    read: the ones torch reported and, from the attempt's folder under ``log_dir``, every other worker that left an
-    error file or our markers, each with its own sub-second time; then a known cause wins over a consequence
-    (:func:`~airflow_provider_torchelastic.core.outcome.root_cause`).
-    """
-    reported = sorted((int(rank), failure) for rank, failure in error.failures.items())
-    attempt = _attempt_folder(log_dir, [failure for _, failure in reported])
-    candidates = [_reported_failure(rank, failure, _worker_folder(attempt, failure)) for rank, failure in reported]
-    if attempt is not None and reported:
-        # Global ranks of one node are consecutive: base + local rank.
-        base = reported[0][0] - int(reported[0][1].local_rank)
-        known = {int(failure.local_rank) for _, failure in reported}
-        folders = [f for f in attempt.iterdir() if f.is_dir() and f.name.isdigit() and int(f.name) not in known]
-        for folder in sorted(folders, key=lambda f: int(f.name)):
-            found = _unreported_failure(base + int(folder.name), folder)
-            if found is not None:
-                candidates.append(found)
-    return root_cause(candidates)
-
-
-def _attempt_folder(log_dir: str | os.PathLike[str] | None, reported: Sequence[Any]) -> Path | None:
-    """``<log_dir>/<run id>_<random>/attempt_<restart>/``: where each worker's ``<local rank>/`` folder is."""
-    for failure in reported:
-        if failure.error_file and failure.error_file != _NO_ERROR_FILE and Path(failure.error_file).is_file():
-            return Path(failure.error_file).parent.parent
-    if log_dir is None:
-        return None
-    attempts = [p for p in Path(log_dir).glob("*/attempt_*") if p.is_dir() and p.name[len("attempt_") :].isdigit()]
-    # With restarts, the failure is the last attempt's.
-    return max(attempts, key=lambda p: int(p.name[len("attempt_") :]), default=None)
-
-
-def _worker_folder(attempt: Path | None, failure: Any) -> Path | None:
-    if attempt is not None:
-        return attempt / str(failure.local_rank)
-    if failure.error_file and failure.error_file != _NO_ERROR_FILE:
-        return Path(failure.error_file).parent
-    return None
-
-
-@dataclass(frozen=True)
-class _Markers:
-    """What a worker left beside its error file when its function raised (see ``_leave_failure_markers``)."""
-
-    failed_at: float | None = None
-    recoverable: bool = False
-    exception: str | None = None
-    message: str = ""
-
-
-def _read_markers(folder: Path | None) -> _Markers:
-    if folder is None or not folder.is_dir():
-        return _Markers()
-    failed_at = None
-    with contextlib.suppress(OSError, ValueError):  # absent, or cut short by the agent stopping the worker
-        failed_at = float(folder.joinpath(FAILED_AT_MARKER).read_text())
-    exception, message = None, ""
-    try:
-        raised = json.loads(folder.joinpath(EXCEPTION_MARKER).read_text())
-        exception, message = str(raised["exception"]), str(raised.get("message", ""))
-    except (OSError, ValueError, KeyError, TypeError):
-        pass
-    return _Markers(
-        failed_at=failed_at,
-        recoverable=folder.joinpath(RECOVERABLE_MARKER).exists(),
-        exception=exception,
-        message=message,
-    )
-
-
-def _error_data(data: Any) -> tuple[str, str, float | None] | None:
-    """torch's error file: ("<Type>: <message>", traceback, whole-second time), or None when it has none."""
-    block = data.get("message") if isinstance(data, dict) else None
-    if isinstance(block, dict):
-        extra = block.get("extraInfo")
-        extra = extra if isinstance(extra, dict) else {}
-        when: float | None = None
-        with contextlib.suppress(KeyError, TypeError, ValueError):
-            when = float(extra["timestamp"])
-        return str(block.get("message", "")), str(extra.get("py_callstack", "") or ""), when
-    if isinstance(block, str) and block != "<NONE>":  # torch's placeholder when there is no error file
-        return block, "", None
-    return None
-
-
-def _reported_failure(rank: int, failure: Any, folder: Path | None) -> WorkerFailure:
-    """A worker failure torch reported (a ``ProcessFailure``), with the markers its worker left, if any."""
-    markers = _read_markers(folder)
-    recoverable = markers.recoverable
-    traceback = ""
-    recorded = _error_data(failure.error_file_data) if failure.error_file != _NO_ERROR_FILE else None
-    if recorded is not None:
-        text, traceback, _ = recorded
-        exception, message = _split_message(text)
-    elif markers.exception is not None:
-        # It raised, and was stopped before torch wrote its error file.
-        exception, message = markers.exception, markers.message
-    elif failure.exitcode < 0:
-        # A worker killed by a signal left no exception. SIGKILL is almost always the OOM killer or a node going
-        # away, SIGTERM a preemption: infrastructure, worth a retry. A segfault or abort is not.
-        import signal
-
-        signum = -failure.exitcode
-        recoverable = signum in (signal.SIGKILL, signal.SIGTERM)
-        exception = f"Signal{signal.Signals(signum).name}" if signum in signal.valid_signals() else "Signal"
-        message = str(failure.message)
-    else:
-        raw = failure.message
-        # torch keeps either the recorded "Type: message" string or the whole record dict here.
-        text = raw.get("message", "") if isinstance(raw, dict) else str(raw)
-        exception, message = _split_message(text)
-    return WorkerFailure(
-        rank=rank,
-        exception=exception,
-        message=message,
-        traceback=traceback,
-        recoverable=recoverable,
-        exitcode=int(failure.exitcode),
-        timestamp=markers.failed_at if markers.failed_at is not None else float(failure.timestamp),
-        hostname=socket.gethostname(),
-    )
-
-
-def _unreported_failure(rank: int, folder: Path) -> WorkerFailure | None:
-    """A worker torch did not report (it polls for one), from what it left in its folder; None if nothing."""
-    markers = _read_markers(folder)
-    recorded = None
-    with contextlib.suppress(OSError, ValueError):  # no error file, or one cut short
-        recorded = _error_data(json.loads(folder.joinpath("error.json").read_text()))
-    if recorded is not None:
-        text, traceback, when = recorded
-        exception, message = _split_message(text)
-    elif markers.exception is not None:
-        exception, message, traceback, when = markers.exception, markers.message, "", None
-    else:
-        return None
-    timestamp = markers.failed_at if markers.failed_at is not None else when
-    return WorkerFailure(
-        rank=rank,
-        exception=exception,
-        message=message,
-        traceback=traceback,
-        recoverable=markers.recoverable,
-        exitcode=1,  # it raised; its real exit code is the agent's to know
-        timestamp=timestamp if timestamp is not None else time.time(),
-        hostname=socket.gethostname(),
-    )
-
-
 def _write_outcome(settings: RunnerSettings, text: str) -> None:
     if settings.result_file:
         Path(settings.result_file).parent.mkdir(parents=True, exist_ok=True)
@@ -442,11 +278,13 @@ def run(settings: RunnerSettings) -> int:
         _report_failure(settings, _runner_failure(e, rank=-1))
         return EXIT_USAGE
 
-    # Import torch only now: argument errors above are reported without paying for it.
-    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
-    from torch.distributed.elastic.multiprocessing.api import SignalException
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+    # Import torch only now: argument errors above are reported without paying for it. A torch that moved a piece
+    # of torch elastic the runner uses is the image's configuration, said before any worker starts.
+    try:
+        torch_elastic = elastic_api()
+    except TorchIncompatibleError as e:
+        _report_failure(settings, _runner_failure(e, rank=-1))
+        return EXIT_USAGE
 
     if nproc > 1 and "OMP_NUM_THREADS" not in os.environ:
         # As torchrun does: N workers each spawning a thread per core would oversubscribe the node.
@@ -464,7 +302,7 @@ def run(settings: RunnerSettings) -> int:
     # A real log dir, not os.devnull: torch only gives workers a TORCHELASTIC_ERROR_FILE (where exceptions and the
     # recoverable marker land) when it has somewhere to put it.
     log_dir = tempfile.mkdtemp(prefix="torchelastic-")
-    config = LaunchConfig(
+    config = torch_elastic.LaunchConfig(
         min_nodes=settings.min_nodes,
         max_nodes=settings.max_nodes,
         nproc_per_node=nproc,
@@ -475,14 +313,14 @@ def run(settings: RunnerSettings) -> int:
         max_restarts=settings.max_restarts,
         monitor_interval=settings.monitor_interval,
         start_method=settings.start_method,
-        logs_specs=DefaultLogsSpecs(log_dir=log_dir, tee=Std.ALL),
+        logs_specs=torch_elastic.DefaultLogsSpecs(log_dir=log_dir, tee=torch_elastic.Std.ALL),
         log_line_prefix_template=LOG_LINE_PREFIX,
     )
     try:
-        returns = elastic_launch(config, entrypoint)(*entry_args)
-    except ChildFailedError as e:
+        returns = torch_elastic.elastic_launch(config, entrypoint)(*entry_args)
+    except torch_elastic.ChildFailedError as e:
         return _report_failure(settings, failure_from_child_failed(e, log_dir))
-    except SignalException as e:
+    except torch_elastic.SignalException as e:
         # Someone stopped this node (pod deleted, preempted, a sibling failed): say so, but publish no failure, so
         # that the node whose worker really failed stays the root cause.
         print(f"torchelastic runner: stopped by {e.sigval.name}", file=sys.stderr)

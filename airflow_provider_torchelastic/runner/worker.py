@@ -27,6 +27,8 @@ FAILED_AT_MARKER: Final = "failed_at"
 #: Beside the error file: the exception's type name and message, as JSON.
 EXCEPTION_MARKER: Final = "exception"
 _MARKER_MESSAGE_CHARS: Final = 4096
+#: :data:`airflow_provider_torchelastic.core.outcome.MAX_BASES`: the classes of an exception its report names.
+_MAX_BASES: Final = 8
 _METRICS_MODULE: Final = "airflow_provider_torchelastic.worker.metrics"
 _ERRORS_MODULE: Final = "airflow_provider_torchelastic.errors"
 #: The run context's variable (:data:`airflow_provider_torchelastic.core.run_context.CONTEXT_ENV`), named here so that
@@ -44,8 +46,9 @@ def _is_recoverable(exc: BaseException) -> bool:
     return errors is not None and isinstance(exc, errors.RecoverableError)
 
 
-def _leave_failure_markers(exc: BaseException) -> None:
-    """Leave, beside the worker's error file, when it failed, what it raised and whether that is recoverable."""
+def _leave_failure_markers(exc: BaseException, message: str | None = None) -> None:
+    """Leave, beside the worker's error file, when it failed, what it raised (``message``: its text, when not
+    ``str(exc)``) and whether that is recoverable."""
     failed_at = time.time()
     error_file = os.environ.get("TORCHELASTIC_ERROR_FILE")
     if not error_file:
@@ -60,7 +63,16 @@ def _leave_failure_markers(exc: BaseException) -> None:
     if _is_recoverable(exc):
         folder.joinpath(RECOVERABLE_MARKER).touch()
     # What torch's error file will say, for the agent to read if this worker is stopped before torch writes it.
-    raised = {"exception": type(exc).__name__, "message": str(exc)[:_MARKER_MESSAGE_CHARS]}
+    raised = {
+        "exception": type(exc).__name__,
+        "message": (str(exc) if message is None else message)[:_MARKER_MESSAGE_CHARS],
+        # Where its class lives and what it derives from: Airflow's retry rules name the user's exception by these,
+        # and the class itself exists only here.
+        "module": type(exc).__module__,
+        "bases": [
+            f"{cls.__module__}.{cls.__qualname__}" for cls in type(exc).__mro__ if cls not in (BaseException, object)
+        ][:_MAX_BASES],
+    }
     folder.joinpath(EXCEPTION_MARKER).write_text(json.dumps(raised))
 
 
@@ -138,13 +150,45 @@ def _saved_artifacts(value: Any, location: str | None) -> Any:
         raise RecoverableError(f"could not write rank 0's artifacts to {location}: {type(e).__name__}: {e}") from e
 
 
+class WorkerExit(Exception):
+    """A worker's ``SystemExit`` with a failing code (``sys.exit(2)``, ``sys.exit("bad config")``), raised as an
+    ``Exception`` in its place: torch's error file then records it with its traceback, where a ``SystemExit`` would
+    end the worker with a bare exit code. Named ``SystemExit`` in the error file and in reports."""
+
+    def __init__(self, exit: SystemExit) -> None:
+        code = exit.code
+        # Python prints a code that is not an int, and exits 1.
+        super().__init__(f"exit code {code}" if isinstance(code, int) else f"{code} (exit code 1)")
+        self.code = code
+
+
+WorkerExit.__name__ = WorkerExit.__qualname__ = "SystemExit"
+
+
+def _call(fn: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any]) -> Any:
+    """``fn(*args, **kwargs)``, where ``exit()`` is a return.
+
+    ``exit()``, ``sys.exit()`` and ``sys.exit(0)`` (argparse's ``--help``, "not enough GPUs" guards, ported
+    ``__main__`` code) return None: left to torch, code 0 becomes a None that hides rank 0's place and code None a
+    worker that never returns, which hangs the job. Any other code fails the worker as :class:`WorkerExit`.
+    """
+    try:
+        return fn(*args, **kwargs)
+    except SystemExit as e:
+        if e.code is None or e.code == 0:
+            rank = os.environ.get("RANK", "?")
+            print(f"rank {rank}: the training function called exit({e.code!r}): it returned None", flush=True)
+            return None
+        raise WorkerExit(e) from e
+
+
 def call_training_function(fn: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any]) -> str | None:
     """Run the user's function in a worker; rank 0 returns its value as JSON, the others None."""
     if os.environ.get("RANK", "0") == "0":  # with the "[rank0]:" prefix, it tells the trigger whose log to stream
         print("this node holds rank 0", flush=True)
     try:
         args, kwargs = _materialized(args, kwargs)
-        value = fn(*args, **kwargs)
+        value = _call(fn, args, kwargs)
         location = _artifact_location()
         if location is not None:
             from airflow_provider_torchelastic.worker.artifacts import gather_full_state_dicts
@@ -154,7 +198,8 @@ def call_training_function(fn: Callable[..., Any], args: Sequence[Any], kwargs: 
             return None
         value = _saved_artifacts(value, location)
     except Exception as e:
-        _leave_failure_markers(e)
+        # A failing exit is recorded as the SystemExit it was (its class is builtins', its bases SystemExit's).
+        _leave_failure_markers(e.__cause__ if isinstance(e, WorkerExit) and e.__cause__ is not None else e, str(e))
         raise
     finally:
         # A forked worker ends with os._exit, which skips atexit.

@@ -9,16 +9,26 @@ What the test sets before the folder is parsed (the defaults only let the folder
   storage they really share with each other and with the Airflow side (checkpoints, large results, markers).
 
 Functions live in this file and travel by value. Each failure case is its own task of one DAG run
-(``real_node_failures``): the tasks do not depend on each other, so one run shows all four.
+(``real_node_failures``): the tasks do not depend on each other, so one run shows them all.
 """
 
 from __future__ import annotations
 
 import os
+from datetime import timedelta
 
-from airflow.sdk import DAG
+from airflow.sdk import DAG, ExceptionRetryPolicy, RetryAction, RetryRule
 
-from airflow_provider_torchelastic import Elastic, Master, PyTorch, TorchElasticOperator, Worker
+from airflow_provider_torchelastic import (
+    Elastic,
+    Master,
+    PyTorch,
+    RestartPolicy,
+    RunPolicy,
+    TorchElasticOperator,
+    Worker,
+)
+from airflow_provider_torchelastic.operators import OutOfMemoryError
 from airflow_provider_torchelastic.pod import PodOptions
 from tests.cluster.image import runner_image_ref
 from tests.dag_support import IMAGE_ENV, SHARED_DIR_ENV, recording_dag
@@ -80,11 +90,30 @@ def all_reduce_ranks() -> dict:
     return result
 
 
-def fill_memory(mib: int) -> None:
-    """Touch ``mib`` MiB, a page at a time: the container's memory limit stops it first."""
+def fill_memory(mib: int, try_number: str = "1") -> dict:
+    """Touch ``mib`` MiB, a page at a time, on try 1: the container's memory limit stops it first. A retry (the
+    memory freed, or the limit raised) touches 1 MiB and succeeds."""
     chunks = []
-    for _ in range(mib):
+    for _ in range(mib if int(try_number) == 1 else 1):
         chunks.append(bytearray(b"\x01") * (1 << 20))
+    return {"try_number": int(try_number)}
+
+
+def fail_then_wait(marker_dir: str) -> None:
+    """The container's first run raises a ValueError; the kubelet restarts it in place (OnFailure), which reaches
+    backoff_limit=1 and fails the job while the second run waits: the first run's exception and log are then only
+    in the previous container's termination message and log."""
+    import time
+    from pathlib import Path
+
+    first = Path(marker_dir) / f"first-run-{os.environ['HOSTNAME']}"
+    if not first.exists():
+        first.parent.mkdir(parents=True, exist_ok=True)
+        first.write_text("ran")
+        print(f"first run of rank {os.environ['RANK']}: reading shard 3 of 8", flush=True)
+        raise ValueError(f"first run of rank {os.environ['RANK']}: shard 3 has a corrupt header")
+    print("second run: waiting for the shard cache", flush=True)
+    time.sleep(120)
 
 
 def never_runs() -> None:
@@ -161,14 +190,30 @@ with _dag("real_node_master_worker"):
 
 # --- failures the node produces itself, one task each -----------------------------------------------------------------
 
+#: retry_policy rules against the failure classes (issue 31): an OOM retried after the rule's 2 s, not the task's
+#: ten minutes; the missing Secret's ConfigurationError has no rule, so it fails at try 1 despite retries=3.
+OOM_RULE_DELAY = timedelta(seconds=2)
+OOM_POLICY = ExceptionRetryPolicy(
+    rules=[
+        RetryRule(
+            exception=OutOfMemoryError,
+            action=RetryAction.RETRY,
+            retry_delay=OOM_RULE_DELAY,
+            reason="out of memory: retry once the node has room",
+        )
+    ]
+)
+_RETRIED = {"retries": 3, "retry_delay": timedelta(minutes=10), "retry_policy": OOM_POLICY}
+
 with _dag("real_node_failures"):
     TorchElasticOperator(
         task_id="oom",
         python_callable=fill_memory,
-        op_kwargs={"mib": 4096},
+        op_kwargs={"mib": 4096, "try_number": "{{ ti.try_number }}"},
         task_config=small(),
         deferrable=False,
         pod_options=options(limits={"memory": MEMORY_LIMIT}, requests={"memory": MEMORY_LIMIT}),
+        **_RETRIED,
         **FAST,
     )
     TorchElasticOperator(
@@ -185,6 +230,23 @@ with _dag("real_node_failures"):
         task_config=small(),
         deferrable=False,
         pod_options=options(env_from=[{"secretRef": {"name": MISSING_SECRET}}]),
+        **_RETRIED,
+        **FAST,
+    )
+    # Each pod restarted in place once (OnFailure, backoff_limit=1): the wait reads the previous container's log.
+    TorchElasticOperator(
+        task_id="restarted",
+        python_callable=fail_then_wait,
+        op_kwargs={"marker_dir": f"{SHARED_DIR}/restarted"},
+        task_config=PyTorch(
+            master=Master(restart_policy=RestartPolicy.ON_FAILURE),
+            worker=Worker(replicas=1, restart_policy=RestartPolicy.ON_FAILURE),
+            run_policy=RunPolicy(backoff_limit=1),
+            nproc_per_node=1,
+        ),
+        deferrable=False,
+        on_finish_action="delete",  # the second run is still waiting: nothing is left running
+        pod_options=SHARED,
         **FAST,
     )
     TorchElasticOperator(
@@ -194,6 +256,43 @@ with _dag("real_node_failures"):
         deferrable=False,
         scheduling_timeout=5,
         pod_options=options(limits={"nvidia.com/gpu": 1}),
+        **FAST,
+    )
+
+# --- torchrun programs (issue 32): tests/programs copied into the shared folder, as an image would hold them ---------
+
+PROGRAMS = f"{SHARED_DIR}/programs"
+_ON_PYTHONPATH = options(env=[{"name": "PYTHONPATH", "value": PROGRAMS}])
+
+with _dag("real_node_programs", retries=1):
+    # `torchrun -m team.train ...` on 2 workers: try 1 raises a RecoverableError, try 2 sets its result.
+    TorchElasticOperator(
+        task_id="module",
+        module="team.train",
+        args=["recoverable-on-try-1", "--steps", "2", "--try-number", "{{ ti.try_number }}"],
+        task_config=small(nproc_per_node=2),
+        deferrable=False,
+        pod_options=_ON_PYTHONPATH,
+        **FAST,
+    )
+    # `torchrun train.py fail`: rank 1's ValueError, named with its traceback, not retried.
+    TorchElasticOperator(
+        task_id="script",
+        script=f"{PROGRAMS}/team/train.py",
+        args=["fail"],
+        task_config=small(nproc_per_node=2),
+        deferrable=True,
+        pod_options=_ON_PYTHONPATH,
+        **FAST,
+    )
+    # exit(0) after set_result(): the value stands.
+    TorchElasticOperator(
+        task_id="exit",
+        module="team.train",
+        args=["exit"],
+        task_config=small(),
+        deferrable=False,
+        pod_options=_ON_PYTHONPATH,
         **FAST,
     )
 

@@ -54,6 +54,24 @@ def recoverable_on_every_rank_after_a_collective(try_number: str) -> dict:
     return {"try_number": int(try_number), "rank": rank, "sum": value.item()}
 
 
+def rank_1_fails_while_rank_0_waits_in_a_collective(try_number: str) -> dict:
+    """Try 1: rank 1 raises ``RecoverableError`` right after a barrier; rank 0 enters a second barrier that rank 1
+    never joins, so it is held there until rank 1's process has exited, and then fails of the closed connection (a
+    consequence, and the later failure, whatever order the agent finds them in). Later tries: one barrier."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    dist.barrier()
+    if int(try_number) == 1:
+        if rank == 1:
+            raise ShardUnavailableError(f"rank 1: checkpoint shard unavailable on try {try_number}")
+        dist.barrier()  # returns only with the error of rank 1's exit
+        raise AssertionError("rank 0 passed a barrier that rank 1 never entered")
+    dist.destroy_process_group()
+    return {"try_number": int(try_number), "rank": rank}
+
+
 def barriers_until_killed(try_number: str) -> dict:
     """Try 1: barriers, every 0.1 s, until a pod is killed (the peers then fail in theirs). Later tries: one."""
     import time
@@ -93,6 +111,32 @@ with _dag("rc_local_recoverable_after_collective"):
         # spawn, as the other local DAGs; the 2 s poll lets both ranks fail before the agent looks.
         task_config=Elastic(nproc_per_node=2, start_method="spawn", monitor_interval=2),
         execution="local",
+    )
+
+
+# The race of issue 31: the cause (rank 1's recorded RecoverableError) must outrank its victim (rank 0's closed
+# connection), on one node with either start method, and across pods.
+for _method in ("spawn", "fork"):
+    with _dag(f"rc_local_victim_after_cause_{_method}"):
+        TorchElasticOperator(
+            task_id="train",
+            python_callable=rank_1_fails_while_rank_0_waits_in_a_collective,
+            op_kwargs={"try_number": "{{ ti.try_number }}"},
+            task_config=Elastic(nproc_per_node=2, start_method=_method, monitor_interval=0.1),
+            execution="local",
+        )
+
+with _dag("rc_k8s_victim_after_cause"):
+    TorchElasticOperator(
+        task_id="train",
+        python_callable=rank_1_fails_while_rank_0_waits_in_a_collective,
+        op_kwargs={"try_number": "{{ ti.try_number }}"},
+        task_config=Elastic(nnodes="2:2", nproc_per_node=1, monitor_interval=0.5),
+        image=IMAGE,
+        execution="kubernetes",
+        poll_interval=1,
+        pending_grace_seconds=5,
+        deferrable=False,
     )
 
 

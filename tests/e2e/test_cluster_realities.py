@@ -76,7 +76,7 @@ def test_unschedulable_waits_for_capacity_past_the_grace_until_scheduling_timeou
     # The wait counts from the pod's creationTimestamp, in whole seconds: it may reach 6 s up to 1 s early.
     assert elapsed >= 5, "pending_grace_seconds=1 must not fail a pod that waits for capacity"
     error = (failure_dir / "k8s_unschedulable.train.try1.txt").read_text()
-    assert error.startswith("airflow_provider_torchelastic.operators.TrainingRecoverableError: "), error
+    assert error.startswith("airflow_provider_torchelastic.operators.CapacityTimeoutError: "), error
     assert "longer than scheduling_timeout=6" in error and "is Unschedulable" in error, error
     assert "waiting for capacity: pod " in "".join(capfd.readouterr()), "the task log says what it waits for"
 
@@ -87,7 +87,7 @@ def test_a_pytorchjob_that_cannot_be_scheduled_fails_as_recoverable_after_schedu
     result = run_dag("k8s_job_unschedulable")
     assert result.state == "failed", result
     error = (failure_dir / "k8s_job_unschedulable.train.try1.txt").read_text()
-    assert error.startswith("airflow_provider_torchelastic.operators.TrainingRecoverableError: "), error
+    assert error.startswith("airflow_provider_torchelastic.operators.CapacityTimeoutError: "), error
     name = result.xcom(key="job_name")
     assert f"pod {name}-worker-" in error and "is Unschedulable" in error, error
     assert "longer than scheduling_timeout=4" in error, error
@@ -99,7 +99,7 @@ def test_an_elastic_job_whose_rendezvous_host_cannot_be_scheduled_waits_then_tim
     result = run_dag("k8s_rdzv_host_unschedulable")
     assert result.state == "failed", result
     error = (failure_dir / "k8s_rdzv_host_unschedulable.train.try1.txt").read_text()
-    assert error.startswith("airflow_provider_torchelastic.operators.TrainingRecoverableError: "), error
+    assert error.startswith("airflow_provider_torchelastic.operators.CapacityTimeoutError: "), error
     name = result.xcom(key="job_name")
     assert f"pod {name}-worker-0 is Unschedulable" in error and "hosts the rendezvous" in error, error
     assert "longer than scheduling_timeout=6" in error, error
@@ -128,7 +128,7 @@ def test_a_job_never_admitted_fails_as_recoverable_after_scheduling_timeout(fail
     result = run_dag("k8s_never_admitted")
     assert result.state == "failed", result
     error = (failure_dir / "k8s_never_admitted.train.try1.txt").read_text()
-    assert error.startswith("airflow_provider_torchelastic.operators.TrainingRecoverableError: "), error
+    assert error.startswith("airflow_provider_torchelastic.operators.CapacityTimeoutError: "), error
     assert "is suspended (queued in Kueue LocalQueue gpu-queue)" in error, error
     assert "scheduling_timeout=4" in error, error
 

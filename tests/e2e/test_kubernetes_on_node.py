@@ -129,7 +129,7 @@ def test_recoverable_failure_is_retried_with_a_new_job(cluster: Cluster, failure
     assert result.tasks == {("train", -1): ("success", 2)}
     assert result.xcom() == {"try_number": 2, "rank": 0}
     first_try = (failure_dir / "k8s_recoverable_retry.train.try1.txt").read_text()
-    assert first_try.startswith("airflow_provider_torchelastic.operators.TrainingRecoverableError: "), first_try
+    assert first_try.startswith("airflow_provider_torchelastic.operators.UserCodeRecoverableError: "), first_try
     assert "rank 0" in first_try and "TransientStorageError: object store unavailable on try 1" in first_try
     # Each try has its own job: try 1's failed pod is kept, try 2's succeeded pod is deleted.
     first, second = job_name(result.identity(1)), job_name(result.identity(2))
@@ -152,7 +152,7 @@ def test_permanent_failure_fails_at_once_and_keeps_the_failed_pod(
     assert [p.name for p in failure_dir.iterdir()] == ["k8s_permanent_failure.train.try1.txt"]
     error = (failure_dir / "k8s_permanent_failure.train.try1.txt").read_text()
     name = job_name(result.identity())
-    assert error.startswith("airflow_provider_torchelastic.operators.TrainingFailedError: "), error
+    assert error.startswith("airflow_provider_torchelastic.operators.UserCodeFailedError: "), error
     assert name in error, error  # the pod (a single Pod is named like the job)
     assert "rank 1" in error and "ValueError: shard 3 has a corrupt header" in error, error
     text = "".join(capfd.readouterr())

@@ -92,7 +92,7 @@ def test_recoverable_failure_is_retried_and_succeeds(failure_dir: Path) -> None:
     assert result.tasks == {("train", -1): ("success", 2)}
     assert result.xcom() == {"try_number": 2, "rank": 0}
     first_try = (failure_dir / "te_recoverable_retry.train.try1.txt").read_text()
-    assert first_try.startswith("airflow_provider_torchelastic.operators.TrainingRecoverableError: ")
+    assert first_try.startswith("airflow_provider_torchelastic.operators.UserCodeRecoverableError: ")
     assert "rank 0" in first_try and "TransientStorageError: object store unavailable on try 1" in first_try
     assert "(recoverable)" in first_try
 
@@ -103,7 +103,7 @@ def test_permanent_failure_fails_without_retrying(failure_dir: Path, capfd: pyte
     assert result.tasks == {("train", -1): ("failed", 1)}, "retries=2 must not be used for a permanent failure"
     assert [p.name for p in failure_dir.iterdir()] == ["te_permanent_failure.train.try1.txt"]
     error = (failure_dir / "te_permanent_failure.train.try1.txt").read_text()
-    assert error.startswith("airflow_provider_torchelastic.operators.TrainingFailedError: ")
+    assert error.startswith("airflow_provider_torchelastic.operators.UserCodeFailedError: ")
     assert "rank 1" in error and "ValueError: shard 3 has a corrupt header" in error
     assert "non-recoverable" in error
     # The task log names the root cause and has the worker's traceback.
@@ -120,7 +120,7 @@ def test_a_result_over_the_kubernetes_limit_fails_locally_too(failure_dir: Path)
     assert result.state == "failed", result
     assert result.tasks == {("train", -1): ("failed", 1)}, "a result that is too large is not worth a retry"
     error = (failure_dir / "te_result_over_the_limit.train.try1.txt").read_text()
-    assert error.startswith("airflow_provider_torchelastic.operators.TrainingFailedError: "), error
+    assert error.startswith("airflow_provider_torchelastic.operators.ConfigurationError: "), error
     assert "more than the limit of 4096 bytes" in error, error
 
 

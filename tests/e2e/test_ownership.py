@@ -142,10 +142,11 @@ def test_whatever_a_pod_prints_or_leaves_as_its_termination_message_the_task_end
     for task_id in ("nested_message", "nested_log_tail", "forged_document"):
         assert result.tasks[(task_id, -1)] == ("failed", 1), (task_id, result)
         failure = (failure_dir / f"k8s_hostile_pod.{task_id}.try1.txt").read_text()
-        assert failure.startswith("airflow_provider_torchelastic.operators.Training"), failure
+        # Killed by a bare signal, with no reason: the platform's doing (InfrastructureError, a recoverable cause).
+        assert failure.startswith("airflow_provider_torchelastic.operators.InfrastructureError: "), failure
         job = result.xcom(task_id, key="job_name")
         # Killed from outside, for all the pod's forged text says: a retry may help.
         assert f"{job} exited with code 137 without a failure report" in failure, failure
-        assert "TrainingRecoverableError" in failure, failure
+        assert "a retry may help" in failure, failure
         for crash in ("RecursionError", "AttributeError", "KeyError", "TypeError", "JSONDecodeError"):
             assert crash not in failure, failure

@@ -26,8 +26,11 @@ clean_namespace = k8s.clean_namespace
 connection = k8s.connection
 failure_dir = k8s.failure_dir
 
-FAILED = "airflow_provider_torchelastic.operators.TrainingFailedError: "
-RECOVERABLE = "airflow_provider_torchelastic.operators.TrainingRecoverableError: "
+USER_FAILED = "airflow_provider_torchelastic.operators.UserCodeFailedError: "
+OUT_OF_MEMORY = "airflow_provider_torchelastic.operators.OutOfMemoryError: "
+PREEMPTED = "airflow_provider_torchelastic.operators.PreemptedError: "
+CONFIGURATION = "airflow_provider_torchelastic.operators.ConfigurationError: "
+DEADLINE = "airflow_provider_torchelastic.operators.DeadlineExceededError: "
 
 
 def errors(failure_dir: Path, dag_id: str) -> dict[int, str]:
@@ -63,7 +66,7 @@ def test_worker_exception_names_that_worker_and_rank_not_its_peers(cluster: Clus
     tries = errors(failure_dir, "k8s_fail_worker_exception")
     assert list(tries) == [1], tries
     error, name = tries[1], job_of(result)
-    assert error.startswith(FAILED), error
+    assert error.startswith(USER_FAILED), error
     # Master is node 0 (rank 0), worker-0 node 1: the ValueError was raised by rank 1 on worker-0.
     assert f"{name}-worker-0" in error and "rank 1" in error, error
     assert "ValueError: shard 1 has a corrupt header" in error, error
@@ -93,7 +96,7 @@ def test_oom_killed_worker_is_named_and_retried(cluster: Cluster, failure_dir: P
     tries = errors(failure_dir, "k8s_fail_oom_worker")
     assert list(tries) == [1], tries
     error, first = tries[1], job_of(result, 1)
-    assert error.startswith(RECOVERABLE), error
+    assert error.startswith(OUT_OF_MEMORY), error
     assert f"{first}-worker-1" in error and "OOMKilled" in error, error
     assert f"{first}-worker-0" not in error, error
     # Try 1's job was kept (it failed); its worker-1 is the one the kubelet killed, and only that one.
@@ -112,7 +115,7 @@ def test_evicted_worker_is_named_and_retried(cluster: Cluster, failure_dir: Path
     tries = errors(failure_dir, "k8s_fail_evicted_worker")
     assert list(tries) == [1], tries
     error, first = tries[1], job_of(result, 1)
-    assert error.startswith(RECOVERABLE), error
+    assert error.startswith(PREEMPTED), error
     assert f"{first}-worker-1" in error and "Evicted" in error, error
     assert f"{first}-worker-0" not in error, error
     evicted = cluster.get_pod(f"{first}-worker-1")
@@ -127,7 +130,7 @@ def test_missing_secret_fails_after_the_grace_without_retries(failure_dir: Path)
     tries = errors(failure_dir, "k8s_fail_missing_secret")
     assert list(tries) == [1], tries
     error, name = tries[1], job_of(result)
-    assert error.startswith(FAILED), error
+    assert error.startswith(CONFIGURATION), error
     assert f"{name}-worker-0" in error and "CreateContainerConfigError" in error, error
     assert 'secret "no-such-secret" not found' in error, error
     assert f"{name}-master-0" not in error, error
@@ -146,7 +149,7 @@ def test_active_deadline_of_a_quiet_job_is_enforced_by_the_wait(
     tries = errors(failure_dir, dag_id)
     assert list(tries) == [1], tries
     error, name = tries[1], job_of(result)
-    assert error.startswith(FAILED), error
+    assert error.startswith(DEADLINE), error
     assert "active_deadline_seconds=5" in error and name in error and "stopped by the provider" in error, error
     # Not kept although it failed (on_finish_action="delete_succeeded"): a kept job would go on holding its pods.
     wait_for(lambda: cluster.get_job(name) is None, timeout=30, what=f"{name} deleted")
@@ -160,7 +163,7 @@ def test_backoff_limit_fails_the_job_after_restarts(cluster: Cluster, failure_di
     tries = errors(failure_dir, "k8s_fail_backoff_limit")
     assert list(tries) == [1], tries
     error, name = tries[1], job_of(result)
-    assert error.startswith(FAILED), error
+    assert error.startswith(USER_FAILED), error
     job = cluster.get_job(name)  # kept: it failed
     assert job is not None
     failed = next(c for c in job["status"]["conditions"] if c["type"] == "Failed")

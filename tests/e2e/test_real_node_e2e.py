@@ -44,8 +44,11 @@ pytestmark = [pytest.mark.cluster, pytest.mark.usefixtures("airflow_db", "clean_
 cluster, clean_namespace, failure_dir = on_node.cluster, on_node.clean_namespace, on_node.failure_dir
 real_node_env, node_dag_env, real_node_image = on_node.real_node_env, on_node.node_dag_env, on_node.real_node_image
 
-FAILED = "airflow_provider_torchelastic.operators.TrainingFailedError: "
-RECOVERABLE = "airflow_provider_torchelastic.operators.TrainingRecoverableError: "
+OUT_OF_MEMORY = "airflow_provider_torchelastic.operators.OutOfMemoryError: "
+IMAGE_UNAVAILABLE = "airflow_provider_torchelastic.operators.ImageUnavailableError: "
+CONFIGURATION = "airflow_provider_torchelastic.operators.ConfigurationError: "
+CAPACITY_TIMEOUT = "airflow_provider_torchelastic.operators.CapacityTimeoutError: "
+INFRASTRUCTURE = "airflow_provider_torchelastic.operators.InfrastructureError: "
 JOB_NAME_LABEL = "training.kubeflow.org/job-name"
 
 
@@ -150,6 +153,14 @@ class FailuresRun:
     errors: dict[str, str]
     #: The training container's status of each task's pod, read before the namespace is emptied.
     pods: dict[str, Any]
+    #: Each task's tries, from the task instance history (test_retry_policies.history).
+    history: dict[str, list[dict[str, Any]]]
+
+
+def policy_history(task_id: str) -> list[dict[str, Any]]:
+    from tests.e2e.test_retry_policies import history
+
+    return history("real_node_failures", task_id)
 
 
 @pytest.fixture(scope="module")
@@ -161,16 +172,17 @@ def failures(
         for key, value in on_node.node_env(real_node_cluster, out, real_node_cluster.image).items():
             patch.setenv(key, value)
         result = timed_run("real_node_failures")
-    tasks = ("oom", "image_pull", "missing_secret", "unschedulable")
+    tasks = ("oom", "image_pull", "missing_secret", "unschedulable", "restarted")
     errors = {task: error_of(out, "real_node_failures", task) for task in tasks}
     pods = {task: cluster.get_pod(job_of(result, task)) for task in tasks}
-    return FailuresRun(result=result, errors=errors, pods=pods)
+    return FailuresRun(result=result, errors=errors, pods=pods, history={t: policy_history(t) for t in tasks})
 
 
-def test_a_real_memory_limit_oom_kills_and_the_retry_may_help(failures: FailuresRun) -> None:
+def test_a_real_memory_limit_oom_kills_and_a_retry_rule_retries_it_after_its_own_delay(failures: FailuresRun) -> None:
     error, pod = failures.errors["oom"], failures.pods["oom"]
-    assert failures.result.tasks[("oom", -1)] == ("failed", 1)
-    assert error.startswith(RECOVERABLE), error
+    assert failures.result.tasks[("oom", -1)] == ("success", 2), "OutOfMemoryError's rule retried it"
+    assert failures.result.xcom("oom") == {"try_number": 2}
+    assert error.startswith(OUT_OF_MEMORY), error
     assert pod is not None and pod.metadata.name in error, error
     terminated = training_container_status(pod).state.terminated
     assert terminated is not None and terminated.reason == "OOMKilled", pod.status  # containerd's, not ours
@@ -178,29 +190,92 @@ def test_a_real_memory_limit_oom_kills_and_the_retry_may_help(failures: Failures
     # its rank as killed by SIGKILL, and the error adds what the container status says.
     assert "rank 0" in error and "SIGKILL" in error, error
     assert "its container ended OOMKilled (out of memory" in error, error
+    # Airflow's task runner applied the rule: its reason, and its 2 s instead of the task's 10 minutes.
+    tries = failures.history["oom"]
+    assert [t["try"] for t in tries] == [1, 2], tries
+    assert tries[0]["retry_reason"] == "out of memory: retry once the node has room", tries
+    gap = (tries[1]["start"] - tries[0]["end"]).total_seconds()
+    assert dags.OOM_RULE_DELAY.total_seconds() <= gap < 120, tries
 
 
 def test_an_image_that_does_not_exist_fails_fast_without_a_retry(failures: FailuresRun) -> None:
     error = failures.errors["image_pull"]
-    assert error.startswith(FAILED), error
+    assert error.startswith(IMAGE_UNAVAILABLE), error
     assert job_of(failures.result, "image_pull") in error, error
     assert "ImagePullBackOff" in error or "ErrImagePull" in error, error
     assert dags.MISSING_IMAGE in error, error  # the kubelet's own message names the image
+    if "ImagePullBackOff" in error:
+        # The back-off says only "Back-off pulling image": the kubelet's event says why the pull failed.
+        assert f'the last pull failed: Failed to pull image "{dags.MISSING_IMAGE}": ' in error, error
 
 
 def test_a_missing_secret_is_a_create_container_config_error(failures: FailuresRun) -> None:
     error = failures.errors["missing_secret"]
-    assert error.startswith(FAILED), error
+    # retries=3 and a retry_policy with no rule for it: a configuration error still fails at try 1.
+    assert failures.result.tasks[("missing_secret", -1)] == ("failed", 1)
+    assert [t["try"] for t in failures.history["missing_secret"]] == [1]
+    assert error.startswith(CONFIGURATION), error
     assert job_of(failures.result, "missing_secret") in error, error
     assert "CreateContainerConfigError" in error and f'secret "{dags.MISSING_SECRET}" not found' in error, error
 
 
 def test_a_gpu_request_is_unschedulable_with_the_real_schedulers_message(failures: FailuresRun) -> None:
     error, pod = failures.errors["unschedulable"], failures.pods["unschedulable"]
-    assert error.startswith(RECOVERABLE), error  # capacity may free up
+    assert error.startswith(CAPACITY_TIMEOUT), error  # capacity may free up
     assert "scheduling_timeout=5" in error and "Unschedulable" in error, error
     assert "Insufficient nvidia.com/gpu" in error, error  # kube-scheduler's own words
     assert pod is not None and not pod.spec.node_name
+
+
+def test_a_container_restarted_in_place_keeps_its_first_runs_exception_and_log(failures: FailuresRun) -> None:
+    """OnFailure: the kubelet restarts the container in the same pod, so the pod is never Failed and its log
+    starts again; the backoff limit fails the job while the second run waits. The first run's exception is in the
+    previous container's termination message, and its log in the previous container's log (previous=true)."""
+    import re
+
+    from airflow_provider_torchelastic.core.summary import XCOM_KEY, JobSummary
+
+    error = failures.errors["restarted"]
+    assert failures.result.tasks[("restarted", -1)] == ("failed", 1)
+    assert error.startswith("airflow_provider_torchelastic.operators.UserCodeFailedError: "), error
+    found = re.search(r"ValueError: first run of rank (\d): shard 3 has a corrupt header", error)
+    assert found is not None and "backoff limit" in error, error
+    job = job_of(failures.result, "restarted")
+    name = next(n for n in (f"{job}-master-0", f"{job}-worker-0") if n in error)  # the pod of the earliest failure
+    summary = JobSummary.from_json(failures.result.xcom("restarted", XCOM_KEY))
+    assert found.group(0) in (summary.root_cause or ""), summary
+    (pod,) = [p for p in summary.pods if p.name == name]
+    assert pod.restarts >= 1, pod
+    # The previous run's lines, read with previous=true, are in the pod's log tail, after the wait's header.
+    tail = pod.log_tail
+    assert "restart 1: its previous pytorch container ended (exit code " in tail, tail
+    assert found.group(0) in tail and "fail_then_wait" in tail, tail  # its exception, with the traceback
+
+
+def test_a_torchrun_module_and_script_run_on_the_node(real_node_cluster: RealNodeCluster, failure_dir: Path) -> None:
+    """Issue 32: a module and a script in the image (here the shared folder every pod mounts), with args, their
+    set_result value as the XCom, a RecoverableError retried, a permanent error with its traceback, and exit()."""
+    import shutil
+
+    programs = real_node_cluster.shared_dir / "programs"
+    shutil.rmtree(programs, ignore_errors=True)
+    shutil.copytree(Path(__file__).parents[1] / "programs", programs)
+    result = timed_run("real_node_programs")
+    assert result.tasks == {
+        ("module", -1): ("success", 2),
+        ("script", -1): ("failed", 1),
+        ("exit", -1): ("success", 1),
+    }, result
+    value = result.xcom("module")
+    assert value["argv"] == ["recoverable-on-try-1", "--steps", "2", "--try-number", "2"], value
+    assert (value["total"], value["main"], value["main_file"]) == (4.0, "__main__", "train.py"), value
+    first = error_of(failure_dir, "real_node_programs", "module")
+    assert first.startswith("airflow_provider_torchelastic.operators.UserCodeRecoverableError: "), first
+    assert "ShardServerDown" in first and job_of(result, "module") in first, first
+    error = error_of(failure_dir, "real_node_programs", "script")
+    assert error.startswith("airflow_provider_torchelastic.operators.UserCodeFailedError: "), error
+    assert "rank 1" in error and "ValueError: label 7 is out of range in shard 3" in error, error
+    assert result.xcom("exit") == {"stopped": "early", "rank": 0}
 
 
 # --- deletion ---------------------------------------------------------------------------------------------------------
@@ -238,7 +313,7 @@ def test_a_deleted_pod_gets_its_grace_period_and_the_garbage_collector_takes_its
     # At least the grace period; the upper bound is the wait's own (a loaded 2-core machine took 55 s once).
     assert dags.GRACE_SECONDS <= seen["gone_after"] < dags.GRACE_SECONDS + 60, seen
     error = error_of(failure_dir, "real_node_deleted_pod")
-    assert error.startswith(RECOVERABLE), error
+    assert error.startswith(INFRASTRUCTURE), error
     assert f"Pod {cluster.namespace}/{name} was deleted before it finished" in error, error
     # The payload Secret is owned by the pod: the failed job is kept (on_finish_action), so nothing of the provider
     # deletes it, and the simulated operator collects only PyTorchJobs' dependents. The controller-manager does.

@@ -25,7 +25,8 @@ pytestmark = [pytest.mark.usefixtures("airflow_db")]
 cluster = k8s.cluster
 clean_namespace = k8s.clean_namespace
 
-RECOVERABLE = "airflow_provider_torchelastic.operators.TrainingRecoverableError: "
+USER_RECOVERABLE = "airflow_provider_torchelastic.operators.UserCodeRecoverableError: "
+OUT_OF_MEMORY = "airflow_provider_torchelastic.operators.OutOfMemoryError: "
 
 
 @pytest.fixture
@@ -64,7 +65,7 @@ def test_two_local_ranks_raising_recoverable_errors_after_a_collective_are_retri
     tries = errors(failure_dir, "rc_local_recoverable_after_collective")
     assert list(tries) == [1], tries
     error = tries[1]
-    assert error.startswith(RECOVERABLE), error
+    assert error.startswith(USER_RECOVERABLE), error
     assert "ShardUnavailableError: rank " in error and "shard server unavailable on try 1" in error, error
     assert "Connection closed" not in error and "consequence" not in error, error
 
@@ -89,7 +90,7 @@ def test_an_oom_killed_pod_is_the_root_cause_not_its_peer_that_failed_because_of
     first = job_name(result.identity(1))
     killed, peer = f"{first}-worker-{killed_index}", f"{first}-worker-{1 - killed_index}"
     error = tries[1]
-    assert error.startswith(RECOVERABLE), error
+    assert error.startswith(OUT_OF_MEMORY), error
     assert f"{killed} exited with code 137 (OOMKilled)" in error, error
     assert peer not in error, "the peer that failed because of the kill is blamed"
 
@@ -115,3 +116,37 @@ def test_an_oom_killed_pod_is_the_root_cause_not_its_peer_that_failed_because_of
         # it came within moments of the kill (the OOM's time is whole seconds).
         assert outcome.failure.is_consequence, outcome.failure
         assert oom_at - 1 <= outcome.failure.timestamp <= oom_at + 10, (outcome.failure.timestamp, oom_at)
+
+
+# --- the cause, never its victim, whatever the order (issue 31, item 4) -----------------------------------------------
+
+
+def _assert_the_cause_is_rank_1s(result, tries: dict[int, str]) -> None:
+    assert result.state == "success", result
+    assert result.tasks == {("train", -1): ("success", 2)}, "rank 1's RecoverableError is worth a retry"
+    assert list(tries) == [1], tries
+    error = tries[1]
+    assert error.startswith(USER_RECOVERABLE), error
+    assert "rank 1" in error and "ShardUnavailableError: rank 1: checkpoint shard unavailable on try 1" in error, error
+    # Rank 0 failed too, later, held in a collective until rank 1 had exited: a victim, never the cause.
+    assert "Connection closed" not in error and "AssertionError" not in error, error
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["spawn", "fork"])
+def test_a_rank_held_in_a_collective_until_its_peer_exited_is_not_blamed(failure_dir: Path, method: str) -> None:
+    from tests.e2e.test_local_execution import run_dag
+
+    dag_id = f"rc_local_victim_after_cause_{method}"
+    result = timed(run_dag, dag_id)
+    _assert_the_cause_is_rank_1s(result, errors(failure_dir, dag_id))
+    assert result.xcom() == {"try_number": 2, "rank": 0}
+
+
+@pytest.mark.cluster
+@pytest.mark.usefixtures("kubernetes_default_connection", "clean_namespace")
+def test_across_pods_the_cause_outranks_the_pod_that_failed_because_of_it(cluster: Cluster, failure_dir: Path) -> None:
+    from tests.e2e.test_kubernetes import run_dag
+
+    result = timed(run_dag, "rc_k8s_victim_after_cause")
+    _assert_the_cause_is_rank_1s(result, errors(failure_dir, "rc_k8s_victim_after_cause"))

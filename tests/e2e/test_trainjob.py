@@ -118,7 +118,7 @@ def test_a_failing_node_fails_the_task_at_once_naming_its_pod_and_rank(trainer: 
     assert result.state == "failed", result
     assert result.tasks == {("train", -1): ("failed", 1)}, "an exception of the function is not retried"
     error = (failure_dir / "k8s_trainjob_node_fails.train.try1.txt").read_text()
-    assert error.startswith("airflow_provider_torchelastic.operators.TrainingFailedError: "), error
+    assert error.startswith("airflow_provider_torchelastic.operators.UserCodeFailedError: "), error
     assert "rank 1" in error and "ValueError: shard 3 has a corrupt header" in error, error
     name = result.xcom(key="job_name")
     assert f"{name}-node-0-1-" in error, "the failing node's pod is named"
@@ -129,10 +129,18 @@ def test_a_failing_node_fails_the_task_at_once_naming_its_pod_and_rank(trainer: 
 def test_an_oom_killed_node_is_retried_with_a_new_trainjob(trainer: Trainer, failure_dir: Path) -> None:
     result = run_dag("k8s_trainjob_oom_retried")
     assert result.state == "success", result
-    assert result.tasks == {("train", -1): ("success", 2)}
-    first_try = (failure_dir / "k8s_trainjob_oom_retried.train.try1.txt").read_text()
-    assert "TrainingRecoverableError" in first_try and "OOMKilled" in first_try, first_try
     assert result.xcom()["world_size"] == 2
+    (outcome,) = result.tasks.values()
+    if outcome == ("success", 1):
+        # Both outcomes are real (issue 33, item 8): the runtime restarts a killed node in place (OnFailure), and on
+        # a loaded machine the restarted node can rejoin its peer's rendezvous and finish before the wait fails the
+        # TrainJob. Then nothing failed the try: no error was recorded.
+        assert not list(failure_dir.iterdir()), list(failure_dir.iterdir())
+        return
+    assert outcome == ("success", 2), result
+    first_try = (failure_dir / "k8s_trainjob_oom_retried.train.try1.txt").read_text()
+    assert first_try.startswith("airflow_provider_torchelastic.operators.OutOfMemoryError: "), first_try
+    assert "OOMKilled" in first_try, first_try
 
 
 def test_a_suspended_trainjob_waits_as_queued_and_runs_once_resumed(trainer: Trainer) -> None:

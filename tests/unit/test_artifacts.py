@@ -26,7 +26,7 @@ from airflow_provider_torchelastic.core.outcome import Verdict
 from airflow_provider_torchelastic.core.payload import PayloadError, dump_payload, load_payload
 from airflow_provider_torchelastic.core.run_context import TaskContext, artifact_location
 from airflow_provider_torchelastic.operators import results
-from airflow_provider_torchelastic.operators.exceptions import TrainingFailedError
+from airflow_provider_torchelastic.operators.exceptions import ConfigurationError
 from airflow_provider_torchelastic.runner import worker as runner_worker
 from airflow_provider_torchelastic.settings import ArtifactStorage
 from airflow_provider_torchelastic.worker.artifacts import fetch_arguments, load, save_value, spill_arguments
@@ -174,7 +174,7 @@ def test_a_reference_outside_this_try_is_refused(tmp_path: Path, url: str) -> No
     ref = save_value(torch.ones(2), here)
     forged = {**ref, "url": url.format(here=here, other_try=other_try)}
     verdict = Verdict(succeeded=True, result={"model": [forged]})
-    with pytest.raises(TrainingFailedError, match="not under this try's artifact location"):
+    with pytest.raises(ConfigurationError, match="not under this try's artifact location"):
         results.result_or_raise(
             logging.getLogger(__name__), verdict, None, task_context=TRY_2, artifacts=storage(tmp_path)
         )
@@ -182,7 +182,7 @@ def test_a_reference_outside_this_try_is_refused(tmp_path: Path, url: str) -> No
 
 def test_references_need_this_try_to_have_an_artifact_location(tmp_path: Path) -> None:
     ref = save_value(torch.ones(2), f"file://{tmp_path}/artifacts")
-    with pytest.raises(TrainingFailedError, match="no artifact location"):
+    with pytest.raises(ConfigurationError, match="no artifact location"):
         results.result_or_raise(
             logging.getLogger(__name__), Verdict(succeeded=True, result=ref), None, task_context=TRY_2
         )

@@ -190,12 +190,12 @@ def test_a_connection_with_two_ways_to_reach_a_cluster_fails_at_submit_without_r
 ) -> None:
     from airflow.providers.cncf.kubernetes.hooks.kubernetes import KubernetesHook
 
-    from airflow_provider_torchelastic.operators import TrainingFailedError
+    from airflow_provider_torchelastic.operators import ConfigurationError
     from airflow_provider_torchelastic.operators.on_kubernetes import _check_one_cluster_source
 
     extra = {"in_cluster": True, "kube_config_path": "/etc/kube/config"}
     monkeypatch.setenv("AIRFLOW_CONN_TWO_WAYS", json.dumps({"conn_type": "kubernetes", "extra": extra}))
-    with pytest.raises(TrainingFailedError, match="connection 'two_ways' sets in_cluster and kube_config_path"):
+    with pytest.raises(ConfigurationError, match="connection 'two_ways' sets in_cluster and kube_config_path"):
         _check_one_cluster_source("two_ways", KubernetesHook(conn_id="two_ways"))
     monkeypatch.setenv("AIRFLOW_CONN_ONE_WAY", json.dumps({"conn_type": "kubernetes", "extra": {"in_cluster": True}}))
     _check_one_cluster_source("one_way", KubernetesHook(conn_id="one_way"))

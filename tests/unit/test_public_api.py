@@ -39,6 +39,8 @@ EXPORTED = {
     "artifacts",
     # report(step=..., **metrics) from the training function (metrics.py, standard library only).
     "report",
+    # set_result(value) from a module= or script= task: rank 0's value (worker/program.py, standard library only).
+    "set_result",
 }
 
 
@@ -64,16 +66,18 @@ def test_all_is_exactly_the_intended_surface() -> None:
 def test_every_exported_name_resolves_to_its_definition() -> None:
     from airflow_provider_torchelastic import artifacts, checkpoint, context
     from airflow_provider_torchelastic.operators import TorchElasticOperator
+    from airflow_provider_torchelastic.worker import program
 
     modules = {"checkpoint": checkpoint, "context": context, "artifacts": artifacts}
     expected = {
         "TorchElasticOperator": TorchElasticOperator,
         "RecoverableError": errors.RecoverableError,
         "report": metrics.report,
+        "set_result": program.set_result,
         **modules,
         **{
             name: getattr(config, name)
-            for name in EXPORTED - {"TorchElasticOperator", "RecoverableError", "report", *modules}
+            for name in EXPORTED - {"TorchElasticOperator", "RecoverableError", "report", "set_result", *modules}
         },
     }
     for name in EXPORTED:

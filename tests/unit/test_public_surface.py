@@ -22,7 +22,17 @@ PACKAGE = "airflow_provider_torchelastic"
 
 #: module -> the names it must keep giving. The package's ``__all__`` is pinned in test_public_api.py.
 PINNED: dict[str, tuple[str, ...]] = {
-    PACKAGE: ("Elastic", "PyTorch", "Master", "Worker", "RunPolicy", "RecoverableError", "report", "__version__"),
+    PACKAGE: (
+        "Elastic",
+        "PyTorch",
+        "Master",
+        "Worker",
+        "RunPolicy",
+        "RecoverableError",
+        "report",
+        "set_result",
+        "__version__",
+    ),
     f"{PACKAGE}.pod": ("PodOptions", "JobOptions", "secret_key_ref", "config_map_key_ref"),
     f"{PACKAGE}.context": ("current", "RunContext", "TaskContext", "NoRunContextError", "CONTEXT_ENV"),
     f"{PACKAGE}.checkpoint": ("save", "latest", "load_latest", "save_sharded", "load_sharded_latest", "Checkpoint"),
@@ -33,6 +43,20 @@ PINNED: dict[str, tuple[str, ...]] = {
         "TorchElasticOperator",
         "TrainingFailedError",
         "TrainingRecoverableError",
+        # One class per cause (issue 31): what retry_policy rules name; their module is the classpath logs print.
+        "TrainingError",
+        "OutOfMemoryError",
+        "PreemptedError",
+        "CapacityTimeoutError",
+        "NodeLostError",
+        "InfrastructureError",
+        "ImageUnavailableError",
+        "ConfigurationError",
+        "DeadlineExceededError",
+        "UserCodeError",
+        "UserCodeRecoverableError",
+        "UserCodeFailedError",
+        "UserExceptionRule",
         "TorchElasticJobLink",
         "TorchElasticLogsLink",
     ),
@@ -52,6 +76,8 @@ PICKLED_BY_REFERENCE = (
     (f"{PACKAGE}.errors", "RecoverableError"),
     (f"{PACKAGE}.metrics", "report"),
     (f"{PACKAGE}.worker.metrics", "report"),
+    # What a module= or script= task's program imports (issue 32).
+    (f"{PACKAGE}.worker.program", "set_result"),
 )
 
 

@@ -13,7 +13,7 @@ import pytest
 from airflow_provider_torchelastic.core.outcome import Verdict
 from airflow_provider_torchelastic.core.run_context import TaskContext, result_location
 from airflow_provider_torchelastic.operators import results
-from airflow_provider_torchelastic.operators.exceptions import TrainingFailedError
+from airflow_provider_torchelastic.operators.exceptions import ConfigurationError
 from airflow_provider_torchelastic.settings import ResultStorage
 
 LOG = logging.getLogger(__name__)
@@ -49,7 +49,7 @@ def test_the_location_of_this_try_is_read_and_then_deleted(tmp_path: Path) -> No
 )
 def test_a_reference_elsewhere_fails_naming_it_and_the_expected_location(tmp_path: Path, ref: str) -> None:
     store = storage(tmp_path / "results")
-    with pytest.raises(TrainingFailedError) as caught:
+    with pytest.raises(ConfigurationError) as caught:
         result_of(ref, store)
     message = str(caught.value)
     assert ref in message and result_location(store.url, TRY_2) in message and "retry will not help" in message
@@ -63,7 +63,7 @@ def test_a_file_on_the_worker_is_never_opened_nor_deleted(tmp_path: Path, monkey
         raise AssertionError("read_stored_result must not be called")
 
     monkeypatch.setattr(results, "read_stored_result", never)
-    with pytest.raises(TrainingFailedError):
+    with pytest.raises(ConfigurationError):
         result_of(str(secret), storage(tmp_path / "results"))
     assert secret.read_text() == '{"key": "value"}'
 
@@ -72,7 +72,7 @@ def test_another_tries_result_is_refused_and_left_in_place(tmp_path: Path) -> No
     store = storage(tmp_path / "results")
     other = result_location(store.url, TaskContext(dag_id="d", task_id="t", run_id="manual__1", try_number=1))
     file = write(other, {"loss": 9.0})
-    with pytest.raises(TrainingFailedError, match="not where this try's result belongs"):
+    with pytest.raises(ConfigurationError, match="not where this try's result belongs"):
         result_of(other, store)
     assert file.exists()
 
@@ -81,9 +81,9 @@ def test_without_result_storage_or_the_tries_context_no_reference_is_accepted(tm
     store = storage(tmp_path / "results")
     ref = result_location(store.url, TRY_2)
     file = write(ref, 1)
-    with pytest.raises(TrainingFailedError, match="no \\[torch_elastic\\] result_storage"):
+    with pytest.raises(ConfigurationError, match="no \\[torch_elastic\\] result_storage"):
         result_of(ref, None)
-    with pytest.raises(TrainingFailedError):
+    with pytest.raises(ConfigurationError):
         result_of(ref, store, task_context=None)
     assert file.exists()
 
@@ -92,7 +92,7 @@ def test_a_result_larger_than_the_bound_fails_saying_so(tmp_path: Path) -> None:
     store = storage(tmp_path / "results", max_bytes=10)
     ref = result_location(store.url, TRY_2)
     write(ref, "x" * 100)
-    with pytest.raises(TrainingFailedError, match=r"result_storage_max_bytes \(10 bytes\)"):
+    with pytest.raises(ConfigurationError, match=r"result_storage_max_bytes \(10 bytes\)"):
         result_of(ref, store)
     write(ref, "x" * 5)  # 7 bytes of JSON: within the bound
     assert result_of(ref, store) == "xxxxx"

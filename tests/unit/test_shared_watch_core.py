@@ -10,7 +10,7 @@ import pytest
 
 from airflow_provider_torchelastic.core.outcome import encode_success
 from airflow_provider_torchelastic.kubernetes.status import JobRef, Snapshot, WaitPolicy
-from airflow_provider_torchelastic.kubernetes.wait import EmitLog, FetchJob, ReadLog, Sleep, wait_for_job
+from airflow_provider_torchelastic.kubernetes.wait import EmitLog, FetchJob, ReadEvents, ReadLog, Sleep, wait_for_job
 from airflow_provider_torchelastic.kubernetes.watch import JobCache, stream_key
 
 T0 = 1_800_000_000.0
@@ -160,6 +160,51 @@ def test_failed_pods_tails_are_read_once_each_and_bounded() -> None:
     assert len(tails) == WaitPolicy().log_pods and len({r.pod for r in tails}) == len(tails)
 
 
+def restarted(p: dict[str, Any], count: int, code: int = 1) -> dict[str, Any]:
+    """``p`` with its training container restarted in place ``count`` times, the last run having exited ``code``."""
+    status = {"name": "pytorch", "restartCount": count, "state": {"running": {}}}
+    status["lastState"] = {"terminated": {"exitCode": code, "reason": "Error"}}
+    p["status"]["containerStatuses"] = [status]
+    return p
+
+
+def test_a_restarted_containers_previous_run_is_read_once_per_restart_and_printed() -> None:
+    """A node restarted in place stays Running: the exception that killed its earlier run is only in the previous
+    container's log, which is read (previous=true) once per restart, and printed under the pod's name."""
+    stamp = "2027-01-15T08:00:01Z"
+    pods = [restarted(pod("j-worker-0", "j"), 1), pod("j-worker-1", "j")]
+    ref = JobRef(kind="PyTorchJob", name="j", namespace="ml")
+    job_obj = {"metadata": {"name": "j"}, "spec": {}, "status": {"conditions": [{"type": "Running", "status": "True"}]}}
+    logs = {"j-worker-0": f"{stamp} ValueError: shard 3 has a corrupt header\n"}
+    polls = [0]
+
+    def snapshot(now: float) -> Snapshot:
+        polls[0] += 1
+        if polls[0] == 4:  # restarted again: its new previous run is read too
+            restarted(pods[0], 2, code=137)
+        return Snapshot(job=job_obj, pods=pods, now=now)
+
+    reads, emitted = drive(
+        wait_for_job(ref, WaitPolicy(poll_interval=10.0)), snapshot, logs, lambda r, now: polls[0] > 6
+    )
+    previous = [r for r in reads if r.previous]
+    assert [(r.pod, r.container) for r in previous] == [("j-worker-0", "pytorch")] * 2, previous
+    from airflow_provider_torchelastic.core.metrics_format import TAIL_LINES
+
+    # Bounded like every read, and with its header it fits one tail of the job summary (the header is not dropped).
+    assert all(r.tail_lines is not None and r.tail_lines + 1 <= TAIL_LINES for r in previous), previous
+    assert "[j-worker-0] ValueError: shard 3 has a corrupt header" in emitted
+    headers = [line for line in emitted if "previous pytorch container ended" in line]
+    assert len(headers) == 2 and "exit code 1)" in headers[0] and "exit code 137" in headers[1], headers
+
+
+def test_previous_runs_are_read_for_a_bounded_number_of_pods() -> None:
+    pods = [restarted(pod(f"j-worker-{i}", "j"), 1) for i in range(20)]
+    reads = drive_minutes(pods, 3, {})
+    previous = [r for r in reads if r.previous]
+    assert len(previous) == WaitPolicy().log_pods and len({r.pod for r in previous}) == len(previous)
+
+
 def test_a_job_that_ends_before_any_probe_still_shows_rank_0s_log() -> None:
     """A short job is over before the first paced read found rank 0: the final pass probes until it does."""
     stamp = "2027-01-15T08:00:01Z"
@@ -221,3 +266,64 @@ def test_a_first_log_read_takes_the_end_of_the_log_and_later_reads_what_is_new()
     )
     assert reads[0].tail_lines == FIRST_READ_TAIL_LINES and reads[0].since_seconds is None
     assert reads[1].tail_lines is None and reads[1].since_seconds is not None
+
+
+# --- why an image pull failed (issue 31, item 3) ----------------------------------------------------------------------
+
+
+def _stuck_pulling(reason: str) -> dict[str, Any]:
+    p = pod("j-worker-0", "j", "Pending")
+    message = 'Back-off pulling image "registry.example/team/train:v9"'
+    p["metadata"]["creationTimestamp"] = "2027-01-15T07:00:00Z"
+    p["status"]["containerStatuses"] = [
+        {"name": "pytorch", "state": {"waiting": {"reason": reason, "message": message}}}
+    ]
+    return p
+
+
+def _event(message: str, stamp: str) -> dict[str, Any]:
+    return {"reason": "Failed", "message": message, "lastTimestamp": stamp, "involvedObject": {"name": "j-worker-0"}}
+
+
+def _fail_stuck(reason: str, events: list[dict[str, Any]]) -> tuple[Any, list[Any]]:
+    ref = JobRef(kind="PyTorchJob", name="j", namespace="ml")
+    job_obj = {"metadata": {"name": "j", "creationTimestamp": "2027-01-15T07:00:00Z"}, "spec": {}, "status": {}}
+    flow = wait_for_job(ref, WaitPolicy(poll_interval=10.0, pending_grace_seconds=3))
+    asked: list[Any] = []
+    request = next(flow)
+    try:
+        while True:
+            if isinstance(request, FetchJob):
+                request = flow.send(Snapshot(job=job_obj, pods=[_stuck_pulling(reason)], now=T0))
+            elif isinstance(request, ReadEvents):
+                asked.append(request)
+                request = flow.send(events)
+            else:
+                request = flow.send("" if isinstance(request, ReadLog) else None)
+    except StopIteration as stop:
+        return stop.value, asked
+
+
+def test_an_image_pull_back_off_is_explained_by_the_kubelets_newest_pull_error() -> None:
+    events = [
+        _event('Failed to pull image "registry.example/team/train:v9": rpc error: old', "2027-01-15T07:00:01Z"),
+        _event("Error: ErrImagePull", "2027-01-15T07:00:02Z"),
+        _event(
+            'Failed to pull image "registry.example/team/train:v9": rpc error: code = NotFound desc = manifest unknown',
+            "2027-01-15T07:00:09Z",
+        ),
+    ]
+    decision, asked = _fail_stuck("ImagePullBackOff", events)
+    assert [(r.pod, r.namespace) for r in asked] == [("j-worker-0", "ml")]
+    detail = decision.verdict.detail
+    assert "ImagePullBackOff" in detail and "Back-off pulling image" in detail, detail
+    assert detail.endswith("the last pull failed: " + events[2]["message"]), detail
+    assert decision.verdict.cause == "image_unavailable" and not decision.verdict.recoverable
+
+
+def test_without_events_the_back_off_message_stays_and_err_image_pull_needs_none() -> None:
+    decision, _ = _fail_stuck("ImagePullBackOff", [])  # no permission, or the events expired
+    assert decision.verdict.detail.endswith('Back-off pulling image "registry.example/team/train:v9"')
+    # ErrImagePull's own message is the pull's error: no events are read.
+    _, asked = _fail_stuck("ErrImagePull", [_event("Failed to pull image: x", "2027-01-15T07:00:09Z")])
+    assert asked == []

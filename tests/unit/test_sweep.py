@@ -134,7 +134,14 @@ class LeasedSource:
         return Snapshot(job=self.job, pods=[], now=self.clock[0])
 
     def read_log(
-        self, pod: str, namespace: str, since_seconds: int | None, tail_lines: int | None = None, *, container: str = ""
+        self,
+        pod: str,
+        namespace: str,
+        since_seconds: int | None,
+        tail_lines: int | None = None,
+        *,
+        container: str = "",
+        previous: bool = False,
     ) -> str:
         return ""
 

@@ -19,7 +19,7 @@ from airflow_provider_torchelastic.operators import (
     XCOM_JOB_KIND,
     XCOM_JOB_NAME,
     XCOM_JOB_NAMESPACE,
-    TrainingRecoverableError,
+    InfrastructureError,
 )
 from airflow_provider_torchelastic.triggers import (
     EVENT_DONE,
@@ -102,7 +102,9 @@ def test_typed_events_are_sent_in_the_same_format_as_before() -> None:
     ended = event_from_payload(OLD_DONE_EVENT)
     assert isinstance(ended, JobEnded)
     payload = ended.to_payload()
-    assert payload == {**OLD_DONE_EVENT, "state": None}  # one key more, which older readers ignore
+    # Keys added since, which older readers ignore: the wait's state, and the verdict's cause, exit code and reason.
+    added = {"cause": "", "exit_code": None, "reason": ""}
+    assert payload == {**OLD_DONE_EVENT, "state": None, "verdict": {**OLD_DONE_EVENT["verdict"], **added}}
     assert WaitFailed("ValueError: no usable connection").to_payload() == OLD_ERROR_EVENT
     assert (payload["status"], OLD_ERROR_EVENT["status"]) == (EVENT_DONE, EVENT_ERROR)
 
@@ -234,7 +236,7 @@ def test_execute_complete_stops_the_job_and_fails_recoverably_on_an_error_event(
 ) -> None:
     stopped: list[JobRef] = []
     monkeypatch.setattr(TorchElasticOperator, "_stop", lambda self, ref, kube=None: stopped.append(ref))
-    with pytest.raises(TrainingRecoverableError, match=r"Waiting for Pod ml/train-abc failed: ValueError: no usable"):
+    with pytest.raises(InfrastructureError, match=r"Waiting for Pod ml/train-abc failed: ValueError: no usable"):
         make_operator().execute_complete({"ti": FakeTI()}, event)  # type: ignore[arg-type]
     assert stopped == [JobRef(kind="Pod", name="train-abc", namespace="ml")]
 

@@ -73,7 +73,14 @@ class FakeSource:
         return Snapshot(job=answer, pods=[], now=self.clock[0])
 
     def read_log(
-        self, pod: str, namespace: str, since_seconds: int | None, tail_lines: int | None = None, *, container: str = ""
+        self,
+        pod: str,
+        namespace: str,
+        since_seconds: int | None,
+        tail_lines: int | None = None,
+        *,
+        container: str = "",
+        previous: bool = False,
     ) -> str:
         return ""
 
@@ -95,7 +102,14 @@ class AsyncFakeSource:
         return self.sync.snapshot(ref)
 
     async def read_log(
-        self, pod: str, namespace: str, since_seconds: int | None, tail_lines: int | None = None, *, container: str = ""
+        self,
+        pod: str,
+        namespace: str,
+        since_seconds: int | None,
+        tail_lines: int | None = None,
+        *,
+        container: str = "",
+        previous: bool = False,
     ) -> str:
         return ""
 

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any, Final
 
+from airflow_provider_torchelastic.core import causes
 from airflow_provider_torchelastic.core.config import Elastic, Master, TaskConfig, Worker
 from airflow_provider_torchelastic.core.launch import config_to_launch_spec
 from airflow_provider_torchelastic.core.outcome import Verdict, decide_run
@@ -197,6 +198,7 @@ def _decide_pytorchjob(ref: JobRef, snapshot: Snapshot, policy: WaitPolicy) -> W
                 "failed (past run_policy.active_deadline_seconds)",
                 verdict=Verdict(
                     succeeded=False,
+                    cause=causes.DEADLINE,
                     detail=f"{ref.kind} {ref.namespace}/{ref.name}: {_DEADLINE_PREFIX}={seconds} (counted from "
                     "its start time) and was stopped by the provider; a retry would run into the same limit",
                 ),
@@ -321,7 +323,9 @@ def _vanished(ref: JobRef, snapshot: Snapshot) -> WaitDecision:
     deadline = active_deadline(job)
     if deadline is not None and snapshot.now >= deadline[1]:
         detail = f"{_DEADLINE_PREFIX}={deadline[0]} and was stopped; {gone}"
-        return seen.decision(Phase.FAILED, state, verdict=Verdict(succeeded=False, detail=detail))
+        return seen.decision(
+            Phase.FAILED, state, verdict=Verdict(succeeded=False, detail=detail, cause=causes.DEADLINE)
+        )
     limit = (job.get("spec", {}).get("runPolicy") or {}).get("backoffLimit")
     restarts = sum(_restarts(pod) for pod in last.pods)
     if isinstance(limit, int) and restarts and restarts >= limit:
@@ -360,6 +364,7 @@ def _failed_condition_verdict(job: Mapping[str, Any], condition: Mapping[str, An
     if deadline is not None and "deadline" in message.lower():
         return Verdict(
             succeeded=False,
+            cause=causes.DEADLINE,
             detail=f"{_DEADLINE_PREFIX}={deadline} and was stopped ({message})",
         )
     return Verdict(succeeded=False, recoverable=False, detail=f"the PyTorchJob failed: {message}")

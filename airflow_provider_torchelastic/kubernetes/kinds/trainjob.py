@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Final
 
+from airflow_provider_torchelastic.core import causes
 from airflow_provider_torchelastic.core.config import Master, PyTorch, TaskConfig, Worker
 from airflow_provider_torchelastic.core.launch import config_to_launch_spec
 from airflow_provider_torchelastic.core.naming import LABEL_PREFIX, RunIdentity, fit_job_name, job_name
@@ -381,6 +382,7 @@ def _decide(ref: JobRef, snapshot: Snapshot, policy: WaitPolicy) -> WaitDecision
             "failed (no pods)",
             verdict=Verdict(
                 succeeded=False,
+                cause=causes.CONFIGURATION,
                 detail=f"{ref.kind} {ref.namespace}/{ref.name} has no pods {policy.pending_grace_seconds:.0f} s after "
                 "its creation and is not suspended: its JobSet was not created or was refused (see `kubectl describe "
                 f"trainjob -n {ref.namespace} {ref.name}` for the Trainer's events), or Kubeflow Trainer's controller "
@@ -397,6 +399,7 @@ def _failed_condition_verdict(job: Mapping[str, Any], condition: Mapping[str, An
     if reason == "DeadlineExceeded":
         return Verdict(
             succeeded=False,
+            cause=causes.DEADLINE,
             detail=f"the TrainJob ran longer than run_policy.active_deadline_seconds={deadline} and the Trainer "
             f"stopped it ({message}); a retry would run into the same limit",
         )

@@ -1,0 +1,139 @@
+"""The wait core's protocol: the requests its generators yield, the answers they get, and the sources that answer.
+
+The generators (:mod:`~.wait`) decide; the drivers carry out these requests against a :class:`JobSource` (blocking)
+or an :class:`AsyncJobSource` (the triggerer), so the two paths share every decision.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeAlias
+
+from airflow_provider_torchelastic.core.naming import TRAINING_CONTAINER
+from airflow_provider_torchelastic.kubernetes.status import JobRef, Snapshot
+
+__all__ = [
+    "AsyncJobSource",
+    "DeleteJob",
+    "EmitLog",
+    "FetchFailed",
+    "FetchJob",
+    "JobSource",
+    "ReadEvents",
+    "ReadLog",
+    "RenewLease",
+    "Request",
+    "Sleep",
+]
+
+
+@dataclass(frozen=True)
+class FetchJob:
+    """Get the job and its pods; answered with a :class:`~status.Snapshot`, or :class:`FetchFailed`."""
+
+    ref: JobRef
+
+
+@dataclass(frozen=True)
+class FetchFailed:
+    """The job could not be observed (the API refused, or stayed unreachable through the retries)."""
+
+    error: str
+
+
+@dataclass(frozen=True)
+class ReadLog:
+    """Read the training container's log of ``pod`` with timestamps, from ``since_seconds`` ago (None: all), or only
+    its last ``tail_lines`` lines. Answered with the text, ``""`` when it is not available (yet)."""
+
+    pod: str
+    namespace: str
+    since_seconds: int | None
+    tail_lines: int | None = None
+    #: The kind's training container (``JobKind.log_container``).
+    container: str = TRAINING_CONTAINER
+    #: The container's run before its last restart (``previous=true``): where a restarted node's exception is.
+    previous: bool = False
+
+
+@dataclass(frozen=True)
+class ReadEvents:
+    """The events about ``pod``; answered with the list, empty when they cannot be read (they only add detail)."""
+
+    pod: str
+    namespace: str
+
+
+@dataclass(frozen=True)
+class DeleteJob:
+    """Delete the job and its payload; answered with whether it existed, or the error text when deletion failed."""
+
+    ref: JobRef
+
+
+@dataclass(frozen=True)
+class RenewLease:
+    """Move the job's lease (:mod:`~.deadline`) to ``until``; answered with None, or the error text when it failed."""
+
+    ref: JobRef
+    until: float
+
+
+@dataclass(frozen=True)
+class Sleep:
+    seconds: float
+
+
+@dataclass(frozen=True)
+class EmitLog:
+    line: str
+
+
+Request: TypeAlias = FetchJob | ReadLog | ReadEvents | DeleteJob | RenewLease | Sleep | EmitLog
+
+
+class JobSource(Protocol):
+    """What the sync driver needs: the job as it is now, its pods' logs, and deleting it. Raises ``KubeError``."""
+
+    def snapshot(self, ref: JobRef) -> Snapshot: ...
+
+    def read_log(
+        self,
+        pod: str,
+        namespace: str,
+        since_seconds: int | None,
+        tail_lines: int | None = None,
+        *,
+        container: str = TRAINING_CONTAINER,
+        previous: bool = False,
+    ) -> str: ...
+
+    def pod_events(self, pod: str, namespace: str) -> list[dict[str, Any]]: ...
+
+    def delete_job(self, ref: JobRef) -> bool: ...
+
+    def label_job(self, ref: JobRef, labels: Mapping[str, str]) -> None: ...
+
+
+class AsyncJobSource(Protocol):
+    """The same for the async driver (the trigger)."""
+
+    async def snapshot(self, ref: JobRef) -> Snapshot: ...
+
+    async def read_log(
+        self,
+        pod: str,
+        namespace: str,
+        since_seconds: int | None,
+        tail_lines: int | None = None,
+        *,
+        container: str = TRAINING_CONTAINER,
+        previous: bool = False,
+    ) -> str: ...
+
+    async def pod_events(self, pod: str, namespace: str) -> list[dict[str, Any]]: ...
+
+    async def delete_job(self, ref: JobRef) -> bool: ...
+
+    async def label_job(self, ref: JobRef, labels: Mapping[str, str]) -> None: ...
