@@ -818,6 +818,15 @@ def _release_host(state_dir: Path) -> None:
         reg["holders"] = [h for h in reg["holders"] if h != str(state_dir) and _holder_alive(Path(h))]
 
 
+def live_holders() -> list[str]:
+    """The state dirs of the real-node clusters that hold this host now (whose node still runs)."""
+    try:
+        holders = json.loads((REGISTRY_DIR / "registry.json").read_text())["holders"]
+    except (OSError, ValueError, KeyError):
+        return []
+    return [h for h in holders if _holder_alive(Path(h))]
+
+
 def _holder_alive(state_dir: Path) -> bool:
     records = {r.name: r for r in cp.read_pids(state_dir)}
     return any(records[n].process() is not None for n in ("kubelet", "containerd", "node-mounts") if n in records)

@@ -150,6 +150,13 @@ class RealCluster:
 
 @pytest.fixture(scope="module")
 def host_before() -> dict[str, Any]:
+    # The snapshot is the whole host's: a node that another run (a second `make test`, a `make cluster-up`) keeps up
+    # would be in it, and its `down` meanwhile would look like ours leaving things behind, or taking too much away.
+    others = rn.live_holders()
+    assert not others, (
+        f"another real node is up on this host ({', '.join(others)}): these tests compare the whole host before and "
+        "after their own node, so stop it first (python -m tests.cluster down --state-dir DIR)"
+    )
     return host_snapshot()
 
 
