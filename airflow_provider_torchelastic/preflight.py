@@ -90,11 +90,10 @@ def run_preflight(
 
 
 def _configured_image() -> str | None:
-    # Read here, not through settings (a layer above this one): the same option, [torch_elastic] image.
-    from airflow.configuration import conf
+    # Imported when used, as Airflow is above: check_cluster, given a client and an image, needs neither.
+    from airflow_provider_torchelastic.settings import read_image_option
 
-    value = conf.get("torch_elastic", "image", fallback=None)
-    return str(value) if value else None
+    return read_image_option()
 
 
 def check_cluster(

@@ -2,12 +2,15 @@
 
 A task reads them once (:meth:`Settings.read`, at the start of ``execute``, of ``execute_complete`` and of
 ``render_manifests``) and passes the result down, so that one try never sees two values of one option and every
-error names the option and its environment variable. The DAG-parse checks read only the two options they need
-(:func:`read_image`, :func:`read_execution_option`): a parse must stay cheap, and an option that only a run uses
-must not fail the parse. The extra links read their URL templates themselves (:func:`url_template`): they run in the
-API server, long after the task.
+error names the option and its environment variable. The DAG-parse checks read only the options they need
+(:func:`read_image`, :func:`read_execution_option`, :func:`read_job_kind_option`): a parse must stay cheap, and an
+option that only a run uses must not fail the parse. The extra links read their URL templates themselves
+(:func:`url_template`): they run in the API server, long after the task; so do the UI plugin
+(:func:`read_ui_kubernetes_conn_id`) and the preflight (:func:`read_image_option`).
 
-Nothing here is read at import: ``airflow.sdk.configuration`` is imported inside the functions.
+Every option is declared in :mod:`airflow_provider_torchelastic.options`, with its default; every read goes through
+:func:`_get`, which refuses a name declared nowhere. Nothing here is read at import: ``airflow.sdk.configuration`` is
+imported inside the functions.
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ from airflow.sdk.exceptions import AirflowFailException
 
 from airflow_provider_torchelastic.core.validation import check_image
 from airflow_provider_torchelastic.kubernetes.kinds import JOB_KIND_CHOICES
+from airflow_provider_torchelastic.options import DECLARED, Option
+from airflow_provider_torchelastic.options import SECTION as SECTION
 
 __all__ = [
     "SECTION",
@@ -32,20 +37,21 @@ __all__ = [
     "read_execution",
     "read_execution_option",
     "read_image",
+    "read_image_option",
     "read_job_kind_option",
+    "read_ui_kubernetes_conn_id",
     "url_template",
 ]
 
-SECTION: Final = "torch_elastic"
 EXECUTIONS: Final = ("kubernetes", "local")
 #: ``[torch_elastic] result_storage_max_bytes`` when unset: 1 GiB, a bound on what one read may hold in memory.
-DEFAULT_RESULT_MAX_BYTES: Final = 1 << 30
+DEFAULT_RESULT_MAX_BYTES: Final = int(DECLARED["result_storage_max_bytes"].default)
 #: ``[torch_elastic] early_event_hold`` when unset: seconds after the deferral before the trigger may fire (see
 #: :attr:`Settings.early_event_hold`).
-DEFAULT_EARLY_EVENT_HOLD: Final = 10.0
+DEFAULT_EARLY_EVENT_HOLD: Final = float(DECLARED["early_event_hold"].default)
 #: ``[torch_elastic] job_lease`` when unset: seconds a job of a task without ``execution_timeout`` lives past its
 #: waiter's last renewal (see :attr:`Settings.job_lease`).
-DEFAULT_JOB_LEASE: Final = 3600.0
+DEFAULT_JOB_LEASE: Final = float(DECLARED["job_lease"].default)
 #: The shortest lease: a waiter renews it at half its length, and must get to it between polls and through a
 #: triggerer restart.
 MIN_JOB_LEASE: Final = 300.0
@@ -54,6 +60,8 @@ IMAGE_OPTION: Final = "image"
 #: What runs a multi-node task on Kubernetes: ``auto`` (ask the cluster), ``pytorchjob`` or ``trainjob``.
 JOB_KIND_OPTION: Final = "job_kind"
 JOB_KINDS: Final = JOB_KIND_CHOICES
+#: ``[torch_elastic] job_kind`` when unset or empty.
+DEFAULT_JOB_KIND: Final = DECLARED[JOB_KIND_OPTION].default
 
 
 def _env(option: str) -> str:
@@ -67,17 +75,47 @@ def _conf() -> Any:
     return conf
 
 
-def _text(option: str, default: str = "") -> str:
-    return str(_conf().get(SECTION, option, fallback=default) or "").strip()
-
-
-def _boolean(option: str, default: bool) -> bool:
+def _declared(name: str) -> Option:
     try:
-        return bool(_conf().getboolean(SECTION, option, fallback=default))
-    except Exception as e:  # Airflow's own message names neither the section's env var nor that the task fails
-        raise AirflowFailException(
-            f"[{SECTION}] {option}: expected True or False, got {_conf().get(SECTION, option)!r} (env {_env(option)})"
-        ) from e
+        return DECLARED[name]
+    except KeyError:
+        raise KeyError(
+            f"[{SECTION}] {name} is not a declared option: declare it in airflow_provider_torchelastic/options.py "
+            "(type, default, description) before reading it, or read one of "
+            f"{', '.join(sorted(DECLARED))}"
+        ) from None
+
+
+def _get(name: str) -> str:
+    """The option ``name`` as configured, else its declared default; the one place an option is read.
+
+    A name :mod:`~airflow_provider_torchelastic.options` does not declare is a ``KeyError`` naming it: Airflow
+    neither documents nor defaults an undeclared option, so reading one is a bug here, not a user's mistake.
+    """
+    option = _declared(name)
+    return str(_conf().get(SECTION, name, fallback=option.default) or "")
+
+
+def _text(name: str) -> str:
+    return _get(name).strip()
+
+
+def _boolean(name: str) -> bool:
+    raw = _get(name)
+    # The spellings (and the trailing comment) Airflow's conf.getboolean accepts: a value that worked there still
+    # does, and an invalid one fails the task naming the env var, which Airflow's own message does not.
+    value = raw.split("#")[0].strip().lower()
+    if value in ("t", "true", "1"):
+        return True
+    if value in ("f", "false", "0"):
+        return False
+    raise AirflowFailException(f"[{SECTION}] {name}: expected True or False, got {raw!r} (env {_env(name)})")
+
+
+def read_image_option() -> str | None:
+    """``[torch_elastic] image`` as written, unchecked; None when unset. The preflight's smoke job runs it, and
+    reports an invalid one as its own failed row."""
+    return _get(IMAGE_OPTION) or None
 
 
 def read_image() -> str | None:
@@ -85,20 +123,25 @@ def read_image() -> str | None:
 
     Raises the ``ValueError`` of the image check (naming the option): the DAG-parse checks call it.
     """
-    value = _conf().get(SECTION, IMAGE_OPTION, fallback="") or None
+    value = read_image_option()
     check_image("", f"[{SECTION}] {IMAGE_OPTION}", value)
     return value
 
 
 def read_execution_option() -> str:
     """``[torch_elastic] execution`` as written, unchecked: the DAG-parse checks only ask whether it is ``local``."""
-    return str(_conf().get(SECTION, "execution", fallback="kubernetes"))
+    return _get("execution")
+
+
+def read_ui_kubernetes_conn_id() -> str:
+    """``[torch_elastic] ui_kubernetes_conn_id``: the connection of the UI's pages (read by the api-server)."""
+    return _get("ui_kubernetes_conn_id")
 
 
 def read_job_kind_option() -> str:
     """``[torch_elastic] job_kind`` (``auto`` when unset), checked: the DAG-parse checks read it, since a kind known
     at parse time is checked then (``trainjob`` with a config a TrainJob cannot run is a parse error)."""
-    value = str(_conf().get(SECTION, JOB_KIND_OPTION, fallback="auto") or "auto")
+    value = _get(JOB_KIND_OPTION) or DEFAULT_JOB_KIND
     if value not in JOB_KINDS:
         expected = ", ".join(map(repr, JOB_KINDS))
         raise ValueError(
@@ -107,9 +150,9 @@ def read_job_kind_option() -> str:
     return value
 
 
-def url_template(option: str) -> str:
+def url_template(name: str) -> str:
     """``[torch_elastic] dashboard_url_template`` or ``logs_url_template``; empty when unset."""
-    return str(_conf().get(SECTION, option, fallback="") or "")
+    return _get(name)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -157,9 +200,9 @@ def read_execution() -> str:
     return value
 
 
-def _seconds(option: str) -> float | None:
-    """A ``seconds >= 0`` option; None when unset."""
-    raw = _text(option)
+def _seconds(name: str) -> float | None:
+    """A ``seconds >= 0`` option; None when set empty."""
+    raw = _text(name)
     if not raw:
         return None
     try:
@@ -167,20 +210,19 @@ def _seconds(option: str) -> float | None:
     except ValueError:
         value = -1.0
     if not 0 <= value < float("inf"):
-        raise AirflowFailException(f"[{SECTION}] {option}: expected seconds >= 0, got {raw!r} (env {_env(option)})")
+        raise AirflowFailException(f"[{SECTION}] {name}: expected seconds >= 0, got {raw!r} (env {_env(name)})")
     return value
 
 
-def _max_bytes(option: str, default: int) -> int:
-    raw = _text(option)
-    if not raw:
-        return default
+def _max_bytes(name: str) -> int:
+    """A ``bytes >= 1`` option; its declared default when set empty."""
+    raw = _text(name) or _declared(name).default
     try:
         value = int(raw)
     except ValueError:
         value = 0
     if value < 1:
-        raise AirflowFailException(f"[{SECTION}] {option}: expected bytes >= 1, got {raw!r} (env {_env(option)})")
+        raise AirflowFailException(f"[{SECTION}] {name}: expected bytes >= 1, got {raw!r} (env {_env(name)})")
     return value
 
 
@@ -196,8 +238,8 @@ def _result_storage() -> ResultStorage | None:
     return ResultStorage(
         url=url,
         conn_id=conn_id,
-        keep=_boolean("result_storage_keep", False),
-        max_bytes=_max_bytes("result_storage_max_bytes", DEFAULT_RESULT_MAX_BYTES),
+        keep=_boolean("result_storage_keep"),
+        max_bytes=_max_bytes("result_storage_max_bytes"),
     )
 
 
@@ -263,7 +305,7 @@ class Settings:
     #: sweep deletes a job whose lease ran out (no waiter renewed it: the try is gone). Read on Kubernetes only.
     job_lease: float = DEFAULT_JOB_LEASE
     #: ``job_kind``: what runs a multi-node task (the task's own, else the option); read on Kubernetes only.
-    job_kind: str = "auto"
+    job_kind: str = DEFAULT_JOB_KIND
 
     @classmethod
     def read(
@@ -277,7 +319,9 @@ class Settings:
         """
         execution = execution if execution is not None else read_execution()
         if deferrable is None:
-            deferrable = execution == "kubernetes" and _boolean("deferrable", True)
+            deferrable = execution == "kubernetes" and _boolean("deferrable")
+        if job_kind is None:
+            job_kind = _job_kind() if execution == "kubernetes" else DEFAULT_JOB_KIND
         return cls(
             execution=execution,
             deferrable=deferrable,
@@ -288,5 +332,5 @@ class Settings:
             report_interval=_seconds("report_interval"),
             early_event_hold=_early_event_hold() if deferrable else DEFAULT_EARLY_EVENT_HOLD,
             job_lease=_job_lease() if execution == "kubernetes" else DEFAULT_JOB_LEASE,
-            job_kind=job_kind if job_kind is not None else _job_kind() if execution == "kubernetes" else "auto",
+            job_kind=job_kind,
         )

@@ -65,6 +65,12 @@ _HASH_LENGTH: Final = 10  # 40 bits: collisions need ~10^6 live jobs with the sa
 _MAX_LABEL_VALUE: Final = 63
 _LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-_.A-Za-z0-9]{0,61}[A-Za-z0-9])?)?\Z")
 _DNS_1035 = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?\Z")
+#: Kubernetes' names, defined here once: a DNS-1123 label (a namespace, a container or volume name, at most 63
+#: characters) and a DNS-1123 subdomain (a pod, Secret or job name, at most 253).
+DNS_1123_LABEL: Final = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?\Z")
+DNS_1123_SUBDOMAIN: Final = re.compile(
+    r"^(?=.{1,253}\Z)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*\Z"
+)
 
 #: The run id used to render a task outside a run (``render_manifests(context=None)``).
 PLACEHOLDER_RUN_ID: Final = "manual__render"

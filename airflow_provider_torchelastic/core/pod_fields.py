@@ -15,15 +15,10 @@ from enum import Enum
 from types import MappingProxyType
 from typing import Any, Final, TypeAlias, cast
 
-from airflow_provider_torchelastic.core.naming import is_reserved_key
+from airflow_provider_torchelastic.core.naming import DNS_1123_LABEL, DNS_1123_SUBDOMAIN, is_reserved_key
 from airflow_provider_torchelastic.core.validation import QUANTITY, check_image, check_resources, fail, is_int
 
 JsonDict: TypeAlias = dict[str, Any]
-
-_DNS_1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?\Z")
-
-
-_DNS_1123_SUBDOMAIN = re.compile(r"^(?=.{1,253}\Z)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*\Z")
 
 
 class Unset(Enum):
@@ -148,7 +143,7 @@ def check_label_key(owner: str, name: str, key: object) -> str:
     if not isinstance(key, str):
         raise fail(owner, name, key, expected, TypeError)
     prefix, _, local = key.rpartition("/")
-    if (prefix and not _DNS_1123_SUBDOMAIN.match(prefix)) or not _QUALIFIED_NAME.match(local):
+    if (prefix and not DNS_1123_SUBDOMAIN.match(prefix)) or not _QUALIFIED_NAME.match(local):
         raise fail(owner, name, key, expected)
     return key
 
@@ -248,7 +243,7 @@ def check_env_from(owner: str, value: object) -> tuple[JsonDict, ...]:
         if not isinstance(ref, dict):
             raise fail(owner, f"{label}.{sources[0]}", ref, "a mapping", TypeError)
         check_keys(owner, f"{label}.{sources[0]}", ref, ("name", "optional"))
-        _check_str(owner, f"{label}.{sources[0]}.name", ref.get("name"), _DNS_1123_SUBDOMAIN, "a object name")
+        _check_str(owner, f"{label}.{sources[0]}.name", ref.get("name"), DNS_1123_SUBDOMAIN, "a object name")
         if "prefix" in item:
             _check_str(owner, f"{label}.prefix", item["prefix"], _ENV_NAME, "an env var name prefix")
         checked.append(item)
@@ -260,7 +255,7 @@ def check_pull_secrets(owner: str, value: object) -> tuple[str, ...]:
     for index, item in enumerate(_check_list(owner, "image_pull_secrets", value)):
         if isinstance(item, dict) and set(item) == {"name"}:
             item = item["name"]
-        names.append(_check_str(owner, f"image_pull_secrets[{index}]", item, _DNS_1123_SUBDOMAIN, "a Secret name"))
+        names.append(_check_str(owner, f"image_pull_secrets[{index}]", item, DNS_1123_SUBDOMAIN, "a Secret name"))
     return tuple(dict.fromkeys(names))
 
 
@@ -304,7 +299,7 @@ def check_volumes(owner: str, value: object) -> tuple[JsonDict, ...]:
         if not isinstance(item, dict):
             raise fail(owner, label, item, "a V1Volume-shaped mapping", TypeError)
         item = {key: val for key, val in item.items() if val is not None}
-        _check_str(owner, f"{label}.name", item.get("name"), _DNS_1123_LABEL, "a DNS-1123 label")
+        _check_str(owner, f"{label}.name", item.get("name"), DNS_1123_LABEL, "a DNS-1123 label")
         sources = [key for key in item if key != "name"]
         if len(sources) != 1 or not isinstance(item[sources[0]], dict):
             raise fail(owner, label, item, "a name and exactly one volume source, e.g. {'name': 'data', 'pvc': ...}")
@@ -321,7 +316,7 @@ def check_volume_mounts(owner: str, value: object) -> tuple[JsonDict, ...]:
             raise fail(owner, label, item, "a V1VolumeMount-shaped mapping", TypeError)
         item = {key: val for key, val in item.items() if val is not None}
         check_keys(owner, label, item, _MOUNT_KEYS)
-        _check_str(owner, f"{label}.name", item.get("name"), _DNS_1123_LABEL, "the name of a volume")
+        _check_str(owner, f"{label}.name", item.get("name"), DNS_1123_LABEL, "the name of a volume")
         path = item.get("mountPath")
         if not isinstance(path, str) or not path.startswith("/") or ":" in path:
             raise fail(owner, f"{label}.mountPath", path, "an absolute path without ':'")
@@ -413,7 +408,7 @@ def check_pod_template(owner: str, value: object) -> JsonDict:
 def check_name(owner: str, name: str, value: object, what: str) -> str | None:
     if value is None:
         return None
-    return _check_str(owner, name, value, _DNS_1123_SUBDOMAIN, f"a {what} name (a lowercase DNS subdomain) or None")
+    return _check_str(owner, name, value, DNS_1123_SUBDOMAIN, f"a {what} name (a lowercase DNS subdomain) or None")
 
 
 def check_shm(owner: str, value: object) -> str | Unset | None:

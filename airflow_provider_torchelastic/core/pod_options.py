@@ -25,6 +25,7 @@ from dataclasses import dataclass, field, fields, replace
 from types import MappingProxyType
 from typing import Any, Final, Literal, TypeAlias, cast
 
+from airflow_provider_torchelastic.core.choices import PUBLIC_MODULE
 from airflow_provider_torchelastic.core.pod_fields import (
     AFFINITY_KEYS,
     IMAGE_PULL_POLICIES,
@@ -251,3 +252,7 @@ class JobOptions:
                 check_resources(owner, "scheduling_policy.minResources", policy["minResources"])
             )
         object.__setattr__(self, "scheduling_policy", MappingProxyType(policy))
+
+
+# Exported at the package root, and shown by that path (core/choices.py's PUBLIC_MODULE).
+PodOptions.__module__ = JobOptions.__module__ = PUBLIC_MODULE

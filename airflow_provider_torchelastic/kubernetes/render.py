@@ -29,7 +29,6 @@ from __future__ import annotations
 import base64
 import copy
 import hashlib
-import re
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any, Final
@@ -37,6 +36,7 @@ from typing import Any, Final
 from airflow_provider_torchelastic.core.config import TaskConfig, check_task_config
 from airflow_provider_torchelastic.core.metrics_format import INTERVAL_ENV as METRICS_INTERVAL_ENV
 from airflow_provider_torchelastic.core.naming import (
+    DNS_1123_LABEL,
     RunIdentity,
     identity_annotations,
     identity_labels,
@@ -72,8 +72,6 @@ __all__ = [
 UI_SUMMARY_LIMIT: Final = 4000
 UI_FOOTER: Final = "# full manifest: XCom 'manifests' and the task log"
 
-_DNS_1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?\Z")
-
 
 def render_manifests(
     config: TaskConfig,
@@ -108,7 +106,7 @@ def render_manifests(
     config = check_task_config(config)
     if not isinstance(identity, RunIdentity):
         raise TypeError(f"identity: expected a RunIdentity(...), got {identity!r}")
-    if not isinstance(namespace, str) or not _DNS_1123_LABEL.match(namespace):
+    if not isinstance(namespace, str) or not DNS_1123_LABEL.match(namespace):
         raise invalid("namespace", namespace, "a namespace name (a DNS-1123 label)")
     # Rendered values only: a "{{ ... }}" left in an image is refused here, never submitted.
     check_image("", "image", image)

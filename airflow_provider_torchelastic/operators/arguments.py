@@ -14,13 +14,20 @@ from dataclasses import dataclass, fields
 from typing import Any, Final
 
 from airflow_provider_torchelastic.compat import CheckedOperatorPartial
+from airflow_provider_torchelastic.core.choices import (
+    FINISH_ACTION_ALIASES,
+    FINISH_ACTIONS,
+    Execution,
+    TrainingJobKind,
+    finish_action_of,
+)
 from airflow_provider_torchelastic.core.config import Elastic, TaskConfig, check_task_config
+from airflow_provider_torchelastic.core.naming import DNS_1123_LABEL
 from airflow_provider_torchelastic.core.pod_options import JobOptions, PodOptions
 from airflow_provider_torchelastic.core.validation import check_image, check_seconds, fail, is_templated
 from airflow_provider_torchelastic.kubernetes import kinds
 from airflow_provider_torchelastic.kubernetes.kinds import JobKind
 from airflow_provider_torchelastic.kubernetes.render import check_renderable
-from airflow_provider_torchelastic.kubernetes.status import FINISH_ACTIONS
 from airflow_provider_torchelastic.settings import (
     EXECUTIONS,
     JOB_KINDS,
@@ -38,13 +45,14 @@ __all__ = [
     "check_operator_arguments",
 ]
 
-_NAMESPACE: Final = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?\Z")
 _NAMESPACE_EXPECTED: Final = "a namespace name (a lowercase DNS-1123 label), a template, or None for the connection's"
 
 
 def _check_execution(value: object) -> str | None:
-    if value is None or value in EXECUTIONS:
-        return value
+    if value is None:
+        return None
+    if isinstance(value, str) and value in EXECUTIONS:
+        return Execution(value).value  # the plain string, whether given as one or as the enum
     raise ValueError(
         f"execution: expected 'kubernetes' or 'local' (or None for [torch_elastic] execution), got {value!r}"
     )
@@ -119,7 +127,7 @@ def _check_namespace(value: object) -> object:
         return value
     if not isinstance(value, str):
         raise fail("", "namespace", value, _NAMESPACE_EXPECTED, TypeError)
-    if not _NAMESPACE.match(value):
+    if not DNS_1123_LABEL.match(value):
         raise fail("", "namespace", value, _NAMESPACE_EXPECTED)
     return value
 
@@ -144,15 +152,22 @@ def _check_image(value: object) -> object:
     return value
 
 
-def _check_finish_action(value: object) -> object:
-    if value not in FINISH_ACTIONS:
-        raise fail("", "on_finish_action", value, f"one of {', '.join(map(repr, FINISH_ACTIONS))}")
-    return value
+def _check_finish_action(value: object) -> str:
+    action = finish_action_of(value)
+    if action is None:
+        expected = (
+            f"one of {', '.join(map(repr, FINISH_ACTIONS))} (an OnFinishAction), or KubernetesPodOperator's "
+            f"{', '.join(map(repr, FINISH_ACTION_ALIASES))}"
+        )
+        raise fail("", "on_finish_action", value, expected, TypeError if not isinstance(value, str) else ValueError)
+    return action
 
 
 def _check_job_kind(value: object) -> str | None:
-    if value is None or value in JOB_KINDS:
-        return value
+    if value is None:
+        return None
+    if isinstance(value, str) and value in JOB_KINDS:
+        return TrainingJobKind(value).value
     expected = f"one of {', '.join(map(repr, JOB_KINDS))}, or None for [torch_elastic] job_kind"
     raise fail("", "job_kind", value, expected, TypeError if not isinstance(value, str) else ValueError)
 
@@ -258,6 +273,7 @@ class CheckedArguments:
     poll_interval: float
     pending_grace_seconds: float
     scheduling_timeout: float | None
+    on_finish_action: str
 
 
 def check_operator_arguments(
@@ -290,6 +306,7 @@ def check_operator_arguments(
         poll_interval=values["poll_interval"],
         pending_grace_seconds=values["pending_grace_seconds"],
         scheduling_timeout=values["scheduling_timeout"],
+        on_finish_action=values["on_finish_action"],
     )
 
     def known(name: str) -> bool:

@@ -19,10 +19,9 @@ XCOM_JOB_NAMESPACE: Final = "job_namespace"
 XCOM_JOB_KIND: Final = "job_kind"
 
 
-def _link_from_template(option: str, ti_key: TaskInstanceKey) -> str:
+def _link_from_template(template: str, ti_key: TaskInstanceKey) -> str:
     from airflow.sdk.execution_time.xcom import XCom
 
-    template = url_template(option)
     if not template:
         return ""
     name = XCom.get_value(key=XCOM_JOB_NAME, ti_key=ti_key)
@@ -39,7 +38,7 @@ class TorchElasticJobLink(BaseOperatorLink):
     name = "Training job"
 
     def get_link(self, operator: BaseOperator, *, ti_key: TaskInstanceKey) -> str:
-        return _link_from_template("dashboard_url_template", ti_key)
+        return _link_from_template(url_template("dashboard_url_template"), ti_key)
 
 
 class TorchElasticLogsLink(BaseOperatorLink):
@@ -48,7 +47,7 @@ class TorchElasticLogsLink(BaseOperatorLink):
     name = "Training logs"
 
     def get_link(self, operator: BaseOperator, *, ti_key: TaskInstanceKey) -> str:
-        return _link_from_template("logs_url_template", ti_key)
+        return _link_from_template(url_template("logs_url_template"), ti_key)
 
 
 # A serialized DAG names its operator's links by classpath, and a DAG serialized before this module existed is read

@@ -61,8 +61,8 @@ class TorchElasticOperator(BaseOperator):
         must exist where the workers run (checked there).
     :param args: the command-line arguments of ``module``/``script`` (strings; templated).
     :param task_config: ``Elastic(...)`` (default: one node, one worker) or ``PyTorch(...)``.
-    :param execution: ``"local"`` (subprocesses on the Airflow worker) or ``"kubernetes"``; default: the Airflow
-        option ``[torch_elastic] execution``, itself ``kubernetes`` by default.
+    :param execution: ``"local"`` (subprocesses on the Airflow worker) or ``"kubernetes"`` (or ``Execution.LOCAL``,
+        ``Execution.KUBERNETES``); default: the Airflow option ``[torch_elastic] execution``, itself ``kubernetes``.
     :param image: the training image on Kubernetes (Python, torch, cloudpickle and this package; see docker/);
         templated. A replica's own image wins over it; without it, the pod template's ``pytorch`` container's image,
         else the Airflow option ``[torch_elastic] image``. A Kubernetes task with none fails when the DAG is parsed.
@@ -77,14 +77,16 @@ class TorchElasticOperator(BaseOperator):
     :param scheduling_timeout: seconds the job may wait for capacity (pods Unschedulable before it can start, a
         suspended or Kueue-queued job) before the task fails as recoverable; default None: until
         ``execution_timeout``. Pods of an elastic job beyond its minimum never count: it runs on what it got.
-    :param on_finish_action: ``delete_succeeded`` (default), ``delete`` or ``keep`` the job once it ended.
+    :param on_finish_action: ``delete_succeeded`` (default), ``delete`` or ``keep`` the job once it ended (or an
+        ``OnFinishAction``); KubernetesPodOperator's ``delete_succeeded_pod``, ``delete_pod`` and ``keep_pod`` mean
+        the same three.
     :param checkpoint_uri: this task's checkpoint location (a path or fsspec URL; templated), in place of
         ``{[torch_elastic] checkpoint_root}/{dag_id}/{run_id}/{task_id}/{map_index}``. The workers read it from
         ``context.current().checkpoint_uri``; the ``checkpoint`` helpers use it.
     :param job_kind: what runs a task of several nodes: ``auto`` (ask the cluster at submit: a TrainJob where
-        Kubeflow Trainer v2 is installed and the task fits one, else a PyTorchJob), ``pytorchjob`` or ``trainjob``;
-        default ``[torch_elastic] job_kind`` (``auto``). One node is always a Pod. A kind known at parse time is
-        checked then: what a TrainJob cannot run is an error naming the field.
+        Kubeflow Trainer v2 is installed and the task fits one, else a PyTorchJob), ``pytorchjob`` or ``trainjob``
+        (or a ``TrainingJobKind``); default ``[torch_elastic] job_kind`` (``auto``). One node is always a Pod. A
+        kind known at parse time is checked then: what a TrainJob cannot run is an error naming the field.
     """
 
     operator_extra_links = (TorchElasticJobLink(), TorchElasticLogsLink())
@@ -151,7 +153,7 @@ class TorchElasticOperator(BaseOperator):
         self.poll_interval = checked.poll_interval
         self.pending_grace_seconds = checked.pending_grace_seconds
         self.scheduling_timeout = checked.scheduling_timeout
-        self.on_finish_action = on_finish_action
+        self.on_finish_action = checked.on_finish_action
         self.checkpoint_uri = checkpoint_uri
         self.job_kind = checked.job_kind
         self.rendered_job: str | None = None
@@ -330,3 +332,7 @@ class TorchElasticOperator(BaseOperator):
         if self._job is not None:
             self.log.info("Task killed: stopping %s %s/%s", self._job.kind, self._job.namespace, self._job.name)
             self._stop(self._job)
+
+
+# The path users import it from, which a serialized DAG's task module, tracebacks and reprs then show.
+TorchElasticOperator.__module__ = "airflow_provider_torchelastic.operators"

@@ -76,8 +76,9 @@ def _service() -> Any:
 
         from airflow_provider_torchelastic.plugin.service import JobsService
         from airflow_provider_torchelastic.plugin.sources import KubeJobs, Summaries
+        from airflow_provider_torchelastic.settings import read_ui_kubernetes_conn_id
 
-        conn_id = conf.get("torch_elastic", "ui_kubernetes_conn_id", fallback="kubernetes_default")
+        conn_id = read_ui_kubernetes_conn_id()
         base_url = conf.get("api", "base_url", fallback="") or ""
         _SERVICE = JobsService(KubeJobs(conn_id), Summaries(), base_path=_path_of(base_url))
     return _SERVICE

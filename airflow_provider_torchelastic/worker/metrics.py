@@ -16,6 +16,7 @@ import warnings
 from collections.abc import Callable, Mapping
 from typing import Any, Final
 
+from airflow_provider_torchelastic.core.choices import PUBLIC_MODULE
 from airflow_provider_torchelastic.core.metrics_format import (
     DEFAULT_INTERVAL,
     INTERVAL_ENV,
@@ -213,3 +214,7 @@ def flush() -> None:
 def _reset_for_tests() -> None:
     global _reporter
     _reporter = None
+
+
+# Exported at the package root, and shown (and pickled by reference) by that path: core/choices.py.
+report.__module__ = PUBLIC_MODULE

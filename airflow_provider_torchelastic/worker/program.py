@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from airflow_provider_torchelastic.core.choices import PUBLIC_MODULE
+
 __all__ = ["Program", "ScriptNotFoundError", "set_result"]
 
 # What set_result() was given in this worker (a list, so that None is a value too).
@@ -76,3 +78,7 @@ class Program:
         finally:
             sys.argv, sys.path[:] = saved_argv, saved_path
         return _RESULT[0] if _RESULT else None
+
+
+# Exported at the package root, and shown (and pickled by reference) by that path: core/choices.py.
+set_result.__module__ = PUBLIC_MODULE

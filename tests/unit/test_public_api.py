@@ -16,7 +16,7 @@ import pytest
 
 import airflow_provider_torchelastic
 from airflow_provider_torchelastic import errors, metrics
-from airflow_provider_torchelastic.core import config
+from airflow_provider_torchelastic.core import choices, config, pod_options
 from tests.conftest import REPO_ROOT
 
 DIST = "airflow-provider-torchelastic"
@@ -30,6 +30,13 @@ EXPORTED = {
     "RestartPolicy",
     "CleanPodPolicy",
     "RecoverableError",
+    # What nearly every Kubernetes task customizes (core/pod_options.py), and the operator's fixed choices as str
+    # enums (core/choices.py).
+    "PodOptions",
+    "JobOptions",
+    "Execution",
+    "TrainingJobKind",
+    "OnFinishAction",
     # Modules for the training function (standard library only when imported): context.current() and the
     # checkpoint helpers.
     "checkpoint",
@@ -74,12 +81,14 @@ def test_every_exported_name_resolves_to_its_definition() -> None:
         "RecoverableError": errors.RecoverableError,
         "report": metrics.report,
         "set_result": program.set_result,
+        "PodOptions": pod_options.PodOptions,
+        "JobOptions": pod_options.JobOptions,
+        "Execution": choices.Execution,
+        "TrainingJobKind": choices.TrainingJobKind,
+        "OnFinishAction": choices.OnFinishAction,
         **modules,
-        **{
-            name: getattr(config, name)
-            for name in EXPORTED - {"TorchElasticOperator", "RecoverableError", "report", "set_result", *modules}
-        },
     }
+    expected |= {name: getattr(config, name) for name in EXPORTED - set(expected)}
     for name in EXPORTED:
         assert getattr(airflow_provider_torchelastic, name) is expected[name], name
     assert set(dir(airflow_provider_torchelastic)) >= EXPORTED
@@ -165,6 +174,27 @@ def test_provider_entry_point() -> None:
         ("provider_info", "airflow_provider_torchelastic:get_provider_info")
     ]
     assert points[0].load() is airflow_provider_torchelastic.get_provider_info
+
+
+def test_the_command_line_tools_are_console_scripts() -> None:
+    from airflow_provider_torchelastic import preflight
+    from airflow_provider_torchelastic.kubernetes import sweep
+
+    points = {
+        ep.name: ep
+        for ep in importlib.metadata.entry_points(group="console_scripts")
+        if ep.dist and ep.dist.name == DIST
+    }
+    assert {name: ep.load() for name, ep in points.items()} == {
+        "torchelastic-preflight": preflight.main,
+        "torchelastic-sweep": sweep.main,
+    }
+    for name in points:  # installed beside this interpreter, and each says how it is used
+        proc = subprocess.run(
+            [str(Path(sys.executable).with_name(name)), "--help"], capture_output=True, text=True, timeout=120
+        )
+        assert proc.returncode == 0, proc.stderr
+        assert "--namespace" in proc.stdout
 
 
 def test_airflow_providers_list_shows_the_package() -> None:

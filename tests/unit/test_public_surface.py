@@ -32,6 +32,11 @@ PINNED: dict[str, tuple[str, ...]] = {
         "report",
         "set_result",
         "__version__",
+        "PodOptions",
+        "JobOptions",
+        "Execution",
+        "TrainingJobKind",
+        "OnFinishAction",
     ),
     f"{PACKAGE}.pod": ("PodOptions", "JobOptions", "secret_key_ref", "config_map_key_ref"),
     f"{PACKAGE}.context": ("current", "RunContext", "TaskContext", "NoRunContextError", "CONTEXT_ENV"),
@@ -78,6 +83,11 @@ PICKLED_BY_REFERENCE = (
     (f"{PACKAGE}.worker.metrics", "report"),
     # What a module= or script= task's program imports (issue 32).
     (f"{PACKAGE}.worker.program", "set_result"),
+    # Since the root's exports report the root as their module (issue 36).
+    (PACKAGE, "report"),
+    (PACKAGE, "set_result"),
+    (PACKAGE, "Elastic"),
+    (PACKAGE, "PodOptions"),
 )
 
 
@@ -175,3 +185,39 @@ def test_what_training_code_pickles_by_reference_names_a_pinned_path() -> None:
 def test_the_runner_runs_by_its_module_path() -> None:
     spec = importlib.util.find_spec(f"{PACKAGE}.runner.__main__")
     assert spec is not None and spec.origin is not None
+
+
+#: The modules users import from (the README's paths): a name they are shown says one of these as its ``__module__``,
+#: which tracebacks, reprs and by-reference pickles then print, never an internal module that may move.
+PUBLIC_MODULES = frozenset(PINNED) | {f"{PACKAGE}.metrics", f"{PACKAGE}.preflight", f"{PACKAGE}.kubernetes.sweep"}
+
+
+def _shown_objects() -> dict[str, Any]:
+    """The package's classes and functions that users are shown: the root's exports, and those the README names."""
+    import airflow_provider_torchelastic as root
+
+    shown = {f"{PACKAGE}.{name}": getattr(root, name) for name in root.__all__}
+    for path in README_PATHS:
+        value = resolve(path)
+        if isinstance(value, type) or callable(value):
+            shown[path] = value
+    return {
+        path: value
+        for path, value in shown.items()
+        if (isinstance(value, type) or callable(value)) and getattr(value, "__module__", "").startswith(PACKAGE)
+    }
+
+
+SHOWN = sorted(_shown_objects())
+
+
+def test_the_shown_names_include_the_roots_exports() -> None:
+    assert {f"{PACKAGE}.{name}" for name in ("Elastic", "PodOptions", "report", "Execution")} <= set(SHOWN)
+
+
+@pytest.mark.parametrize("path", SHOWN)
+def test_a_shown_name_reports_a_public_module(path: str) -> None:
+    value = resolve(path)
+    assert value.__module__ in PUBLIC_MODULES, f"{path} says it lives in {value.__module__}"
+    # ... and that module gives it under its own name: what pickle checks when it pickles it by reference.
+    assert resolve(f"{value.__module__}.{value.__qualname__}") is value

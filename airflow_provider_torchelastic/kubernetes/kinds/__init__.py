@@ -23,6 +23,7 @@ from collections.abc import Callable
 from importlib.metadata import entry_points
 from typing import Final
 
+from airflow_provider_torchelastic.core import choices
 from airflow_provider_torchelastic.core.config import TaskConfig
 from airflow_provider_torchelastic.kubernetes.kinds import pod, pytorchjob, trainjob
 from airflow_provider_torchelastic.kubernetes.kinds.descriptor import DENIED, NOT_SERVED, JobKind, OwnerQuery
@@ -53,8 +54,8 @@ TRAINJOB: Final = trainjob.KIND
 #: TrainJob; only :func:`choose` does.
 BUILT_IN: Final = (POD, PYTORCHJOB, TRAINJOB)
 ENTRY_POINT_GROUP: Final = "airflow_provider_torchelastic.job_kinds"
-#: What ``job_kind`` (the operator's argument, ``[torch_elastic] job_kind``) may say.
-JOB_KIND_CHOICES: Final = ("auto", "pytorchjob", "trainjob")
+#: What ``job_kind`` (the operator's argument, ``[torch_elastic] job_kind``) may say (core/choices.py).
+JOB_KIND_CHOICES: Final = choices.JOB_KIND_CHOICES
 _BUILT_IN_NAMES: Final = frozenset(kind.kind for kind in BUILT_IN)
 
 
