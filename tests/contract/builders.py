@@ -8,8 +8,11 @@ from typing import Any
 from airflow_provider_torchelastic.core.config import TaskConfig
 from airflow_provider_torchelastic.core.naming import RunIdentity
 from airflow_provider_torchelastic.core.pod_options import JobOptions, PodOptions
+from airflow_provider_torchelastic.kubernetes import kinds
 from airflow_provider_torchelastic.kubernetes.pod_template import RenderInputs
 from airflow_provider_torchelastic.kubernetes.render import render_manifests
+from tests.cluster import sim_trainer
+from tests.contract.trainjob_schemas import TORCH_DISTRIBUTED, load
 
 IMAGE = "registry.example.com/ml/train:1.0"
 PAYLOAD = b"\x80\x05payload"
@@ -65,3 +68,18 @@ def pod_specs(manifest: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 def pytorch_container(pod_spec: dict[str, Any]) -> dict[str, Any]:
     return next(c for c in pod_spec["containers"] if c["name"] == "pytorch")
+
+
+def trainjob_pods_of(config: TaskConfig, **identity: Any) -> tuple[str, list[dict[str, Any]]]:
+    """The TrainJob's name and its pods as the Trainer, JobSet and Job controllers make them from the torch-distributed
+    runtime (the simulators' pure steps, aligned with Trainer v2.3.0 and JobSet v0.12.0)."""
+    job = workload(render(config, renderer=kinds.TRAINJOB.render, **identity))
+    job["metadata"].update(uid="00000000-0000-0000-0000-000000000001", namespace="ml")
+    jobset = sim_trainer.jobset_defaults(sim_trainer.build_jobset(job, load(TORCH_DISTRIBUTED)))
+    jobset["metadata"]["uid"] = "00000000-0000-0000-0000-000000000002"
+    pods = []
+    for rjob, index, global_index, group_index, group_replicas in sim_trainer.job_indexes(jobset):
+        batch = sim_trainer.render_job(jobset, rjob, index, global_index, group_index, group_replicas)
+        batch["metadata"]["uid"] = f"00000000-0000-0000-0000-00000000001{global_index}"
+        pods += [sim_trainer.render_indexed_pod(batch, i) for i in range(int(batch["spec"].get("completions", 1)))]
+    return job["metadata"]["name"], pods

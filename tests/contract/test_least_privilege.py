@@ -14,10 +14,11 @@ from airflow_provider_torchelastic.core.config import Elastic, Master, PyTorch, 
 from airflow_provider_torchelastic.core.naming import LABEL_MANAGED_BY, MANAGED_BY
 from airflow_provider_torchelastic.core.pod_options import PodOptions
 from airflow_provider_torchelastic.kubernetes.kinds.pytorchjob import POD_LABEL
+from airflow_provider_torchelastic.kubernetes.kinds.trainjob import JOBSET_NAME_LABEL, TOKEN_MOUNT_PATH
 from airflow_provider_torchelastic.kubernetes.pod_template import DEFAULT_PORT
 from airflow_provider_torchelastic.kubernetes.render import check_renderable
 from tests.cluster.sim_operator import render_pod
-from tests.contract.builders import pod_specs, render, workload
+from tests.contract.builders import pod_specs, render, trainjob_pods_of, workload
 from tests.contract.schemas import KUBERNETES_VERSIONS, REPO_ROOT, validate_rendered
 
 TOKEN = "automountServiceAccountToken"
@@ -155,10 +156,41 @@ def pods_of(config: TaskConfig, **identity: Any) -> tuple[str, list[dict[str, st
     return job["metadata"]["name"], [pod["metadata"]["labels"] for pod in pods]
 
 
+def token_mounts(pod: dict[str, Any]) -> list[tuple[str, str]]:
+    """(container, volume) of every mount at the service account token's path."""
+    return [
+        (container["name"], mount["name"])
+        for key in ("initContainers", "containers")
+        for container in pod["spec"].get(key) or []
+        for mount in container.get("volumeMounts") or []
+        if mount["mountPath"] == TOKEN_MOUNT_PATH
+    ]
+
+
+def test_a_trainjobs_pods_mask_the_token() -> None:
+    # A runtime patch has no automountServiceAccountToken: every container of the node pods mounts an empty folder
+    # at the token's path, where ServiceAccount admission then mounts no token (the real API server's behaviour is
+    # checked on the real node: tests/e2e/test_real_node_e2e.py).
+    _, pods = trainjob_pods_of(Elastic(nnodes=2))
+    assert len(pods) == 2
+    for pod in pods:
+        mounts = token_mounts(pod)
+        assert mounts and {volume for _, volume in mounts} == {"torchelastic-no-token"}
+        containers = {c["name"] for key in ("initContainers", "containers") for c in pod["spec"].get(key) or []}
+        assert {container for container, _ in mounts} == containers
+        (volume,) = [v for v in pod["spec"]["volumes"] if v["name"] == "torchelastic-no-token"]
+        assert set(volume) == {"name", "emptyDir"}  # nothing in it
+
+
+def test_a_trainjob_with_a_named_service_account_keeps_its_token_setting() -> None:
+    _, pods = trainjob_pods_of(Elastic(nnodes=2), pod_options=PodOptions(service_account_name="trainer"))
+    assert all(token_mounts(pod) == [] and pod["spec"]["serviceAccountName"] == "trainer" for pod in pods)
+
+
 def test_the_policies_meet_the_kubernetes_schema() -> None:
     job_name, _ = pods_of(Elastic(nnodes=2))
     filled = policies(job_name)
-    assert set(filled) == {"torchelastic-isolate", f"{job_name}-peers"}
+    assert set(filled) == {"torchelastic-isolate", f"{job_name}-peers", f"{job_name}-trainjob-peers"}
     for policy in filled.values():
         assert policy["apiVersion"] == "networking.k8s.io/v1" and policy["kind"] == "NetworkPolicy"
         assert _DNS_1123_SUBDOMAIN.match(policy["metadata"]["name"])
@@ -177,8 +209,9 @@ def test_the_selectors_name_the_labels_the_pods_carry() -> None:
     assert f"port {DEFAULT_PORT}" in POLICY_FILE.read_text()
     job_name, job_pods = pods_of(Elastic(nnodes=2))
     _, single = pods_of(Elastic())
+    _, trainjob_pods = trainjob_pods_of(Elastic(nnodes=2))
     assert len(job_pods) == 2 and all(pod[POD_LABEL] == job_name for pod in job_pods)
-    keys = set().union(*job_pods, *single)
+    keys = set().union(*job_pods, *single, *(pod["metadata"]["labels"] for pod in trainjob_pods))
     for policy in policies(job_name).values():
         spec = policy["spec"]
         named = [spec["podSelector"]] + [p["podSelector"] for rule in spec["ingress"] for p in rule["from"]]
@@ -225,3 +258,21 @@ def test_without_the_exemption_every_provider_pod_is_isolated() -> None:
     strict = {"matchExpressions": [e for e in selector["matchExpressions"] if e["operator"] != "DoesNotExist"]}
     assert strict["matchExpressions"] and all(selects(strict, pod) for pod in [*job_pods, *single])
     assert not selects(strict, {"app": "anything"})
+
+
+def test_a_trainjobs_pods_admit_only_each_other_and_are_left_alone_by_the_isolating_policy() -> None:
+    config = Elastic(nnodes=2)
+    job_name, pods = trainjob_pods_of(config)
+    job_pods = [pod["metadata"]["labels"] for pod in pods]
+    _, other_try = trainjob_pods_of(config, try_number=2)
+    _, [single] = pods_of(Elastic())
+    assert all(pod[JOBSET_NAME_LABEL] == job_name for pod in job_pods)
+    filled = policies(job_name)
+    # Isolated without their job's policy, node 0's rendezvous would be cut off from the other nodes.
+    assert not any(selects(filled["torchelastic-isolate"]["spec"]["podSelector"], pod) for pod in job_pods)
+    peers = filled[f"{job_name}-trainjob-peers"]
+    assert all(selects(peers["spec"]["podSelector"], pod) and admitted(peers, pod) for pod in job_pods)
+    for stranger in [*(pod["metadata"]["labels"] for pod in other_try), single, {"app": "anything"}]:
+        assert not admitted(peers, stranger) and not selects(peers["spec"]["podSelector"], stranger)
+    # The PyTorchJob's template, applied by the same sed, selects none of them.
+    assert not any(selects(filled[f"{job_name}-peers"]["spec"]["podSelector"], pod) for pod in job_pods)

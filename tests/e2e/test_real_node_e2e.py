@@ -278,6 +278,46 @@ def test_a_torchrun_module_and_script_run_on_the_node(real_node_cluster: RealNod
     assert result.xcom("exit") == {"stopped": "early", "rank": 0}
 
 
+# --- service account tokens -------------------------------------------------------------------------------------------
+
+
+def _admitted_token_mounts(cluster: Cluster, spec: dict[str, Any]) -> list[str]:
+    """The containers of a pod with ``spec`` that the real API server's ServiceAccount admission (which a real node's
+    cluster runs) gives the token at its path: a dry run, which admits and mutates but stores nothing."""
+    from airflow_provider_torchelastic.kubernetes.kinds.trainjob import TOKEN_MOUNT_PATH
+
+    body = {"apiVersion": "v1", "kind": "Pod", "metadata": {"generateName": "token-probe-"}, "spec": spec}
+    admitted = cluster.api_client.sanitize_for_serialization(
+        cluster.core.create_namespaced_pod(cluster.namespace, body, dry_run="All")
+    )
+    tokens = {v["name"] for v in admitted["spec"].get("volumes") or [] if "secret" in v or "projected" in v}
+    return [
+        container["name"]
+        for container in admitted["spec"]["containers"]
+        for mount in container.get("volumeMounts") or []
+        if mount["mountPath"] == TOKEN_MOUNT_PATH and mount["name"] in tokens
+    ]
+
+
+def test_a_trainjobs_pods_get_no_token_from_the_real_service_account_admission(cluster: Cluster) -> None:
+    """A runtime patch cannot say automountServiceAccountToken: false; the provider masks the token's path instead
+    (kinds/trainjob.py), which the real admission honours. The control: the same pod without the mask gets one."""
+    from airflow_provider_torchelastic import Elastic
+    from tests.contract.builders import trainjob_pods_of
+
+    _, [pod, *_] = trainjob_pods_of(Elastic(nnodes=2))
+    assert _admitted_token_mounts(cluster, pod["spec"]) == []
+    unmasked = {
+        **pod["spec"],
+        "volumes": [v for v in pod["spec"]["volumes"] if v["name"] != "torchelastic-no-token"],
+        "containers": [
+            {**c, "volumeMounts": [m for m in c["volumeMounts"] if m["name"] != "torchelastic-no-token"]}
+            for c in pod["spec"]["containers"]
+        ],
+    }
+    assert _admitted_token_mounts(cluster, unmasked) == [c["name"] for c in pod["spec"]["containers"]]
+
+
 # --- deletion ---------------------------------------------------------------------------------------------------------
 
 

@@ -84,6 +84,11 @@ GROUP: Final = "trainer.kubeflow.org"
 VERSION: Final = "v1alpha1"
 API_VERSION: Final = f"{GROUP}/{VERSION}"
 PLURAL: Final = "trainjobs"
+#: Where the API server mounts a service account's token, and what the provider's patch mounts there instead when the
+#: pods must have none (:func:`_split_template`): an empty, read-only, memory-backed folder.
+TOKEN_MOUNT_PATH: Final = "/var/run/secrets/kubernetes.io/serviceaccount"
+TOKEN_MASK_VOLUME: Final = {"name": "torchelastic-no-token", "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}}
+TOKEN_MASK_MOUNT: Final = {"name": "torchelastic-no-token", "mountPath": TOKEN_MOUNT_PATH, "readOnly": True}
 #: Whose entry of ``spec.runtimePatches`` is the provider's (a list keyed by manager; Kueue uses its own).
 PATCH_MANAGER: Final = f"{LABEL_PREFIX}/provider"
 #: The container of the runtime's trainer job that the ``trainer`` block sets (kubeflow/trainer ``constants.Node``).
@@ -234,13 +239,15 @@ def _split_template(template: JsonDict, runtime: Runtime) -> tuple[JsonDict, Jso
     (container,) = spec.pop("containers")  # check_trainjob_options refused any other
     container = dict(container)
     container.pop("name")
-    # Left out on purpose: the training operator's port (the torch plugin adds its own, 29500), the automount default
-    # (no such field in a patch: the service account's own setting decides), and the termination message settings
-    # (the runner writes to the default path; without FallbackToLogsOnError a node killed before it reported shows
-    # no log tail in its status).
+    # Left out on purpose: the training operator's port (the torch plugin adds its own, 29500) and the termination
+    # message settings (the runner writes to the default path; without FallbackToLogsOnError a node killed before it
+    # reported shows no log tail in its status).
     for key in ("ports", "terminationMessagePath", "terminationMessagePolicy"):
         container.pop(key, None)  # check_trainjob_options refused the user's own
-    spec.pop("automountServiceAccountToken", None)
+    # A patch has no automountServiceAccountToken. Where the pod would say false (no service account named), the
+    # token is masked instead: the API server's ServiceAccount admission mounts no token into a container that
+    # already mounts something at the token's path, and adds no token volume when no container needs it.
+    no_token = spec.pop("automountServiceAccountToken", None) is False
     trainer: JsonDict = {"image": container.pop("image", None), "command": container.pop("command")}
     if trainer["image"] is None:
         del trainer["image"]  # a parse-time check without an image: nothing is submitted
@@ -254,6 +261,9 @@ def _split_template(template: JsonDict, runtime: Runtime) -> tuple[JsonDict, Jso
     if twice:
         # The patch keys a container's mounts by volume name (a list map): one mount per volume.
         raise cannot(f"volumeMounts[{twice[0]!r}]", mounts, "a runtime patch mounts each volume once")
+    if no_token and not any(mount.get("mountPath") == TOKEN_MOUNT_PATH for mount in mounts):  # else: the user's own
+        spec["volumes"] = [*spec.get("volumes", []), copy.deepcopy(TOKEN_MASK_VOLUME)]
+        mounts = [*mounts, dict(TOKEN_MASK_MOUNT)]
     patched["volumeMounts"] = mounts
     if "securityContext" in container:
         patched["securityContext"] = container.pop("securityContext")
