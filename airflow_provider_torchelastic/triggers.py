@@ -26,6 +26,7 @@ from typing import Any, Final, TypeAlias
 from airflow.triggers.base import BaseEventTrigger, TriggerEvent
 
 from airflow_provider_torchelastic.core.redaction import redact_value, redacting
+from airflow_provider_torchelastic.core.validation import short_repr
 from airflow_provider_torchelastic.kubernetes.status import JobRef, WaitDecision, WaitPolicy
 
 __all__ = [
@@ -59,7 +60,7 @@ class JobEnded:
 
     @classmethod
     def from_payload(cls, payload: Mapping[str, Any]) -> JobEnded:
-        if payload.get("status") == EVENT_ERROR:
+        if isinstance(payload, Mapping) and payload.get("status") == EVENT_ERROR:
             raise ValueError(f"JobEnded: expected a {EVENT_DONE!r} event, got an {EVENT_ERROR!r} one")
         return cls(WaitDecision.from_event(payload))
 
@@ -78,9 +79,12 @@ class WaitFailed:
 
     @classmethod
     def from_payload(cls, payload: Mapping[str, Any]) -> WaitFailed:
-        if payload.get("status") != EVENT_ERROR:
-            raise ValueError(f"WaitFailed: expected an {EVENT_ERROR!r} event, got {payload.get('status')!r}")
-        return cls(message=str(payload.get("message")))
+        status = payload.get("status") if isinstance(payload, Mapping) else None
+        if status != EVENT_ERROR:
+            raise ValueError(f"WaitFailed: expected an {EVENT_ERROR!r} event, got {short_repr(status)}")
+        message = payload.get("message")
+        # Never str() of what a row holds: a structure nested 2000 deep makes it raise RecursionError.
+        return cls(message=message if isinstance(message, str) else short_repr(message))
 
 
 TriggerOutcome: TypeAlias = JobEnded | WaitFailed
@@ -90,8 +94,10 @@ def event_from_payload(payload: Mapping[str, Any]) -> TriggerOutcome:
     """The event a :class:`TorchElasticJobTrigger` fired, from its payload (a plain dict, as Airflow hands it on).
 
     An ``"error"`` status is a :class:`WaitFailed`; anything else is read as a :class:`JobEnded`, as
-    ``execute_complete`` has always read it.
+    ``execute_complete`` has always read it. ``ValueError``, and nothing else, for a payload that is neither.
     """
+    if not isinstance(payload, Mapping):
+        raise ValueError(f"a trigger event: expected an object, got {type(payload).__name__}")
     if payload.get("status") == EVENT_ERROR:
         return WaitFailed.from_payload(payload)
     return JobEnded.from_payload(payload)

@@ -15,6 +15,7 @@ library only: the Airflow side, the runner and the workers share it.
 from __future__ import annotations
 
 import re
+import reprlib
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -106,13 +107,14 @@ class ArtifactRef:
     @classmethod
     def from_json(cls, doc: Any) -> ArtifactRef:
         """The reference in ``doc`` (a marked JSON object), checked field by field; :class:`ArtifactRefError` names
-        the first field that is wrong."""
+        the first field that is wrong, and is all it raises, whatever ``doc`` is (rank 0's value holds these)."""
         if not is_ref(doc):
             raise ArtifactRefError(f"not an artifact reference (a JSON object with {MARKER!r}): {_short(doc)}")
-        if doc[MARKER] != VERSION:
+        if type(doc[MARKER]) is not int or doc[MARKER] != VERSION:
             raise ArtifactRefError(f"artifact reference {MARKER}: expected {VERSION}, got {_short(doc[MARKER])}")
         kind = doc.get("kind")
-        if kind not in FORMAT_OF_KIND:
+        # Type first: ``in`` a dict hashes its operand, and a list raises TypeError there.
+        if not isinstance(kind, str) or kind not in FORMAT_OF_KIND:
             raise ArtifactRefError(f"artifact reference kind: expected one of {', '.join(KINDS)}, got {_short(kind)}")
         url, size, digest = doc.get("url"), doc.get("bytes"), doc.get("sha256")
         if not isinstance(url, str) or not url:
@@ -141,20 +143,35 @@ def _tensors(raw: Any) -> dict[str, TensorInfo]:
     for name, info in raw.items():
         dtype = info.get("dtype") if isinstance(info, dict) else None
         shape = info.get("shape") if isinstance(info, dict) else None
-        if dtype not in SAFETENSORS_DTYPES or not isinstance(shape, list):
+        if not isinstance(name, str) or not isinstance(dtype, str) or dtype not in SAFETENSORS_DTYPES:
+            raise ArtifactRefError(
+                f"artifact reference tensors[{_short(name)}]: expected {{'dtype': a safetensors dtype, 'shape': a "
+                f"list}}, got {_short(info)}"
+            )
+        if not isinstance(shape, list):
             raise ArtifactRefError(
                 f"artifact reference tensors[{name!r}]: expected {{'dtype': a safetensors dtype, 'shape': a list}}, "
                 f"got {_short(info)}"
             )
         if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in shape):
-            raise ArtifactRefError(f"artifact reference tensors[{name!r}] shape: expected ints >= 0, got {shape!r}")
+            raise ArtifactRefError(
+                f"artifact reference tensors[{name!r}] shape: expected ints >= 0, got {_short(shape)}"
+            )
         found[name] = TensorInfo(dtype=dtype, shape=tuple(shape))
     return found
 
 
+_SHORT: Final = reprlib.Repr()
+_SHORT.maxstring = _SHORT.maxother = 200
+
+
 def _short(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 200 else text[:200] + "..."
+    """``repr(value)`` for a message, bounded; never raising (``repr`` of a list nested 2000 deep raises
+    RecursionError, and of an int past Python's digit limit ValueError)."""
+    try:
+        return _SHORT.repr(value)
+    except Exception:
+        return f"<{type(value).__name__}>"
 
 
 def is_ref(value: Any) -> bool:
@@ -177,15 +194,18 @@ def iter_refs(value: Any) -> Iterator[ArtifactRef]:
 
 def walk_refs(value: Any, path: str = "") -> Iterator[tuple[str, ArtifactRef]]:
     """Every reference in a JSON value with where it is, in the value's order: ``model``, ``layers[2]``,
-    ``stats.mean`` (``""`` for the value itself); a malformed one raises."""
-    if is_ref(value):
-        yield path, ArtifactRef.from_json(value)
-    elif isinstance(value, dict):
-        for key, item in value.items():
-            yield from walk_refs(item, f"{path}.{key}" if path else str(key))
-    elif isinstance(value, list | tuple):
-        for index, item in enumerate(value):
-            yield from walk_refs(item, f"{path}[{index}]")
+    ``stats.mean`` (``""`` for the value itself); a malformed one raises :class:`ArtifactRefError`."""
+    # A stack, not recursion: rank 0's value may be nested as deep as JSON allows.
+    stack = [(path, value)]
+    while stack:
+        where, item = stack.pop()
+        if is_ref(item):
+            yield where, ArtifactRef.from_json(item)
+        elif isinstance(item, dict):
+            children = [(f"{where}.{key}" if where else str(key), child) for key, child in item.items()]
+            stack.extend(reversed(children))
+        elif isinstance(item, list | tuple):
+            stack.extend(reversed([(f"{where}[{index}]", child) for index, child in enumerate(item)]))
 
 
 def map_refs(value: Any, load: Callable[[ArtifactRef], Any]) -> Any:

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any, Final, TypeAlias
 
 from airflow_provider_torchelastic.core.encoding import loads_untrusted
+from airflow_provider_torchelastic.core.validation import finite_float, int_or
 
 __all__ = [
     "INTERVAL_ENV",
@@ -76,13 +77,12 @@ def _number_to_json(value: float) -> float | int | str:
 
 
 def _number_from_json(value: Any) -> float | None:
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int | float):
-        return float(value)
     if isinstance(value, str):
         return _NON_FINITE.get(value)
-    return None
+    if isinstance(value, float):
+        return value  # 1e999 parses to infinity: a diverged value, shown as such
+    # An int past float's range (a 400-digit step) is no number a metric can be.
+    return finite_float(value)
 
 
 def _step_to_json(step: float) -> float | int:
@@ -190,15 +190,23 @@ class MetricSeries:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> MetricSeries:
-        series = cls(max_points=int(data.get("max_points", SERIES_POINTS)))
-        last_step = data.get("last_step")
-        series.last_step = float(last_step) if isinstance(last_step, int | float) else None
-        for name, raw in (data.get("metrics") or {}).items():
-            kept = [p for p in (_point(item) for item in raw.get("kept") or []) if p is not None]
-            series._series[str(name)] = _Decimated(
+        """The series :meth:`to_json` gave. Never raises: it travels in a trigger event and the job summary, and a
+        part of the wrong shape is dropped, as a chart can go without it (a job's verdict cannot wait on it)."""
+        if not isinstance(data, Mapping):
+            return cls()
+        # Bounded as a series built here is: its memory is the bound's, whatever an event says.
+        series = cls(max_points=int_or(data.get("max_points"), SERIES_POINTS, low=2, high=SERIES_POINTS))
+        series.last_step = finite_float(data.get("last_step"))
+        metrics = data.get("metrics")
+        for name, raw in metrics.items() if isinstance(metrics, Mapping) else ():
+            if not isinstance(name, str) or not isinstance(raw, Mapping) or len(series) >= series.max_metrics:
+                continue
+            items = raw.get("kept")
+            kept = [p for p in (_point(item) for item in (items if isinstance(items, list) else ())) if p]
+            series._series[name] = _Decimated(
                 kept=kept[-series.max_points :],
-                stride=max(1, int(raw.get("stride", 1))),
-                offered=int(raw.get("offered", len(kept))),
+                stride=int_or(raw.get("stride"), 1, low=1),
+                offered=int_or(raw.get("offered"), len(kept), low=0),
                 newest=_point(raw.get("newest")),
             )
         return series
@@ -248,7 +256,7 @@ def parse_metrics_line(line: str) -> MetricsLine | None:
     """The metrics in a log line, or None when it is not a (well-formed) metrics line. Never raises."""
     # Total: rank 0's code prints these lines, so any text gives a value or None. The cheap test first: almost no
     # line is one; an over-long one is refused before the regex and the parser see it.
-    if MARKER not in line or len(line) > MAX_LINE_CHARS:
+    if not isinstance(line, str) or MARKER not in line or len(line) > MAX_LINE_CHARS:
         return None
     match = _LINE.match(line)
     if match is None:

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Final
 
 from airflow_provider_torchelastic.core import causes
 from airflow_provider_torchelastic.core.encoding import NAN, NEGATIVE_INFINITY, POSITIVE_INFINITY, loads_untrusted
+from airflow_provider_torchelastic.core.validation import finite_float, int_or, short_repr, text_or
 
 __all__ = [
     "NodeOutcome",
@@ -28,6 +29,8 @@ __all__ = [
     "encode_failure",
     "encode_success",
     "encode_success_ref",
+    "failure_from_json",
+    "verdict_from_json",
 ]
 
 #: Marks our documents, so that a log tail (``FallbackToLogsOnError``) is never mistaken for an outcome.
@@ -221,7 +224,7 @@ def decode_outcome(text: str | bytes | None) -> NodeOutcome | None:
     Total: a pod controls this text (with ``FallbackToLogsOnError`` it can be any log tail), so any text gives an
     outcome or None, never an exception, and a field of the wrong type is read as absent.
     """
-    if not text:
+    if not isinstance(text, str | bytes | bytearray) or not text:
         return None
     doc = loads_untrusted(text, max_bytes=MAX_DOCUMENT_BYTES, parse_constant=_NON_FINITE.__getitem__)
     # Without a boolean verdict, or a failure without its record, the document says nothing: the pod's exit code
@@ -239,7 +242,7 @@ def decode_outcome(text: str | bytes | None) -> NodeOutcome | None:
     raw = doc.get("failure")
     if not isinstance(raw, dict):
         return None
-    return NodeOutcome(succeeded=False, failure=_failure_from_json(raw))
+    return NodeOutcome(succeeded=False, failure=failure_from_json(raw))
 
 
 #: A node's document is at most a termination message (4096 bytes); a local result file is written by the same
@@ -247,25 +250,22 @@ def decode_outcome(text: str | bytes | None) -> NodeOutcome | None:
 MAX_DOCUMENT_BYTES: Final = 4 * TERMINATION_MESSAGE_LIMIT
 
 
-def _failure_from_json(raw: dict[str, Any]) -> WorkerFailure:
+def failure_from_json(raw: Mapping[str, Any]) -> WorkerFailure:
+    """A failure record as a pod's document (or a trigger event) carries it; a field of the wrong type, or a number
+    no worker could have written (a 400-digit rank, an infinite time), is read as absent. Never raises."""
+
     def text(key: str, default: str = "") -> str:
-        value = raw.get(key)
-        return value if isinstance(value, str) else default
+        return text_or(raw.get(key), default)
 
-    def integer(key: str, default: int) -> int:
-        value = raw.get(key)
-        return value if isinstance(value, int) and not isinstance(value, bool) else default
-
-    timestamp = raw.get("timestamp")
-    stamp = float(timestamp) if isinstance(timestamp, int | float) and not isinstance(timestamp, bool) else 0.0
+    stamp = finite_float(raw.get("timestamp"))
     return WorkerFailure(
-        rank=integer("rank", -1),
+        rank=int_or(raw.get("rank"), -1),
         exception=text("exception", "UnknownError") or "UnknownError",
         message=text("message"),
         traceback=text("traceback"),
         recoverable=raw.get("recoverable") is True,
-        exitcode=integer("exitcode", 1),
-        timestamp=stamp if math.isfinite(stamp) else 0.0,
+        exitcode=int_or(raw.get("exitcode"), 1),
+        timestamp=0.0 if stamp is None else stamp,
         hostname=text("hostname"),
         module=text("module"),
         bases=_names(raw.get("bases")),
@@ -318,6 +318,29 @@ class Verdict:
     #: The exit code and ending reason of the root cause's container (a pod) or runner (local), where known.
     exit_code: int | None = None
     reason: str = ""
+
+
+def verdict_from_json(data: Any) -> Verdict | None:
+    """A verdict as ``asdict`` wrote it (a trigger event), None for None. ``ValueError``, and nothing else, for
+    anything without a boolean ``succeeded``; any other field of the wrong type is read as absent, and a field this
+    version does not know is ignored (an event written by a newer one)."""
+    if data is None:
+        return None
+    if not isinstance(data, Mapping) or not isinstance(data.get("succeeded"), bool):
+        raise ValueError(f"a verdict: expected an object with a boolean 'succeeded', got {short_repr(data)}")
+    failure = data.get("failure")
+    return Verdict(
+        succeeded=data["succeeded"],
+        result=data.get("result"),
+        result_ref=text_or(data.get("result_ref"), None),
+        recoverable=data.get("recoverable") is True,
+        node=text_or(data.get("node"), None),
+        failure=failure_from_json(failure) if isinstance(failure, Mapping) else None,
+        detail=text_or(data.get("detail"), ""),
+        cause=text_or(data.get("cause"), causes.UNKNOWN),
+        exit_code=int_or(data.get("exit_code"), None),
+        reason=text_or(data.get("reason"), ""),
+    )
 
 
 #: Exit codes >= 128 without a failure report mean the runner was killed by a signal: OOM killer (137), eviction or

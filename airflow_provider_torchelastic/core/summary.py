@@ -24,6 +24,15 @@ from airflow_provider_torchelastic.core.artifact_ref import walk_refs
 from airflow_provider_torchelastic.core.metrics_format import MetricSeries
 from airflow_provider_torchelastic.core.naming import REPLICA_INDEX_LABEL, REPLICA_TYPE_LABEL, TRAINING_CONTAINER
 from airflow_provider_torchelastic.core.outcome import NodeReport, decode_outcome
+from airflow_provider_torchelastic.core.validation import (
+    as_list,
+    as_mapping,
+    ascii_decimal,
+    finite_float,
+    int_or,
+    short_repr,
+    text_or,
+)
 
 __all__ = [
     "KIND_LOCAL",
@@ -71,12 +80,13 @@ class ArtifactEntry:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> ArtifactEntry:
-        size = data.get("bytes")
+        """Never raises: a field of the wrong type is read as absent (so are the others of a non-mapping)."""
+        data = as_mapping(data)
         return cls(
-            path=str(data.get("path") or ""),
-            kind=str(data.get("kind") or ""),
-            url=str(data.get("url") or ""),
-            bytes=size if isinstance(size, int) and not isinstance(size, bool) else 0,
+            path=text_or(data.get("path"), ""),
+            kind=text_or(data.get("kind"), ""),
+            url=text_or(data.get("url"), ""),
+            bytes=int_or(data.get("bytes"), 0, low=0),
         )
 
 
@@ -107,19 +117,21 @@ class PodSummary:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> PodSummary:
-        index, code = data.get("replica_index"), data.get("exit_code")
+        """What :meth:`to_dict` gave. Never raises: a field of the wrong type is read as absent."""
+        data = as_mapping(data)
+        ranks = data.get("ranks")
         return cls(
-            name=str(data.get("name", "")),
-            replica_type=str(data.get("replica_type", "")),
-            replica_index=int(index) if isinstance(index, int) else None,
-            ranks=tuple(int(rank) for rank in data.get("ranks") or ()),
-            phase=str(data.get("phase", "Unknown")),
-            node=data.get("node"),
-            restarts=int(data.get("restarts") or 0),
-            reason=str(data.get("reason") or ""),
-            message=str(data.get("message") or ""),
-            exit_code=int(code) if isinstance(code, int) else None,
-            log_tail=str(data.get("log_tail") or ""),
+            name=text_or(data.get("name"), ""),
+            replica_type=text_or(data.get("replica_type"), ""),
+            replica_index=int_or(data.get("replica_index"), None),
+            ranks=tuple(rank for rank in ranks if int_or(rank, None) is not None) if isinstance(ranks, list) else (),
+            phase=text_or(data.get("phase"), "Unknown"),
+            node=text_or(data.get("node"), None),
+            restarts=int_or(data.get("restarts"), 0, low=0),
+            reason=text_or(data.get("reason"), ""),
+            message=text_or(data.get("message"), ""),
+            exit_code=int_or(data.get("exit_code"), None),
+            log_tail=text_or(data.get("log_tail"), ""),
         )
 
 
@@ -173,33 +185,49 @@ class JobSummary:
 
     @classmethod
     def from_json(cls, data: str | bytes | Mapping[str, Any]) -> JobSummary:
-        """From the JSON text or the already-decoded dict (an XCom value is either, depending on who reads it)."""
-        doc = json.loads(data) if isinstance(data, str | bytes) else data
+        """From the JSON text or the already-decoded dict (an XCom value is either, depending on who reads it).
+
+        ``ValueError``, and nothing else, for anything that is not a summary: any DAG can push this XCom. What is
+        read is strict JSON again (finite numbers), as the UI's responses must be.
+        """
+        try:
+            doc = json.loads(data) if isinstance(data, str | bytes | bytearray) else data
+        except RecursionError:
+            raise ValueError("a job summary: nested too deeply to be one") from None
         if not isinstance(doc, Mapping):
             raise ValueError(f"a job summary: expected a JSON object, got {type(doc).__name__}")
         version = doc.get("version")
-        if version != SUMMARY_VERSION:
-            raise ValueError(f"a job summary: expected version {SUMMARY_VERSION}, got {version!r}")
+        if not isinstance(version, int) or version != SUMMARY_VERSION:
+            raise ValueError(f"a job summary: expected version {SUMMARY_VERSION}, got {short_repr(version)}")
+        texts = {key: _required(doc, key, text_or(doc.get(key), None), "a str") for key in ("kind", "name", "phase")}
+        created, finished = (
+            _required(doc, key, finite_float(doc.get(key)), "a number") for key in ("created", "finished")
+        )
+        if finite_float(finished - created) is None:
+            raise ValueError(f"a job summary: created and finished are {created!r} and {finished!r}")
         return cls(
-            kind=str(doc["kind"]),
-            namespace=doc.get("namespace"),
-            name=str(doc["name"]),
-            phase=str(doc["phase"]),
-            created=float(doc["created"]),
-            finished=float(doc["finished"]),
-            root_cause=doc.get("root_cause"),
-            pods=tuple(PodSummary.from_dict(pod) for pod in doc.get("pods") or ()),
+            **texts,
+            namespace=text_or(doc.get("namespace"), None),
+            created=created,
+            finished=finished,
+            root_cause=text_or(doc.get("root_cause"), None),
+            pods=tuple(PodSummary.from_dict(pod) for pod in _items(doc, "pods", list) if isinstance(pod, Mapping)),
             metrics={
-                str(name): tuple((float(s), float(v)) for s, v in points)
-                for name, points in (doc.get("metrics") or {}).items()
+                name: tuple(point for point in map(_finite_point, points) if point is not None)
+                for name, points in _items(doc, "metrics", Mapping)
+                if isinstance(name, str) and isinstance(points, list)
             },
+            # None stands for a value that was not finite (a diverged loss).
             last_metrics={
-                str(name): None if value is None else float(value)
-                for name, value in (doc.get("last_metrics") or {}).items()
+                name: finite_float(value)
+                for name, value in _items(doc, "last_metrics", Mapping)
+                if isinstance(name, str)
             },
             # Absent from summaries saved before artifacts were listed.
-            artifacts=tuple(ArtifactEntry.from_dict(entry) for entry in doc.get("artifacts") or ()),
-            artifacts_omitted=int(doc.get("artifacts_omitted") or 0),
+            artifacts=tuple(
+                ArtifactEntry.from_dict(item) for item in _items(doc, "artifacts", list) if isinstance(item, Mapping)
+            ),
+            artifacts_omitted=int_or(doc.get("artifacts_omitted"), 0, low=0),
         )
 
     def with_artifacts(self, value: Any) -> JobSummary:
@@ -247,6 +275,30 @@ class JobSummary:
             last_metrics=last,
         )
         return bound_summary(summary, max_bytes)
+
+
+def _required(doc: Mapping[str, Any], key: str, value: Any, expected: str) -> Any:
+    if value is None:
+        raise ValueError(f"a job summary: {key}: expected {expected}, got {short_repr(doc.get(key))}")
+    return value
+
+
+def _items(doc: Mapping[str, Any], key: str, kind: type) -> Any:
+    """The items of a list, or the ``(key, value)`` pairs of a mapping, at ``doc[key]`` (absent or null: none);
+    ``ValueError`` for anything else there."""
+    value = doc.get(key)
+    if value is None:
+        return ()
+    if not isinstance(value, kind):
+        raise ValueError(f"a job summary: {key}: expected a {kind.__name__}, got {short_repr(value)}")
+    return value.items() if isinstance(value, Mapping) else value
+
+
+def _finite_point(point: Any) -> tuple[float, float] | None:
+    if not isinstance(point, list | tuple) or len(point) != 2:
+        return None
+    step, value = finite_float(point[0]), finite_float(point[1])
+    return None if step is None or value is None else (step, value)
 
 
 def _compact(step: float) -> float | int:
@@ -313,35 +365,44 @@ def with_log_tails(pods: Sequence[PodSummary], tails: Mapping[str, str]) -> tupl
 # --- from Kubernetes pod objects ------------------------------------------------------------------------------------
 
 
-def _training_entry(entries: Sequence[Mapping[str, Any]]) -> Mapping[str, Any]:
+# Pod objects are read part by part with as_mapping() and as_list(): the API server gives them that shape, but the
+# user writes the pod's template, and any pod must give a summary (never from a wrong guess: "²".isdigit() is True).
+def _training_entry(entries: Any) -> Mapping[str, Any]:
     """The training container's entry in a pod's list of containers or of their statuses (else the first)."""
-    return next((entry for entry in entries if entry.get("name") == TRAINING_CONTAINER), entries[0] if entries else {})
+    found = [as_mapping(entry) for entry in as_list(entries)]
+    return next((entry for entry in found if entry.get("name") == TRAINING_CONTAINER), found[0] if found else {})
 
 
 def training_container_status(pod: Mapping[str, Any]) -> Mapping[str, Any]:
     """The status of the pod's training container (the first container's when none has its name)."""
-    return _training_entry(pod.get("status", {}).get("containerStatuses") or [])
+    return _training_entry(as_mapping(as_mapping(pod).get("status")).get("containerStatuses"))
 
 
 def _training_container(pod: Mapping[str, Any]) -> Mapping[str, Any]:
-    return _training_entry(pod.get("spec", {}).get("containers") or [])
+    return _training_entry(as_mapping(pod.get("spec")).get("containers"))
 
 
 def _env(container: Mapping[str, Any], name: str) -> str | None:
-    for item in container.get("env") or []:
+    for item in map(as_mapping, as_list(container.get("env"))):
         if item.get("name") == name and isinstance(item.get("value"), str):
             return str(item["value"])
     return None
 
 
+#: More workers than this on one node is no count a pod's settings can mean (its ranks would be listed one by one).
+_MAX_NPROC: Final = 4096
+
+
 def _nproc(container: Mapping[str, Any]) -> int | None:
     """Workers per node: the training operator's ``PET_NPROC_PER_NODE``, else the runner's ``--nproc-per-node``."""
-    value = _env(container, "PET_NPROC_PER_NODE")
-    command = [str(part) for part in (container.get("command") or []) + (container.get("args") or [])]
-    if (value is None or not value.isdigit()) and "--nproc-per-node" in command:
+    nproc = ascii_decimal(_env(container, "PET_NPROC_PER_NODE"), high=_MAX_NPROC)
+    command = [
+        part for part in as_list(container.get("command")) + as_list(container.get("args")) if isinstance(part, str)
+    ]
+    if nproc is None and "--nproc-per-node" in command:
         position = command.index("--nproc-per-node") + 1
-        value = command[position] if position < len(command) else None
-    return int(value) if value is not None and value.isdigit() and int(value) > 0 else None
+        nproc = ascii_decimal(command[position] if position < len(command) else None, high=_MAX_NPROC)
+    return nproc or None
 
 
 def _ranks(pod: Mapping[str, Any], replica_type: str, outcome_rank: int | None, holds_rank0: bool) -> tuple[int, ...]:
@@ -353,11 +414,11 @@ def _ranks(pod: Mapping[str, Any], replica_type: str, outcome_rank: int | None, 
     if nproc is None:
         return (0,) if holds_rank0 else ()
     node_rank: int | None = None
-    static = _env(container, "PET_NODE_RANK")
+    static = ascii_decimal(_env(container, "PET_NODE_RANK"))
     if replica_type == "pod" or holds_rank0:
         node_rank = 0
-    elif static is not None and static.isdigit():
-        node_rank = int(static)
+    elif static is not None:
+        node_rank = static
     elif outcome_rank is not None and outcome_rank >= 0:
         node_rank = outcome_rank // nproc
     if node_rank is None:
@@ -366,39 +427,40 @@ def _ranks(pod: Mapping[str, Any], replica_type: str, outcome_rank: int | None, 
 
 
 def pod_summary(pod: Mapping[str, Any]) -> PodSummary:
-    """What one pod says: its replica, phase, node, restarts, and the training container's state."""
-    metadata = pod.get("metadata", {})
-    status = pod.get("status", {})
-    labels = metadata.get("labels") or {}
-    replica_type = str(labels.get(REPLICA_TYPE_LABEL) or "pod").lower()
-    index_label = labels.get(REPLICA_INDEX_LABEL)
-    replica_index = int(index_label) if isinstance(index_label, str) and index_label.isdigit() else None
-    if replica_type == "pod":
-        replica_index = 0
+    """What one pod says: its replica, phase, node, restarts, and the training container's state. Never raises: a
+    part of the wrong type is read as absent."""
+    pod = as_mapping(pod)
+    metadata, status = as_mapping(pod.get("metadata")), as_mapping(pod.get("status"))
+    labels = as_mapping(metadata.get("labels"))
+    replica_type = (text_or(labels.get(REPLICA_TYPE_LABEL), "") or "pod").lower()
+    replica_index = 0 if replica_type == "pod" else ascii_decimal(labels.get(REPLICA_INDEX_LABEL))
     container = training_container_status(pod)
-    state = container.get("state") or {}
-    terminated = state.get("terminated") or (container.get("lastState") or {}).get("terminated") or {}
-    waiting = state.get("waiting") or {}
-    reason = str(terminated.get("reason") or waiting.get("reason") or status.get("reason") or "")
-    raw_message = terminated.get("message") or waiting.get("message") or status.get("message") or ""
+    state = as_mapping(container.get("state"))
+    terminated = as_mapping(state.get("terminated") or as_mapping(container.get("lastState")).get("terminated"))
+    waiting = as_mapping(state.get("waiting"))
+
+    def first_text(key: str) -> str:
+        return next((text for part in (terminated, waiting, status) if (text := text_or(part.get(key), ""))), "")
+
+    reason = first_text("reason")
+    raw_message = first_text("message")
     outcome = decode_outcome(terminated.get("message"))
     failing_rank: int | None = None
     if outcome is not None:
         # Our own outcome document: say what failed; a success says nothing (rank 0's value is the task's XCom).
         raw_message = outcome.failure.summary() if outcome.failure is not None else ""
         failing_rank = outcome.failure.rank if outcome.failure is not None else None
-    exit_code = terminated.get("exitCode")
     return PodSummary(
-        name=str(metadata.get("name", "?")),
+        name=text_or(metadata.get("name"), "?"),
         replica_type=replica_type,
         replica_index=replica_index,
         ranks=_ranks(pod, replica_type, failing_rank, outcome is not None and outcome.holds_rank0),
-        phase=str(status.get("phase") or "Unknown"),
-        node=pod.get("spec", {}).get("nodeName"),
-        restarts=int(container.get("restartCount") or 0),
+        phase=text_or(status.get("phase"), "") or "Unknown",
+        node=text_or(as_mapping(pod.get("spec")).get("nodeName"), None),
+        restarts=int_or(container.get("restartCount"), 0, low=0),
         reason=reason,
-        message=str(raw_message)[:MESSAGE_CHARS],
-        exit_code=int(exit_code) if isinstance(exit_code, int) else None,
+        message=raw_message[:MESSAGE_CHARS],
+        exit_code=int_or(terminated.get("exitCode"), None),
     )
 
 
@@ -406,12 +468,12 @@ _TYPE_ORDER: Final = {"master": 0, "worker": 1}
 
 
 def pod_summaries(pods: Sequence[Mapping[str, Any]]) -> tuple[PodSummary, ...]:
-    """The pods of a job, Master first, then Workers by index."""
+    """The pods of a job, Master first, then Workers by index (a list that is none: no pods)."""
 
     def order(pod: PodSummary) -> tuple[int, int, str]:
         return _TYPE_ORDER.get(pod.replica_type, 2), pod.replica_index or 0, pod.name
 
-    return tuple(sorted((pod_summary(pod) for pod in pods), key=order))
+    return tuple(sorted((pod_summary(pod) for pod in (pods if isinstance(pods, list | tuple) else ())), key=order))
 
 
 # --- from a local run -------------------------------------------------------------------------------------------------

@@ -109,8 +109,15 @@ class MetricsTap:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any] | None, log: Callable[[str], None]) -> MetricsTap:
-        tap = cls(log, series=MetricSeries.from_json(data["series"]) if data and data.get("series") else None)
-        for source, text in ((data or {}).get("tails") or {}).items():
-            lines: Iterable[str] = str(text).splitlines()
-            tap._tails[str(source)] = deque(lines, maxlen=TAIL_LINES)
+        """The tap :meth:`to_json` gave, read back from a trigger event. Never raises: a part of the wrong shape is
+        dropped, as the job's result does not depend on its charts or log tails."""
+        if not isinstance(data, Mapping):
+            data = {}
+        series = data.get("series")
+        tap = cls(log, series=MetricSeries.from_json(series) if isinstance(series, Mapping) and series else None)
+        tails = data.get("tails")
+        for source, text in tails.items() if isinstance(tails, Mapping) else ():
+            if isinstance(source, str) and isinstance(text, str) and len(tap._tails) < TAIL_SOURCES:
+                lines: Iterable[str] = text.splitlines()
+                tap._tails[source] = deque(lines, maxlen=TAIL_LINES)
         return tap

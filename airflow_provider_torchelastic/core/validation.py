@@ -4,26 +4,39 @@ operator's parse-time checks.
 The bottom of the pure core: standard library only, and nothing of this package, so that every module above can
 import it without a cycle. Every check fails the same way: ``<Owner>.<field>: expected <what>, got <value>``, a
 ``TypeError`` for a value of the wrong type and a ``ValueError`` for a wrong value of the right type.
+
+Below the checks, the readers of values that someone else controls (a pod's status, a line rank 0 prints, an XCom
+any DAG can push): each gives a value of its type or a default, and never raises, whatever it is given.
 """
 
 from __future__ import annotations
 
 import math
 import re
+import reprlib
 from collections.abc import Mapping
 from types import MappingProxyType
-from typing import Final
+from typing import Any, Final, TypeVar
 
 __all__ = [
+    "INT64_MAX",
+    "INT64_MIN",
     "QUANTITY",
+    "as_list",
+    "as_mapping",
+    "ascii_decimal",
     "check_image",
     "check_int",
     "check_resources",
     "check_seconds",
     "fail",
+    "finite_float",
+    "int_or",
     "is_int",
     "is_number",
     "is_templated",
+    "short_repr",
+    "text_or",
 ]
 
 #: A Kubernetes resource quantity (https://kubernetes.io/docs/reference/kubernetes-api/common-definitions/quantity/).
@@ -134,3 +147,74 @@ def check_resources(owner: str, name: str, value: object) -> Mapping[str, str]:
             raise fail(owner, f"{name}[{key!r}]", quantity, "a Kubernetes quantity such as 2, '500m' or '16Gi'")
         checked[key] = quantity
     return MappingProxyType(checked)
+
+
+# --- readers of untrusted values ---------------------------------------------------------------------------------
+
+#: The range of the integers a reader accepts: what Kubernetes, torch and a database column hold (an int64). A
+#: 400-digit integer is a valid JSON number, yet no rank, exit code or count; past this it is read as absent.
+INT64_MIN: Final = -(2**63)
+INT64_MAX: Final = 2**63 - 1
+
+T = TypeVar("T")
+
+
+def finite_float(value: object) -> float | None:
+    """A JSON number (never a bool) as a finite float; None for anything else.
+
+    ``float()`` of an int past about 10**308 raises ``OverflowError``, and ``1e999`` parses to infinity: neither is a
+    number a metric, a time or a step can be.
+    """
+    if not is_number(value):
+        return None
+    try:
+        number = float(value)  # type: ignore[arg-type]
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
+
+
+def int_or(value: object, default: T, *, low: int = INT64_MIN, high: int = INT64_MAX) -> int | T:
+    """``value`` if it is an int (never a bool) in ``[low, high]``, else ``default``."""
+    return value if is_int(value) and low <= value <= high else default  # type: ignore[operator,return-value]
+
+
+#: ``str.isdigit()`` is true of ``"²"`` and ``"٣"``, which ``int()`` refuses or reads as another number: ASCII only.
+_ASCII_DECIMAL: Final = re.compile(r"[0-9]{1,18}\Z")
+
+
+def ascii_decimal(text: object, *, high: int = INT64_MAX) -> int | None:
+    """The integer written in ASCII digits (at most 18 of them, so an int64) in ``text``, if it is at most
+    ``high``; None for anything else."""
+    if not isinstance(text, str) or not _ASCII_DECIMAL.match(text):
+        return None
+    number = int(text)
+    return number if number <= high else None
+
+
+def text_or(value: object, default: T) -> str | T:
+    """``value`` if it is a str, else ``default``: never ``str()`` of a value someone else made (a structure nested
+    2000 deep makes ``str()`` raise ``RecursionError``)."""
+    return value if isinstance(value, str) else default
+
+
+def as_mapping(value: object) -> Mapping[str, Any]:
+    """``value`` if it is a mapping, else an empty one: a part of an object read from elsewhere can be anything."""
+    return value if isinstance(value, Mapping) else {}
+
+
+def as_list(value: object) -> list[Any]:
+    """``value`` if it is a list, else an empty one."""
+    return value if isinstance(value, list) else []
+
+
+_SHORT_REPR: Final = reprlib.Repr()
+_SHORT_REPR.maxstring = _SHORT_REPR.maxother = 200
+
+
+def short_repr(value: object) -> str:
+    """``repr(value)`` for an error message: bounded in depth and length, and never raising."""
+    try:
+        return _SHORT_REPR.repr(value)
+    except Exception:  # an int past Python's digit limit, a broken __repr__: its type still says what it was
+        return f"<{type(value).__name__}>"

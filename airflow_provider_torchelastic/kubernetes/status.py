@@ -16,9 +16,10 @@ from enum import Enum
 from functools import cached_property
 from typing import Any, Final
 
-from airflow_provider_torchelastic.core import causes
-from airflow_provider_torchelastic.core.outcome import NodeReport, Verdict, WorkerFailure, decode_outcome
+from airflow_provider_torchelastic.core import causes, choices
+from airflow_provider_torchelastic.core.outcome import NodeReport, Verdict, decode_outcome, verdict_from_json
 from airflow_provider_torchelastic.core.summary import PodSummary, pod_summaries, training_container_status
+from airflow_provider_torchelastic.core.validation import as_list, finite_float, short_repr, text_or
 
 __all__ = [
     "FINISH_ACTIONS",
@@ -31,6 +32,8 @@ __all__ = [
     "Observed",
     "describe_wait",
     "job_gone",
+    "MAX_LOG_LINE",
+    "cut_log_line",
     "new_log_lines",
     "out_of_patience",
     "phase_of",
@@ -41,7 +44,7 @@ __all__ = [
 
 #: What happens to the job once it ended: delete it, keep it, or delete it only when it succeeded (the default:
 #: a failed job's pods and events stay for debugging; the PyTorchJob's ttl / cleanPodPolicy still apply).
-FINISH_ACTIONS: Final = ("delete_succeeded", "delete", "keep")
+FINISH_ACTIONS: Final = choices.FINISH_ACTIONS
 
 #: Container waiting reasons that will not resolve by themselves: fail fast (after ``pending_grace_seconds``) instead
 #: of waiting for a timeout. Waiting for capacity is not among them: that is bounded by ``scheduling_timeout``.
@@ -167,30 +170,25 @@ class WaitDecision:
 
     @classmethod
     def from_event(cls, event: Mapping[str, Any]) -> WaitDecision:
-        created = event.get("created")
-        state = event.get("state")  # absent from events written before it existed
+        """What :meth:`to_event` gave. ``ValueError``, and nothing else, without a phase or with a verdict of the
+        wrong shape; the rest (pods, metrics: the job summary's) of the wrong type is read as absent."""
+        # A str first: Phase() of anything else puts its repr in the message, which fails for a deep structure.
+        if not isinstance(event, Mapping) or not isinstance(event.get("phase"), str):
+            raise ValueError(f"a wait's event: expected an object with a phase, got {short_repr(event)}")
+        metrics = event.get("metrics")
         return cls(
             phase=Phase(event["phase"]),
-            progress=str(event.get("progress", "")),
-            state=None if state is None else str(state),
-            verdict=_verdict_from_dict(event.get("verdict")),
-            pods=tuple(PodSummary.from_dict(pod) for pod in event.get("pods") or ()),
-            created=float(created) if isinstance(created, int | float) else None,
-            metrics=event.get("metrics"),
+            progress=text_or(event.get("progress"), ""),
+            state=text_or(event.get("state"), None),  # absent from events written before it existed
+            verdict=verdict_from_json(event.get("verdict")),
+            pods=tuple(PodSummary.from_dict(pod) for pod in as_list(event.get("pods")) if isinstance(pod, Mapping)),
+            created=finite_float(event.get("created")),
+            metrics=metrics if isinstance(metrics, Mapping) else None,
         )
 
 
 def _verdict_to_dict(verdict: Verdict | None) -> dict[str, Any] | None:
     return None if verdict is None else asdict(verdict)
-
-
-def _verdict_from_dict(data: Mapping[str, Any] | None) -> Verdict | None:
-    if data is None:
-        return None
-    failure = data.get("failure")
-    # JSON has lists only; the bases are a tuple, as the runner's report gives them.
-    restored = WorkerFailure(**{**failure, "bases": tuple(failure.get("bases") or ())}) if failure else None
-    return Verdict(**{**data, "failure": restored})
 
 
 # --- reading Kubernetes objects -----------------------------------------------------------------------------------
@@ -496,6 +494,17 @@ class LogCursor:
     last_seen: float = 0.0
 
 
+#: The longest log line the wait passes on (the task log, trigger events and summary tails hold it; a pod writes it).
+MAX_LOG_LINE: Final = 64 * 1024
+
+
+def cut_log_line(line: str) -> str:
+    """``line``, or its first :data:`MAX_LOG_LINE` characters and how many more there were."""
+    if len(line) <= MAX_LOG_LINE:
+        return line
+    return f"{line[:MAX_LOG_LINE]} [... {len(line) - MAX_LOG_LINE} more characters cut]"
+
+
 def new_log_lines(cursor: LogCursor, text: str) -> tuple[list[str], LogCursor]:
     """Lines of a timestamped log read that were not printed yet, and the advanced cursor.
 
@@ -504,7 +513,9 @@ def new_log_lines(cursor: LogCursor, text: str) -> tuple[list[str], LogCursor]:
     """
     fresh: list[str] = []
     last_time, at_last = cursor.last_time, list(cursor.lines_at_last_time)
-    parsed = [_split_stamp(raw, last_time) for raw in text.splitlines()]
+    parsed = [
+        (stamp, cut_log_line(line)) for stamp, line in (_split_stamp(raw, last_time) for raw in text.splitlines())
+    ]
     for stamp, line in parsed:
         if stamp < last_time:
             continue

@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, Final, Protocol
 
 from airflow_provider_torchelastic.core.metrics_format import MetricSeries, format_metrics, parse_metrics_line
@@ -174,8 +174,8 @@ class JobsService:
         )
         finished = [
             views.job_row_from_summary(summary, identity, base_path=self.base_path)
-            for identity, value in self.summaries.latest(query)
-            if (summary := views.summary_from_xcom(value)) is not None and views.summary_belongs_to(summary, identity)
+            for identity, summary in _readable_summaries(self.summaries.latest(query))
+            if views.summary_belongs_to(summary, identity)
         ]
         page = views.merge_rows(live_rows, finished, phase=phase, offset=offset, limit=limit)
         for row in page:
@@ -256,11 +256,29 @@ class JobsService:
     def _find_summary(self, namespace: str, name: str, viewer: Viewer) -> tuple[Identity, dict[str, Any]] | None:
         """The newest summary of the job saved by the job's own task (another task's summary of that name is not
         the job's), if the user may read that task's DAG."""
-        for identity, value in self.summaries.find(None if namespace == views.LOCAL_NAMESPACE else namespace, name):
-            summary = views.summary_from_xcom(value)
-            if summary is not None and views.summary_belongs_to(summary, identity) and viewer.can_read(identity.dag_id):
+        rows = self.summaries.find(None if namespace == views.LOCAL_NAMESPACE else namespace, name)
+        for identity, summary in _readable_summaries(rows):
+            if views.summary_belongs_to(summary, identity) and viewer.can_read(identity.dag_id):
                 return identity, summary
         return None
+
+
+def _readable_summaries(rows: Iterable[tuple[Identity, Any]]) -> Iterator[tuple[Identity, dict[str, Any]]]:
+    """The rows that hold a job summary, read. Any DAG can push a value under the summaries' key: one that is no
+    summary is logged and skipped, so that it hides itself, not the page (it is read before the filters that would
+    hide another DAG's row)."""
+    for identity, value in rows:
+        try:
+            summary = views.read_summary(value)
+        except ValueError as e:
+            log.warning(
+                "torch_elastic UI: the %s XCom of %s is no job summary, not shown: %s",
+                views.SUMMARY_XCOM_KEY,
+                views.describe(identity),
+                e,
+            )
+            continue
+        yield identity, summary
 
 
 def _shown(detail: dict[str, Any], *, logs: bool) -> dict[str, Any]:

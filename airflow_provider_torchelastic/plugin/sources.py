@@ -29,6 +29,7 @@ from airflow_provider_torchelastic.plugin.views import (
     Identity,
     JobKey,
     LiveJob,
+    describe,
     group_live_jobs,
     is_namespace,
     is_object_name,
@@ -313,7 +314,7 @@ def active_job_namespaces(dag_ids: Iterable[str] | None = None) -> dict[str, set
         rows = session.execute(query).all()
     namespaces: dict[str, set[str]] = {}
     for row in rows:
-        value = XComModel.deserialize_value(_Row(row.value))
+        value = _xcom_value(row.value, f"the {JOB_NAMESPACE_XCOM} XCom of DAG {row.dag_id}")
         if is_namespace(value):
             namespaces.setdefault(value, set()).add(row.dag_id)
     return namespaces
@@ -322,6 +323,23 @@ def active_job_namespaces(dag_ids: Iterable[str] | None = None) -> dict[str, set
 @dataclass(frozen=True)
 class _Row:
     value: Any
+
+
+#: An XCom row whose value Airflow could not read back.
+_UNREADABLE: Final = object()
+
+
+def _xcom_value(stored: Any, where: str) -> Any:
+    """An XCom row's value as Airflow reads it back, or :data:`_UNREADABLE` (logged). Any task can push a value that
+    Airflow's decoder refuses (a class name off its allow list raises ImportError; a value nested 2000 deep,
+    RecursionError), and one such row must hide itself, not every page that lists rows."""
+    from airflow.models.xcom import XComModel
+
+    try:
+        return XComModel.deserialize_value(_Row(stored))
+    except Exception as e:  # the decoder's errors are Airflow's and open-ended; the row is what is at fault
+        _log.warning("torch_elastic UI: %s cannot be read, not shown: %s: %s", where, type(e).__name__, e)
+        return _UNREADABLE
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -432,16 +450,16 @@ class Summaries:
         )
         with create_session() as session:
             rows = session.execute(statement).all()
-        return [
-            (
-                Identity(
-                    dag_id=row.dag_id,
-                    task_id=row.task_id,
-                    run_id=row.run_id,
-                    map_index=row.map_index,
-                    try_number=row.try_number,
-                ),
-                XComModel.deserialize_value(_Row(row.value)),
+        found = []
+        for row in rows:
+            identity = Identity(
+                dag_id=row.dag_id,
+                task_id=row.task_id,
+                run_id=row.run_id,
+                map_index=row.map_index,
+                try_number=row.try_number,
             )
-            for row in rows
-        ]
+            value = _xcom_value(row.value, f"the {SUMMARY_XCOM_KEY} XCom of {describe(identity)}")
+            if value is not _UNREADABLE:
+                found.append((identity, value))
+        return found

@@ -13,7 +13,6 @@ A job that is in both is shown from its summary: that is the task's own verdict.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -23,6 +22,8 @@ from airflow_provider_torchelastic.core.naming import (
     ANNOTATION_DAG_ID,
     ANNOTATION_RUN_ID,
     ANNOTATION_TASK_ID,
+    DNS_1123_LABEL,
+    DNS_1123_SUBDOMAIN,
     LABEL_MAP_INDEX,
     LABEL_TRY_NUMBER,
     REPLICA_INDEX_LABEL,
@@ -39,6 +40,7 @@ __all__ = [
     "PHASES",
     "JobKey",
     "LiveJob",
+    "describe",
     "group_live_jobs",
     "is_namespace",
     "is_object_name",
@@ -47,6 +49,7 @@ __all__ = [
     "job_row_from_live",
     "job_row_from_summary",
     "merge_rows",
+    "read_summary",
     "summary_belongs_to",
     "summary_from_xcom",
     "ti_url",
@@ -62,21 +65,16 @@ SPARKLINE_POINTS: Final = 60
 
 JobKey = tuple[str, str]  # (namespace, name)
 
-#: What Kubernetes accepts as a namespace (a DNS-1123 label) and as a pod or job name (a DNS-1123 subdomain). A URL's
-#: segment that is neither never reaches an API path: ``..`` would climb to a cluster-wide list there.
-_DNS_LABEL: Final = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?\Z")
-_DNS_SUBDOMAIN: Final = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*\Z")
-_MAX_NAME_LENGTH: Final = 253
-
 
 def is_namespace(text: object) -> bool:
-    """Whether ``text`` is a namespace name Kubernetes could have (``_local`` is not one)."""
-    return isinstance(text, str) and _DNS_LABEL.match(text) is not None
+    """Whether ``text`` is a namespace name Kubernetes could have (``_local`` is not one). A URL's segment that is
+    neither this nor :func:`is_object_name` never reaches an API path: ``..`` would climb to a cluster-wide list."""
+    return isinstance(text, str) and DNS_1123_LABEL.match(text) is not None
 
 
 def is_object_name(text: object) -> bool:
     """Whether ``text`` is a pod or job name Kubernetes could have."""
-    return isinstance(text, str) and len(text) <= _MAX_NAME_LENGTH and _DNS_SUBDOMAIN.match(text) is not None
+    return isinstance(text, str) and DNS_1123_SUBDOMAIN.match(text) is not None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -127,6 +125,12 @@ class LiveJob:
             map_index=_int(labels.get(LABEL_MAP_INDEX), -1),
             try_number=_int(labels.get(LABEL_TRY_NUMBER), None),
         )
+
+
+def describe(identity: Identity) -> str:
+    """The task instance try, for a log line: ``dag/run/task[map index] try n``."""
+    mapped = f"[{identity.map_index}]" if identity.map_index >= 0 else ""
+    return f"{identity.dag_id}/{identity.run_id}/{identity.task_id}{mapped} try {identity.try_number}"
 
 
 def _int(value: Any, default: Any) -> Any:
@@ -254,11 +258,17 @@ def job_detail_from_live(
 # --- finished jobs (summaries) --------------------------------------------------------------------------------
 
 
+def read_summary(value: Any) -> dict[str, Any]:
+    """The summary document from an XCom value (JSON text or the decoded object), as strict JSON; ``ValueError``
+    saying why when it is not one (any DAG can push an XCom under this key)."""
+    return JobSummary.from_json(value).to_dict()
+
+
 def summary_from_xcom(value: Any) -> dict[str, Any] | None:
     """The summary document from an XCom value (JSON text or the decoded object); None if it is not one."""
     try:
-        return JobSummary.from_json(value).to_dict()
-    except (ValueError, TypeError, KeyError):
+        return read_summary(value)
+    except ValueError:
         return None
 
 

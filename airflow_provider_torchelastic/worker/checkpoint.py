@@ -31,6 +31,7 @@ Standard library, torch and (lazily) fsspec only: this runs in the workers, with
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import shutil
@@ -41,6 +42,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Final
+
+from airflow_provider_torchelastic.core.encoding import loads_untrusted
+from airflow_provider_torchelastic.core.validation import finite_float, short_repr
 
 __all__ = [
     "COMMIT_MARKER",
@@ -61,6 +65,10 @@ STATE_FILE: Final = "state.pt"
 KIND_STATE: Final = "torch.save"
 KIND_SHARDED: Final = "torch.distributed.checkpoint"
 _FOLDER = re.compile(r"^step-(\d{12})-([A-Za-z0-9]+)\Z")
+#: A marker is a few dozen bytes of JSON; a larger one is not ours, and is not parsed.
+_MAX_MARKER_BYTES: Final = 64 * 1024
+
+_log = logging.getLogger(__name__)
 
 
 class NoCheckpointLocationError(RuntimeError):
@@ -198,17 +206,29 @@ def _location(uri: str | None) -> str:
 
 
 def _read_marker(store: _Store, name: str, step: int) -> Checkpoint | None:
+    """The checkpoint whose marker is in folder ``name``, or None: without a marker it is a save that never finished;
+    with one that is not ours (not JSON, or fields of the wrong type) it is not a checkpoint either, and is logged.
+    Never an exception for a marker's contents: whoever can write under the root could block every resume."""
     try:
         with store.open(store.path(name, COMMIT_MARKER), "rb") as handle:
-            record = json.loads(handle.read())
-    except (FileNotFoundError, ValueError):
-        return None  # a save that never finished (or a marker torn itself): not a checkpoint
-    return Checkpoint(
-        step=step,
-        uri=store.url_of(name),
-        kind=str(record.get("kind", KIND_STATE)),
-        committed_at=float(record.get("committed_at", 0.0)),
-    )
+            data = handle.read()
+    except FileNotFoundError:
+        return None
+    except (IsADirectoryError, NotADirectoryError):  # a folder named COMMITTED, a file named like a checkpoint
+        data = b""
+    record = loads_untrusted(data, max_bytes=_MAX_MARKER_BYTES)
+    kind = record.get("kind", KIND_STATE) if isinstance(record, dict) else None
+    committed_at = finite_float(record.get("committed_at", 0.0)) if isinstance(record, dict) else None
+    if not isinstance(kind, str) or committed_at is None:
+        _log.warning(
+            "checkpoint %s: its %s marker is not one this package writes (%s), so the folder is not taken as a "
+            "checkpoint; delete it, or the marker, if it is not meant to be one",
+            store.url_of(name),
+            COMMIT_MARKER,
+            short_repr(record if record is not None else data[:200]),
+        )
+        return None
+    return Checkpoint(step=step, uri=store.url_of(name), kind=kind, committed_at=committed_at)
 
 
 def _latest_in(store: _Store, kind: str | None = None) -> Checkpoint | None:

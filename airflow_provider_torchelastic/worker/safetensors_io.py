@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import IO, Any, Final, Protocol
 
 from airflow_provider_torchelastic.core.artifact_ref import TensorInfo
+from airflow_provider_torchelastic.core.validation import short_repr
 
 __all__ = [
     "CHUNK_BYTES",
@@ -303,20 +304,35 @@ class _Stored:
     end: int
 
 
+#: numpy's limit on dimensions (torch has none): a file with more is not one of ours.
+_MAX_DIMS: Final = 64
+
+
 def _header_entries(header: Any, data_size: int) -> list[_Stored]:
     """The header's tensors in the order of their bytes, checked to tile the data exactly (no gap, no overlap, each
-    its shape's size): what the bytes are read into is then exactly what the file holds."""
+    its shape's size): what the bytes are read into is then exactly what the file holds. ``ValueError`` for anything
+    else, and nothing else: the header is the store's, whoever could write there."""
     if not isinstance(header, dict):
         raise ValueError("the header is not a JSON object")
     header.pop("__metadata__", None)
     entries = []
     for name, info in header.items():
-        try:
-            dtype, shape, (begin, end) = info["dtype"], tuple(info["shape"]), info["data_offsets"]
-        except (TypeError, KeyError, ValueError) as e:
-            raise ValueError(f"tensor {name!r}: malformed header entry {info!r}") from e
-        if dtype not in _READ_DTYPES or not all(type(n) is int and n >= 0 for n in (*shape, begin, end)):
-            raise ValueError(f"tensor {name!r}: unknown dtype or bad shape/offsets in {info!r}")
+        if not isinstance(info, dict) or not isinstance(info.get("shape"), list):
+            raise ValueError(f"tensor {name!r}: malformed header entry {short_repr(info)}")
+        dtype, shape, offsets = info.get("dtype"), tuple(info["shape"]), info.get("data_offsets")
+        if not isinstance(offsets, list) or len(offsets) != 2:
+            raise ValueError(f"tensor {name!r}: malformed header entry {short_repr(info)}")
+        begin, end = offsets
+        if (
+            not isinstance(dtype, str)  # before ``in``: a list there raises TypeError
+            or dtype not in _READ_DTYPES
+            or len(shape) > _MAX_DIMS
+            or not all(type(n) is int and n >= 0 for n in (*shape, begin, end))
+            # A shape with a zero in it holds no bytes, yet torch and numpy refuse to make one whose other sizes
+            # overflow an int64 (RuntimeError, TypeError): such a shape is no tensor's.
+            or math.prod(max(n, 1) for n in shape) * _ITEM_BYTES.get(dtype, 1) > sys.maxsize
+        ):
+            raise ValueError(f"tensor {name!r}: unknown dtype or bad shape/offsets in {short_repr(info)}")
         entries.append(_Stored(name, dtype, shape, begin, end))
     entries.sort(key=lambda entry: (entry.begin, entry.end))
     offset = 0
@@ -368,13 +384,16 @@ def read_safetensors_from(
         raise ValueError(f"a header of {length} bytes in a file of {size}")
     try:
         header = json.loads(reader.read(length))
-    except UnicodeDecodeError as e:
+    except (ValueError, RecursionError) as e:  # not UTF-8, not JSON, or nested past the parser's depth
         raise ValueError("the header is not JSON") from e
     entries = _header_entries(header, size - 8 - length)
     if expected:
         found = {entry.name: TensorInfo(dtype=entry.dtype, shape=entry.shape) for entry in entries}
         if found != dict(expected):
             raise ValueError(f"the header names other tensors than the reference: {sorted(found)}")
+    missing = set(names) - {entry.name for entry in entries}
+    if missing:
+        raise ValueError(f"the file holds no tensor {', '.join(map(repr, sorted(missing)))}")
     values = {}
     try:
         for entry in entries:
