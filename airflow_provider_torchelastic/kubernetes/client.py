@@ -438,8 +438,18 @@ class AsyncKube:
         *,
         container: str = TRAINING_CONTAINER,
         previous: bool = False,
+        limit_bytes: int | None = None,
     ) -> str:
-        call = _log_call(self._core, pod, namespace, since_seconds, tail_lines, container=container, previous=previous)
+        call = _log_call(
+            self._core,
+            pod,
+            namespace,
+            since_seconds,
+            tail_lines,
+            container=container,
+            limit_bytes=limit_bytes,
+            previous=previous,
+        )
         body = await self._body(call)
         return body.decode("utf-8", errors="replace")
 

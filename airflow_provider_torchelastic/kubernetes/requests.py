@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeAlias
+from typing import Any, Final, Protocol, TypeAlias
 
 from airflow_provider_torchelastic.core.naming import TRAINING_CONTAINER
 from airflow_provider_torchelastic.kubernetes.status import JobRef, Snapshot
@@ -20,6 +20,7 @@ __all__ = [
     "FetchFailed",
     "FetchJob",
     "JobSource",
+    "LOG_READ_LIMIT_BYTES",
     "ReadEvents",
     "ReadLog",
     "RenewLease",
@@ -42,6 +43,10 @@ class FetchFailed:
     error: str
 
 
+#: :attr:`ReadLog.limit_bytes`: far more than a read of :data:`~.wait.FIRST_READ_TAIL_LINES` ordinary lines.
+LOG_READ_LIMIT_BYTES: Final = 1 << 20
+
+
 @dataclass(frozen=True)
 class ReadLog:
     """Read the training container's log of ``pod`` with timestamps, from ``since_seconds`` ago (None: all), or only
@@ -55,6 +60,9 @@ class ReadLog:
     container: str = TRAINING_CONTAINER
     #: The container's run before its last restart (``previous=true``): where a restarted node's exception is.
     previous: bool = False
+    #: The most bytes the read brings (the API's ``limitBytes``): a pod that prints one line of gigabytes must not
+    #: cost the worker or the triggerer, which every deferred task shares, more than this per read.
+    limit_bytes: int = LOG_READ_LIMIT_BYTES
 
 
 @dataclass(frozen=True)
@@ -107,6 +115,7 @@ class JobSource(Protocol):
         *,
         container: str = TRAINING_CONTAINER,
         previous: bool = False,
+        limit_bytes: int | None = None,
     ) -> str: ...
 
     def pod_events(self, pod: str, namespace: str) -> list[dict[str, Any]]: ...
@@ -130,6 +139,7 @@ class AsyncJobSource(Protocol):
         *,
         container: str = TRAINING_CONTAINER,
         previous: bool = False,
+        limit_bytes: int | None = None,
     ) -> str: ...
 
     async def pod_events(self, pod: str, namespace: str) -> list[dict[str, Any]]: ...

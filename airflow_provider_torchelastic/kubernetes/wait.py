@@ -388,6 +388,7 @@ def drive_sync(
                     *_tail(request),
                     container=request.container,
                     previous=request.previous,
+                    limit_bytes=request.limit_bytes,
                 )
             except KubeError as e:
                 answer = _no_log_text(e, log)
@@ -444,6 +445,7 @@ async def drive_async(
                     *_tail(request),
                     container=request.container,
                     previous=request.previous,
+                    limit_bytes=request.limit_bytes,
                 )
             except KubeError as e:
                 answer = _no_log_text(e, log)

@@ -451,17 +451,17 @@ class SharedSource:
         *,
         container: str = TRAINING_CONTAINER,
         previous: bool = False,
+        limit_bytes: int | None = None,
     ) -> str:
+        options: dict[str, Any] = {"container": container, "previous": previous, "limit_bytes": limit_bytes}
         cache = self._cache
         if self._direct is None and cache is not None and not cache.closed:
             text: str = await cache.request(
-                lambda: cache.kube.read_log(
-                    pod, namespace, since_seconds, tail_lines, container=container, previous=previous
-                )
+                lambda: cache.kube.read_log(pod, namespace, since_seconds, tail_lines, **options)
             )
             return text
         direct = self._direct or await self._fall_back("the shared watch ended")
-        text = await direct.read_log(pod, namespace, since_seconds, tail_lines, container=container, previous=previous)
+        text = await direct.read_log(pod, namespace, since_seconds, tail_lines, **options)
         return text
 
     async def delete_job(self, ref: JobRef) -> bool:

@@ -142,6 +142,7 @@ class LeasedSource:
         *,
         container: str = "",
         previous: bool = False,
+        limit_bytes: int | None = None,
     ) -> str:
         return ""
 

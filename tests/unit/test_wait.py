@@ -21,7 +21,15 @@ from airflow_provider_torchelastic.errors import KubeError
 from airflow_provider_torchelastic.kubernetes import kinds
 from airflow_provider_torchelastic.kubernetes.client import retry_sync
 from airflow_provider_torchelastic.kubernetes.render import render_manifests
-from airflow_provider_torchelastic.kubernetes.status import JobRef, Phase, Snapshot, WaitDecision, WaitPolicy
+from airflow_provider_torchelastic.kubernetes.requests import LOG_READ_LIMIT_BYTES
+from airflow_provider_torchelastic.kubernetes.status import (
+    MAX_LOG_LINE,
+    JobRef,
+    Phase,
+    Snapshot,
+    WaitDecision,
+    WaitPolicy,
+)
 from airflow_provider_torchelastic.kubernetes.wait import (
     drive_async,
     drive_sync,
@@ -65,6 +73,9 @@ class FakeSource:
     clock: list[float] = field(default_factory=lambda: [T0])
     deleted: list[JobRef] = field(default_factory=list)
     delete_error: KubeError | None = None
+    #: What every log read answers, and the keyword arguments of each read.
+    log_text: str = ""
+    log_reads: list[dict[str, Any]] = field(default_factory=list)
 
     def snapshot(self, ref: JobRef) -> Snapshot:
         answer = self.answers.pop(0) if len(self.answers) > 1 else self.answers[0]
@@ -81,8 +92,10 @@ class FakeSource:
         *,
         container: str = "",
         previous: bool = False,
+        limit_bytes: int | None = None,
     ) -> str:
-        return ""
+        self.log_reads.append({"pod": pod, "tail_lines": tail_lines, "limit_bytes": limit_bytes})
+        return self.log_text
 
     def delete_job(self, ref: JobRef) -> bool:
         if self.delete_error is not None:
@@ -110,8 +123,9 @@ class AsyncFakeSource:
         *,
         container: str = "",
         previous: bool = False,
+        limit_bytes: int | None = None,
     ) -> str:
-        return ""
+        return self.sync.read_log(pod, namespace, since_seconds, tail_lines, limit_bytes=limit_bytes)
 
     async def delete_job(self, ref: JobRef) -> bool:
         return self.sync.delete_job(ref)
@@ -166,6 +180,25 @@ def test_the_async_driver_makes_the_same_decisions() -> None:
     flow = wait_for_job(POD, WaitPolicy(poll_interval=0))
     decision = asyncio.run(drive_async(flow, AsyncFakeSource(source), print))
     assert source.deleted == [POD] and decision.verdict.recoverable
+
+
+def test_every_log_read_is_bounded_and_a_huge_line_reaches_the_log_cut() -> None:
+    """A pod decides what it prints: one line of megabytes must cost neither the worker nor the triggerer (which
+    every deferred task shares) more than the bound of a read, nor go whole into the task log."""
+    done = pod("Succeeded", exit_code=0, message=encode_success("1"))
+    huge = "x" * (3 * MAX_LOG_LINE)
+    for drive in ("sync", "async"):
+        source = FakeSource([pod(), pod(), done], log_text=f"{STAMP0} [rank0]: {huge}\n")
+        lines: list[str] = []
+        flow = wait_for_job(POD, WaitPolicy(poll_interval=0))
+        if drive == "sync":
+            drive_sync(flow, source, lines.append, sleep=source.sleep)
+        else:
+            asyncio.run(drive_async(flow, AsyncFakeSource(source), lines.append))
+        assert source.log_reads and all(read["limit_bytes"] == LOG_READ_LIMIT_BYTES for read in source.log_reads)
+        (printed,) = [line for line in lines if "xxx" in line]
+        assert len(printed) < MAX_LOG_LINE + 100, drive
+        assert printed.endswith(f"[... {2 * MAX_LOG_LINE + len('[rank0]: ')} more characters cut]"), printed[-80:]
 
 
 # --- the deadline -----------------------------------------------------------------------------------------------------
@@ -335,3 +368,21 @@ def test_a_bad_entry_point_is_refused_naming_it(tmp_path: Path, entry_point: str
     with fake_kind.plugged(tmp_path, (entry_point,)), pytest.raises((TypeError, ValueError)) as info:
         kinds.registered()
     assert error in str(info.value) and entry_point.split(" = ")[1] in str(info.value)
+
+
+def test_every_job_source_takes_what_the_drivers_pass() -> None:
+    """The drivers call a source's methods with the protocol's keywords; an implementation that lacks one (the shared
+    watch's source once lacked ``limit_bytes``) would fail only when a trigger first reads a log."""
+    import inspect
+
+    from airflow_provider_torchelastic.kubernetes.client import AsyncKube, SyncKube
+    from airflow_provider_torchelastic.kubernetes.requests import AsyncJobSource, JobSource
+    from airflow_provider_torchelastic.kubernetes.watch import SharedSource
+
+    for protocol, implementations in ((JobSource, [SyncKube]), (AsyncJobSource, [AsyncKube, SharedSource])):
+        for name in ("snapshot", "read_log", "pod_events", "delete_job", "label_job"):
+            wanted = inspect.signature(getattr(protocol, name)).parameters
+            for implementation in implementations:
+                given = inspect.signature(getattr(implementation, name)).parameters
+                missing = [p for p in wanted if p not in given]
+                assert not missing, f"{implementation.__name__}.{name} lacks {missing}"
