@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import re
 import reprlib
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -25,11 +25,14 @@ __all__ = [
     "MARKER",
     "ArtifactRef",
     "ArtifactRefError",
+    "PinnedRef",
     "TensorInfo",
     "check_refs_under",
     "is_ref",
     "iter_refs",
     "map_refs",
+    "pin_argument_refs",
+    "pin_written_refs",
     "walk_refs",
 ]
 
@@ -210,15 +213,7 @@ def walk_refs(value: Any, path: str = "") -> Iterator[tuple[str, ArtifactRef]]:
 
 def map_refs(value: Any, load: Callable[[ArtifactRef], Any]) -> Any:
     """``value`` with each reference replaced by ``load(reference)``; containers are copied, nothing else is."""
-    if is_ref(value):
-        return load(ArtifactRef.from_json(value))
-    if isinstance(value, dict):
-        return {key: map_refs(item, load) for key, item in value.items()}
-    if isinstance(value, list):
-        return [map_refs(item, load) for item in value]
-    if isinstance(value, tuple):
-        return tuple(map_refs(item, load) for item in value)
-    return value
+    return map_refs_raw(value, lambda raw: load(ArtifactRef.from_json(raw)))
 
 
 def is_under(url: str, location: str) -> bool:
@@ -250,3 +245,89 @@ def check_refs_under(value: Any, location: str | None) -> list[ArtifactRef]:
                 f"location {location!r}"
             )
     return refs
+
+
+# --- references in a task's arguments ------------------------------------------------------------------------------
+
+#: How deep :func:`pin_argument_refs` looks for references (the workers materialize none deeper).
+MAX_ARGUMENT_DEPTH: Final = 64
+
+
+@dataclass(frozen=True)
+class PinnedRef:
+    """A reference in a task's arguments that the Airflow side accepted when it built the payload: its URL under an
+    allowed root, a pickled module only where the task allows pickles. The workers load these and nothing else, so a
+    dict that merely has a reference's shape (an upstream value, ``dag_run.conf``, another DAG's XCom: JSON, which
+    can hold no ``PinnedRef``) reaches the function as the dict it is. The payload's sha256 covers every pin."""
+
+    #: Where it was in the arguments (``op_kwargs['model']``), for errors.
+    where: str
+    #: The reference's JSON object, as given.
+    ref: Mapping[str, Any]
+    allow_pickle: bool = False
+
+
+def pin_argument_refs(
+    args: Sequence[Any], kwargs: Mapping[str, Any], *, roots: Sequence[str], allow_pickle: bool
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """``args`` and ``kwargs`` with each artifact reference replaced by its :class:`PinnedRef`. Raises
+    :class:`ArtifactRefError` naming where the first one is that is malformed, not under one of ``roots`` (the
+    artifact storage, and the roots a task adds), or a pickled module while ``allow_pickle`` is off."""
+
+    def pin(value: Any, where: str, depth: int) -> Any:
+        if is_ref(value):
+            return _pinned(value, where, roots, allow_pickle)
+        if depth >= MAX_ARGUMENT_DEPTH:
+            if next(iter_refs(value), None) is not None:
+                raise ArtifactRefError(f"{where}: an artifact reference nested deeper than {MAX_ARGUMENT_DEPTH} levels")
+            return value
+        if isinstance(value, dict):
+            return {key: pin(item, f"{where}[{key!r}]", depth + 1) for key, item in value.items()}
+        if isinstance(value, list | tuple):
+            items = [pin(item, f"{where}[{index}]", depth + 1) for index, item in enumerate(value)]
+            return items if isinstance(value, list) else tuple(items)
+        return value
+
+    pinned_args = tuple(pin(value, f"op_args[{index}]", 1) for index, value in enumerate(args))
+    return pinned_args, {key: pin(value, f"op_kwargs[{key!r}]", 1) for key, value in kwargs.items()}
+
+
+def _pinned(value: Mapping[str, Any], where: str, roots: Sequence[str], allow_pickle: bool) -> PinnedRef:
+    try:
+        ref = ArtifactRef.from_json(value)
+    except ArtifactRefError as e:
+        raise ArtifactRefError(f"{where}: {e}") from None
+    if ref.kind == KIND_ARGUMENTS:
+        raise ArtifactRefError(f"{where}: a reference to spilled arguments ({ref.url!r}) is not an argument")
+    if not any(is_under(ref.url, root) for root in roots):
+        allowed = ", ".join(map(repr, roots)) or "none: [torch_elastic] artifact_storage is unset"
+        raise ArtifactRefError(
+            f"{where}: the artifact reference to {ref.url!r} is not under an allowed root ({allowed}); the workers "
+            "would fetch and load it, so only references into your artifact storage are accepted: add its root "
+            "to the task's trusted_artifact_roots if you trust it"
+        )
+    if ref.kind == KIND_PICKLED_MODULE and not allow_pickle:
+        raise ArtifactRefError(
+            f"{where}: {ref.url!r} is a pickled module ({ref.class_path}), and unpickling it runs its code in every "
+            "worker: pass allow_pickled_artifacts=True to the task if you trust whoever wrote it"
+        )
+    return PinnedRef(where=where, ref=dict(value), allow_pickle=allow_pickle)
+
+
+def pin_written_refs(value: Any) -> Any:
+    """``value`` (arguments this process just spilled to the store) with each reference pinned: they are its own,
+    pickled modules included."""
+    return map_refs_raw(value, lambda raw: PinnedRef(where="spilled arguments", ref=dict(raw), allow_pickle=True))
+
+
+def map_refs_raw(value: Any, replace: Callable[[Mapping[str, Any]], Any]) -> Any:
+    """``value`` with each reference's JSON object replaced by ``replace(object)``; containers are copied."""
+    if is_ref(value):
+        return replace(value)
+    if isinstance(value, dict):
+        return {key: map_refs_raw(item, replace) for key, item in value.items()}
+    if isinstance(value, list):
+        return [map_refs_raw(item, replace) for item in value]
+    if isinstance(value, tuple):
+        return tuple(map_refs_raw(item, replace) for item in value)
+    return value

@@ -172,6 +172,19 @@ def _check_job_kind(value: object) -> str | None:
     raise fail("", "job_kind", value, expected, TypeError if not isinstance(value, str) else ValueError)
 
 
+def _check_roots(value: object) -> tuple[str, ...]:
+    expected = "a list of folder URLs or paths (s3://bucket/models, /mnt/models), each without surrounding spaces"
+    if isinstance(value, str) or not isinstance(value, Collection):
+        raise fail("", "trusted_artifact_roots", value, expected, TypeError)
+    roots = tuple(value)
+    for root in roots:
+        if not isinstance(root, str) or not root.strip("/") or root != root.strip() or is_templated(root):
+            raise fail(
+                "", "trusted_artifact_roots", value, expected, TypeError if not isinstance(root, str) else ValueError
+            )
+    return roots
+
+
 def _unchecked(value: object) -> object:
     return value
 
@@ -204,6 +217,8 @@ class OperatorArguments:
     module: str | None = None
     script: str | None = None
     args: Collection[str] | None = None
+    trusted_artifact_roots: Collection[str] = ()
+    allow_pickled_artifacts: bool = False
 
     @classmethod
     def pick(cls, values: Mapping[str, Any]) -> OperatorArguments:
@@ -258,6 +273,10 @@ _ARGUMENT_CHECKS: Final = (
     _Argument("module", _check_module),
     _Argument("script", _check_script),
     _Argument("args", _check_args),
+    _Argument("trusted_artifact_roots", _check_roots, lambda _: ()),
+    _Argument(
+        "allow_pickled_artifacts", _instance_or_none("allow_pickled_artifacts", bool, "True or False"), lambda _: False
+    ),
 )
 #: The arguments ``check_operator_arguments`` knows.
 _ARGUMENTS: Final = tuple(argument.name for argument in _ARGUMENT_CHECKS)

@@ -250,6 +250,8 @@ def _dry_run_payload(
         storage=settings.artifact_storage,
         task_context=task_context,
         open_write=open_nothing,
+        trusted_roots=op.trusted_artifact_roots,
+        allow_pickles=op.allow_pickled_artifacts,
     )
     if would_write:
         warnings.warn(

@@ -87,6 +87,12 @@ class TorchElasticOperator(BaseOperator):
         Kubeflow Trainer v2 is installed and the task fits one, else a PyTorchJob), ``pytorchjob`` or ``trainjob``
         (or a ``TrainingJobKind``); default ``[torch_elastic] job_kind`` (``auto``). One node is always a Pod. A
         kind known at parse time is checked then: what a TrainJob cannot run is an error naming the field.
+    :param trusted_artifact_roots: folders besides ``[torch_elastic] artifact_storage`` whose artifact references
+        the arguments may hold (an upstream task's model, say): the workers load only references under these roots
+        or the artifact storage, pinned with their sha256 in the payload; any other fails the try, naming where it
+        was (``op_kwargs['model']``). A dict that merely has a reference's shape never loads anything.
+    :param allow_pickled_artifacts: let the arguments hold references to pickled modules (``artifacts.pickled()``),
+        whose loading runs their pickle's code in every worker; off by default.
     """
 
     operator_extra_links = (TorchElasticJobLink(), TorchElasticLogsLink())
@@ -130,6 +136,8 @@ class TorchElasticOperator(BaseOperator):
         module: str | None = DEFAULTS.module,
         script: str | None = DEFAULTS.script,
         args: Collection[str] | None = DEFAULTS.args,
+        trusted_artifact_roots: Collection[str] = DEFAULTS.trusted_artifact_roots,
+        allow_pickled_artifacts: bool = DEFAULTS.allow_pickled_artifacts,
         **kwargs: Any,
     ) -> None:
         arguments = OperatorArguments.pick(locals())
@@ -156,6 +164,8 @@ class TorchElasticOperator(BaseOperator):
         self.on_finish_action = checked.on_finish_action
         self.checkpoint_uri = checkpoint_uri
         self.job_kind = checked.job_kind
+        self.trusted_artifact_roots: tuple[str, ...] = tuple(trusted_artifact_roots)
+        self.allow_pickled_artifacts = allow_pickled_artifacts
         self.rendered_job: str | None = None
         self._local_run: LocalRun | None = None
         self._job: JobRef | None = None
@@ -205,6 +215,8 @@ class TorchElasticOperator(BaseOperator):
             fn_kwargs,
             storage=settings.artifact_storage,
             task_context=task_context_of(identity_of(self, context), context, self.checkpoint_uri, settings),
+            trusted_roots=self.trusted_artifact_roots,
+            allow_pickles=self.allow_pickled_artifacts,
         )
         self.log.info(
             "Running %s with %s (%s execution), payload %d bytes",

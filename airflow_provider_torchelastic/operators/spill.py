@@ -10,12 +10,15 @@ the tensors back before the function runs. Spilled arguments are kept with the t
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import IO, Any, Final
 
+from airflow_provider_torchelastic.core.artifact_ref import ArtifactRefError, pin_argument_refs
 from airflow_provider_torchelastic.core.payload import dump_payload
 from airflow_provider_torchelastic.core.run_context import TaskContext
+from airflow_provider_torchelastic.core.safe_files import local_path, open_replacing
 from airflow_provider_torchelastic.kubernetes.pod_template import MAX_SECRET_BYTES, PAYLOAD_KEY
+from airflow_provider_torchelastic.operators.exceptions import ConfigurationError
 from airflow_provider_torchelastic.settings import ArtifactStorage
 
 __all__ = ["MAX_PAYLOAD_BYTES", "dump_try_payload"]
@@ -33,30 +36,52 @@ def dump_try_payload(
     storage: ArtifactStorage | None,
     task_context: TaskContext,
     open_write: Callable[[str], IO[bytes]] | None = None,
+    trusted_roots: Sequence[str] = (),
+    allow_pickles: bool = False,
 ) -> bytes:
     """The try's payload: as :func:`dump_payload` writes it, with the arguments spilled when it would be too large
     and the try has an artifact location (without one, a payload too large fails where it is submitted).
 
     ``open_write``: opens each spilled file's URL for writing; by default ``ObjectStoragePath`` with the artifact
-    storage's connection (the dry run passes one that writes nothing)."""
+    storage's connection (the dry run passes one that writes nothing).
+
+    The artifact references in the arguments are pinned first (:func:`~.artifact_ref.pin_argument_refs`): only
+    those under the artifact storage or ``trusted_roots``, pickled modules only with ``allow_pickles``; any other
+    fails the try as a :class:`~.exceptions.ConfigurationError` naming where it was."""
+    roots = ([storage.url] if storage is not None else []) + list(trusted_roots)
+    try:
+        args, kwargs = pin_argument_refs(tuple(args), dict(kwargs), roots=roots, allow_pickle=allow_pickles)
+    except ArtifactRefError as e:
+        raise ConfigurationError(f"the task's arguments: {e}") from None
     if storage is None or task_context.artifact_uri is None:
         return dump_payload(fn, args, kwargs)
     from airflow_provider_torchelastic.worker.artifacts import spill_arguments
 
-    opener = open_write if open_write is not None else _writer(storage.conn_id)
+    opener = open_write if open_write is not None else _writer(storage)
     spill = spill_arguments(f"{task_context.artifact_uri}/{ARGUMENTS_FOLDER}", open_write=opener)
     return dump_payload(fn, args, kwargs, max_bytes=MAX_PAYLOAD_BYTES, spill=spill)
 
 
-def _writer(conn_id: str | None) -> Callable[[str], IO[bytes]]:
-    """Opens a URL for writing with Airflow's ``ObjectStoragePath`` and the artifact storage's connection."""
+def _writer(storage: ArtifactStorage) -> Callable[[str], IO[bytes]]:
+    """Opens a URL for writing with Airflow's ``ObjectStoragePath`` and the artifact storage's connection; in a local
+    store (a path or ``file://``), below the storage's root through no symbolic link (:func:`open_replacing`): the
+    pods of earlier tries can write there, and a link one planted at ``.../{try}/artifacts/arguments`` would have
+    this try write its arguments wherever the link points."""
+    root = local_path(storage.url)
 
     def open_url(url: str) -> IO[bytes]:
+        local = local_path(url)
+        if local is not None:
+            return open_replacing(local, root=root, error=_refused_spill)
         from airflow.sdk import ObjectStoragePath
 
-        path = ObjectStoragePath(url if "://" in url else f"file://{url}", conn_id=conn_id)
-        if path.protocol in ("file", "local"):
-            path.parent.mkdir(parents=True, exist_ok=True)
-        return path.open("wb")  # type: ignore[no-any-return]
+        return ObjectStoragePath(url, conn_id=storage.conn_id).open("wb")  # type: ignore[no-any-return]
 
     return open_url
+
+
+def _refused_spill(problem: str) -> ConfigurationError:
+    return ConfigurationError(
+        f"The task's arguments are too large for its payload, and cannot be spilled to the artifact storage: "
+        f"{problem} (a retry will not help)"
+    )

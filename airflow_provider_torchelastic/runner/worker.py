@@ -34,8 +34,8 @@ _ERRORS_MODULE: Final = "airflow_provider_torchelastic.errors"
 #: The run context's variable (:data:`airflow_provider_torchelastic.core.run_context.CONTEXT_ENV`), named here so that
 #: a worker that needs no context imports nothing to find out.
 _CONTEXT_ENV: Final = "TORCHELASTIC_CONTEXT"
-#: :data:`airflow_provider_torchelastic.core.artifact_ref.MARKER`, for the same reason.
-_ARTIFACT_MARKER: Final = "__torchelastic_artifact__"
+#: Where the pinned references' class lives (:func:`_pinned_class`).
+_PINNED_MODULE: Final = "airflow_provider_torchelastic.core.artifact_ref"
 _MAX_DEPTH: Final = 64
 
 
@@ -110,27 +110,50 @@ def _artifact_location() -> str | None:
     return location if isinstance(location, str) and location else None
 
 
-def _holds_refs(value: Any, depth: int = 0) -> bool:
-    """Whether an artifact reference is anywhere in the arguments' lists, tuples and dicts (without importing the
-    references' module, which a worker given none does not need)."""
+def _pinned_class() -> type | None:
+    """The class of the references the Airflow side accepted in the arguments (core.artifact_ref.PinnedRef): only
+    ever imported by unpickling a payload that holds some, so a worker given none imports nothing more."""
+    module = sys.modules.get(_PINNED_MODULE)
+    pinned = getattr(module, "PinnedRef", None)
+    return pinned if isinstance(pinned, type) else None
+
+
+def _holds_pinned(value: Any, pinned: type, depth: int = 0) -> bool:
+    if isinstance(value, pinned):
+        return True
     if depth >= _MAX_DEPTH:
         return False
     if isinstance(value, dict):
-        return _ARTIFACT_MARKER in value or any(_holds_refs(item, depth + 1) for item in value.values())
+        return any(_holds_pinned(item, pinned, depth + 1) for item in value.values())
     if isinstance(value, list | tuple):
-        return any(_holds_refs(item, depth + 1) for item in value)
+        return any(_holds_pinned(item, pinned, depth + 1) for item in value)
     return False
 
 
 def _materialized(args: Sequence[Any], kwargs: Mapping[str, Any]) -> tuple[Sequence[Any], Mapping[str, Any]]:
-    """The arguments with every artifact reference in them loaded (an upstream task's model, a spilled tensor): the
-    function gets tensors, arrays and state dicts, never references. Each rank loads them itself."""
-    if not _holds_refs([args, kwargs]):
+    """The arguments with every reference the Airflow side pinned loaded (an upstream task's model, a spilled
+    tensor): the function gets tensors, arrays and state dicts, never references. Each rank loads them itself. A dict
+    that only looks like a reference (anything from JSON: an upstream value, dag_run.conf) is left as it is: loading
+    it would fetch from wherever it points, and unpickle what is there."""
+    pinned = _pinned_class()
+    if pinned is None or not _holds_pinned([args, kwargs], pinned):
         return args, kwargs
     from airflow_provider_torchelastic.worker.artifacts import load
 
-    # The payload that brought these references is itself a pickle this try wrote: pickled modules load here too.
-    return tuple(load(list(args), allow_pickle=True)), load(dict(kwargs), allow_pickle=True)
+    def materialized(value: Any, depth: int) -> Any:
+        if isinstance(value, pinned):
+            ref: Any = value  # a PinnedRef, whose module this worker need not import to know it
+            return load(dict(ref.ref), allow_pickle=ref.allow_pickle)
+        if depth >= _MAX_DEPTH:
+            return value
+        if isinstance(value, dict):
+            return {key: materialized(item, depth + 1) for key, item in value.items()}
+        if isinstance(value, list | tuple):
+            items = [materialized(item, depth + 1) for item in value]
+            return items if isinstance(value, list) else tuple(items)
+        return value
+
+    return tuple(materialized(value, 1) for value in args), {k: materialized(v, 1) for k, v in kwargs.items()}
 
 
 def _saved_artifacts(value: Any, location: str | None) -> Any:

@@ -34,12 +34,12 @@ from typing import IO, Any, Final
 
 from airflow_provider_torchelastic.core import artifact_ref as refs
 from airflow_provider_torchelastic.core.artifact_ref import ArtifactRef
+from airflow_provider_torchelastic.core.safe_files import read_regular
 from airflow_provider_torchelastic.worker.artifact_streams import (
     ArtifactIntegrityError,
     Locator,
     check,
     default_locator,
-    file_digest,
     local_path,
     read_verified,
 )
@@ -235,7 +235,9 @@ def spill_arguments(location: str, *, open_write: WriteOpener | None = None) -> 
         writer = _Writer(location, open_write=open_write)
         saved_args = _save(list(args), writer, ("args",), False, set())
         saved_kwargs = _save(dict(kwargs), writer, ("kwargs",), False, set())
-        return tuple(saved_args), saved_kwargs, lambda data: writer.blob(ARGUMENTS_FILE, data, refs.KIND_ARGUMENTS)
+        # Pinned: the workers load only references the Airflow side vouched for, and these it just wrote.
+        pinned_args, pinned_kwargs = refs.pin_written_refs((tuple(saved_args), saved_kwargs))
+        return pinned_args, pinned_kwargs, lambda data: writer.blob(ARGUMENTS_FILE, data, refs.KIND_ARGUMENTS)
 
     return spill
 
@@ -369,8 +371,8 @@ def fetch_arguments(ref: Mapping[str, Any]) -> bytes:
     url, expected = str(ref["url"]), int(ref["bytes"])
     local = local_path(url)
     if local is not None:
-        with open(local, "rb") as handle:
-            return handle.read(expected + 1)
+        # A regular file, not a link: the store may be shared with other tries' pods.
+        return read_regular(local, limit=expected + 1, error=ArtifactIntegrityError)
     fs, path = default_locator(url)
     return bytes(fs.cat_file(path, start=0, end=min(int(fs.size(path)), expected + 1)))
 
@@ -397,15 +399,18 @@ def _read(ref: ArtifactRef, *, allow_pickle: bool, locate: Locator | None) -> An
 
 
 def _read_pickled_module(ref: ArtifactRef, locate: Locator | None) -> Any:
-    """A pickled module, unpickled only after its sha256 (a local file where it is; a remote one in memory)."""
+    """A pickled module, read once into memory and unpickled from there only after its sha256."""
     import io
 
     import torch
 
     local = local_path(ref.url)
     if local is not None:
-        check(ref, *file_digest(local))
-        return torch.load(local, map_location="cpu", weights_only=False)
+        # Read once, into memory: hashed by path and then loaded by path again, the file could be swapped in between,
+        # and the swapped pickle would run. At most one byte more than the reference says, enough to fail its check.
+        held = read_regular(local, limit=ref.bytes + 1, error=ArtifactIntegrityError)
+        check(ref, len(held), hashlib.sha256(held).hexdigest())
+        return torch.load(io.BytesIO(held), map_location="cpu", weights_only=False)
 
     def read(reader: HashingReader) -> bytearray:
         data = bytearray(ref.bytes)

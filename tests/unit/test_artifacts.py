@@ -220,7 +220,7 @@ def test_the_workers_name_the_context_and_the_marker_as_the_core_does() -> None:
     from airflow_provider_torchelastic.core import artifact_ref, run_context
 
     assert runner_worker._CONTEXT_ENV == run_context.CONTEXT_ENV
-    assert runner_worker._ARTIFACT_MARKER == artifact_ref.MARKER
+    assert runner_worker._PINNED_MODULE == artifact_ref.__name__ and artifact_ref.PinnedRef.__name__ == "PinnedRef"
 
 
 def test_no_pickle_opcode_in_a_reference() -> None:
@@ -251,7 +251,7 @@ def test_arguments_over_the_limit_spill_and_reach_the_function_whole(tmp_path: P
     assert files == ["0000-args.0.safetensors", "arguments.pkl"], "the tensor as safetensors, the rest pickled"
     payload = load_payload(data, fetch=fetch_arguments)
     (sample_ref,) = payload.args
-    assert sample_ref["kind"] == "tensor" and isinstance(payload.kwargs["config"], Config)
+    assert sample_ref.ref["kind"] == "tensor" and isinstance(payload.kwargs["config"], Config)
     args, kwargs = runner_worker._materialized(payload.args, payload.kwargs)
     assert payload.fn(*args, **kwargs) == float(sum(range(300_000))) + 200_000 + 0.5
 
