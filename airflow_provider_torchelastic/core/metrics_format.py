@@ -51,6 +51,9 @@ SERIES_POINTS: Final = 500
 #: Distinct metric names a job may report; more are dropped (with one warning), so a name built from a step
 #: number cannot grow memory without bound.
 MAX_METRICS: Final = 32
+#: The longest metric name kept; a longer one is cut here, when the line is parsed (rank 0 writes the names, and
+#: every event, summary and chart carries them).
+MAX_METRIC_NAME: Final = 128
 #: Lines of each pod's (or node's) log kept for the job summary, and the longest line kept.
 TAIL_LINES: Final = 50
 TAIL_LINE_CHARS: Final = 1000
@@ -267,7 +270,7 @@ def parse_metrics_line(line: str) -> MetricsLine | None:
     step = _number_from_json(doc.get("step"))
     raw_last = doc.get("last")
     last = {
-        str(name): number
+        str(name)[:MAX_METRIC_NAME]: number
         for name, value in (raw_last.items() if isinstance(raw_last, dict) else ())
         if (number := _number_from_json(value)) is not None
     }
@@ -278,7 +281,7 @@ def parse_metrics_line(line: str) -> MetricsLine | None:
             if isinstance(items, list):
                 kept = tuple(p for p in (_point(item) for item in items) if p is not None)
                 if kept:
-                    points[str(name)] = kept
+                    points[str(name)[:MAX_METRIC_NAME]] = kept
     if not last and not points:
         return None
     return MetricsLine(step=step if step is not None and math.isfinite(step) else None, last=last, points=points)

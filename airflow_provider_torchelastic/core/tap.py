@@ -90,7 +90,7 @@ class MetricsTap:
 
     def to_json(self, max_bytes: int = EVENT_MAX_BYTES) -> dict[str, Any]:
         """The state as JSON, within ``max_bytes`` (it travels in a trigger event): the longest log tails are dropped
-        first, then every metric keeps every other point until it fits."""
+        first, then every metric keeps every other point, then whole metrics go, the last first, until it fits."""
         doc: dict[str, Any] = {"series": self.series.to_json(), "tails": self.tails()}
 
         def size() -> int:
@@ -105,6 +105,8 @@ class MetricsTap:
         while size() > max_bytes and any(len(raw["kept"]) > 1 for raw in metrics.values()):
             for raw in metrics.values():
                 raw["kept"], raw["stride"] = raw["kept"][::2], raw["stride"] * 2
+        while size() > max_bytes and metrics:
+            del metrics[next(reversed(metrics))]
         return doc
 
     @classmethod

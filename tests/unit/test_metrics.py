@@ -299,3 +299,18 @@ def test_a_loss_straight_from_the_graph_is_taken_without_a_warning_per_call() ->
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # torch warns when float() converts a tensor that requires grad
         assert _as_float(loss) == 2.0
+
+
+def test_long_metric_names_are_cut_when_parsed_and_an_event_drops_whole_metrics_to_fit() -> None:
+    """Rank 0 writes the names: 32 metrics named by 20,000 characters each made a 640 KB trigger event (its bound is
+    64 KiB), and every summary and chart carried them."""
+    names = {f"{i:02d}" + "n" * 20_000: 1.0 for i in range(metrics_format.MAX_METRICS)}
+    parsed = metrics_format.parse_metrics_line(f"{metrics_format.MARKER} " + json.dumps({"step": 1, "last": names}))
+    assert parsed is not None and len(parsed.last) == metrics_format.MAX_METRICS
+    assert all(len(name) == metrics_format.MAX_METRIC_NAME for name in parsed.last)
+    tap = MetricsTap(lambda line: None)
+    tap.series.extend(parsed)
+    doc = tap.to_json(max_bytes=2_000)
+    assert len(json.dumps(doc, separators=(",", ":"))) <= 2_000
+    kept = list(doc["series"]["metrics"])
+    assert kept and kept == list(parsed.last)[: len(kept)], "whole metrics go, the last first"
