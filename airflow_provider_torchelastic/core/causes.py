@@ -69,6 +69,11 @@ _REASONS: Final = {
     "PreemptionByScheduler": PREEMPTED,
     "PreemptionByKubeScheduler": PREEMPTED,
     "DisruptionTarget": PREEMPTED,
+    # The other reasons of a DisruptionTarget condition: a drain's eviction, the kubelet's (node pressure, a
+    # graceful node shutdown), and the taint manager's (a NoExecute taint: the node is going away).
+    "EvictionByEvictionAPI": PREEMPTED,
+    "TerminationByKubelet": PREEMPTED,
+    "DeletionByTaintManager": NODE_LOST,
     "Shutdown": PREEMPTED,
     "Terminated": PREEMPTED,
     "NodeLost": NODE_LOST,

@@ -63,6 +63,16 @@ TAIL_SOURCES: Final = 16
 EVENT_MAX_BYTES: Final = 64 * 1024
 #: The longest log line read as a metrics line: rank 0 prints at most MAX_METRICS names of 64 points each, far less.
 MAX_LINE_CHARS: Final = 1024 * 1024
+#: The longest log line the wait passes on (the task log, trigger events and summary tails hold it; a pod writes it).
+MAX_LOG_LINE: Final = 64 * 1024
+
+
+def cut_log_line(line: str) -> str:
+    """``line``, or its first :data:`MAX_LOG_LINE` characters and how many more there were."""
+    if len(line) <= MAX_LOG_LINE:
+        return line
+    return f"{line[:MAX_LOG_LINE]} [... {len(line) - MAX_LOG_LINE} more characters cut]"
+
 
 Point: TypeAlias = tuple[float, float]
 

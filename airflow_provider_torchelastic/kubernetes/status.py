@@ -17,6 +17,7 @@ from functools import cached_property
 from typing import Any, Final
 
 from airflow_provider_torchelastic.core import causes, choices
+from airflow_provider_torchelastic.core.metrics_format import cut_log_line
 from airflow_provider_torchelastic.core.outcome import NodeReport, Verdict, decode_outcome, verdict_from_json
 from airflow_provider_torchelastic.core.summary import PodSummary, pod_summaries, training_container_status
 from airflow_provider_torchelastic.core.validation import as_list, finite_float, short_repr, text_or
@@ -32,8 +33,6 @@ __all__ = [
     "Observed",
     "describe_wait",
     "job_gone",
-    "MAX_LOG_LINE",
-    "cut_log_line",
     "new_log_lines",
     "out_of_patience",
     "phase_of",
@@ -216,8 +215,9 @@ def pod_report(pod: Mapping[str, Any]) -> NodeReport | None:
             name=name,
             exit_code=terminated.get("exitCode"),
             outcome=decode_outcome(terminated.get("message")),
-            # An evicted pod's container ends with a plain "Error" (SIGTERM, 143): the pod's own reason says why.
-            reason=reason or (status.get("reason", "") if status.get("phase") == "Failed" else ""),
+            # An evicted pod's container ends with a plain "Error" (SIGTERM, 143): the pod's own reason says why,
+            # or (1.26+, a preemption or drain) only its DisruptionTarget condition.
+            reason=reason or (status.get("reason", "") if status.get("phase") == "Failed" else "") or _disruption(pod),
             # Whole seconds: it only orders pods that ended without a report; reports carry their own times.
             finished_at=parse_time(terminated.get("finishedAt")),
         )
@@ -225,6 +225,17 @@ def pod_report(pod: Mapping[str, Any]) -> NodeReport | None:
         # Evicted or lost before the container ran to an exit code.
         return NodeReport(name=name, exit_code=None, outcome=None, reason=status.get("reason", "") or "Failed")
     return None
+
+
+def _disruption(pod: Mapping[str, Any]) -> str:
+    """The reason of a pod's true DisruptionTarget condition (``PreemptionByScheduler``, ``EvictionByEvictionAPI``)."""
+    for condition in as_list(pod.get("status", {}).get("conditions")):
+        if isinstance(condition, Mapping) and (condition.get("type"), condition.get("status")) == (
+            "DisruptionTarget",
+            "True",
+        ):
+            return text_or(condition.get("reason"), "") or "DisruptionTarget"
+    return ""
 
 
 def restarted_run(pod: Mapping[str, Any], container: str) -> tuple[int, Mapping[str, Any]] | None:
@@ -492,17 +503,6 @@ class LogCursor:
     last_time: str = ""
     lines_at_last_time: tuple[str, ...] = ()
     last_seen: float = 0.0
-
-
-#: The longest log line the wait passes on (the task log, trigger events and summary tails hold it; a pod writes it).
-MAX_LOG_LINE: Final = 64 * 1024
-
-
-def cut_log_line(line: str) -> str:
-    """``line``, or its first :data:`MAX_LOG_LINE` characters and how many more there were."""
-    if len(line) <= MAX_LOG_LINE:
-        return line
-    return f"{line[:MAX_LOG_LINE]} [... {len(line) - MAX_LOG_LINE} more characters cut]"
 
 
 def new_log_lines(cursor: LogCursor, text: str) -> tuple[list[str], LogCursor]:

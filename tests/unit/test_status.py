@@ -367,3 +367,42 @@ def test_wait_protocol_logs_progress_streams_logs_cleans_up_and_returns() -> Non
     with pytest.raises(StopIteration) as stop:
         flow.send(None)
     assert stop.value.value.verdict.result == 7
+
+
+# --- what current clusters show that the 1.20 test cluster cannot (issue 33, item 5) -------------------------------
+
+
+def test_a_scheduling_gated_pod_waits_for_capacity_bounded_by_scheduling_timeout() -> None:
+    """Kubernetes >= 1.26 holds a pod with ``schedulingGates`` (Kueue's pod integration gates pods until admitted)
+    as PodScheduled=False, reason SchedulingGated: a wait for capacity, not a stuck pod, and bounded the same way."""
+    pod = make_pod("train-abc")
+    pod["status"] = {
+        "phase": "Pending",
+        "conditions": [
+            {"type": "PodScheduled", "status": "False", "reason": "SchedulingGated", "message": "Scheduling is blocked"}
+        ],
+    }
+    long_after_grace = decide(POD, Snapshot(job=pod, now=T0 + 3600), POLICY)
+    assert long_after_grace.phase is Phase.PENDING and long_after_grace.verdict is None
+    assert "waiting for capacity: pod train-abc is SchedulingGated (held by a queue" in long_after_grace.progress
+    policy = WaitPolicy(poll_interval=5, pending_grace_seconds=60, scheduling_timeout=600)
+    d = decide(POD, Snapshot(job=pod, now=T0 + 601), policy)
+    assert d.phase is Phase.FAILED and d.verdict is not None and d.verdict.recoverable
+    assert "scheduling_timeout=600" in d.verdict.detail
+
+
+def test_a_pod_preempted_by_the_scheduler_with_only_a_disruption_target_condition_is_recoverable() -> None:
+    """Kubernetes >= 1.26 marks a pod the scheduler preempts (or a drain evicts) with the DisruptionTarget condition
+    before it kills it: the container then ends with 137 and no reason of its own."""
+    pod = make_pod("train-abc", "Failed", exit_code=137, reason="Error", message="")
+    pod["status"]["conditions"] = [
+        {
+            "type": "DisruptionTarget",
+            "status": "True",
+            "reason": "PreemptionByScheduler",
+            "message": "Preempted in order to admit critical pod",
+        }
+    ]
+    d = decide(POD, Snapshot(job=pod, now=T0 + 5), POLICY)
+    assert d.phase is Phase.FAILED and d.verdict is not None and d.verdict.recoverable
+    assert d.verdict.cause == "preempted", d.verdict

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from airflow_provider_torchelastic import Elastic
+from airflow_provider_torchelastic.core.metrics_format import MAX_LOG_LINE
 from airflow_provider_torchelastic.core.naming import placeholder_identity
 from airflow_provider_torchelastic.core.outcome import encode_success
 from airflow_provider_torchelastic.errors import KubeError
@@ -23,7 +24,6 @@ from airflow_provider_torchelastic.kubernetes.client import retry_sync
 from airflow_provider_torchelastic.kubernetes.render import render_manifests
 from airflow_provider_torchelastic.kubernetes.requests import LOG_READ_LIMIT_BYTES
 from airflow_provider_torchelastic.kubernetes.status import (
-    MAX_LOG_LINE,
     JobRef,
     Phase,
     Snapshot,
