@@ -220,7 +220,7 @@ def test_the_workers_name_the_context_and_the_marker_as_the_core_does() -> None:
     from airflow_provider_torchelastic.core import artifact_ref, run_context
 
     assert runner_worker._CONTEXT_ENV == run_context.CONTEXT_ENV
-    assert runner_worker._PINNED_MODULE == artifact_ref.__name__ and artifact_ref.PinnedRef.__name__ == "PinnedRef"
+    assert artifact_ref.__name__ == runner_worker._PINNED_MODULE and artifact_ref.PinnedRef.__name__ == "PinnedRef"
 
 
 def test_no_pickle_opcode_in_a_reference() -> None:
