@@ -339,13 +339,16 @@ def _dcp_writer(store: _Store, folder: str) -> Any:
 
 
 def _dcp_reader(store: _Store) -> Any:
+    # The metadata is a pickle anyone who can write under the root could have planted: only DCP's types load.
+    from airflow_provider_torchelastic.worker.dcp_safe import reader_for
+
     if store.fs is None:
         from torch.distributed.checkpoint.filesystem import FileSystemReader
 
-        return FileSystemReader(store.root)
+        return reader_for(FileSystemReader)(store.root)
     from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
 
-    return FsspecReader(store.url)
+    return reader_for(FsspecReader)(store.url)
 
 
 def save_sharded(state_dict: dict[str, Any], *, step: int, uri: str | None = None) -> Checkpoint:
@@ -375,14 +378,25 @@ def save_sharded(state_dict: dict[str, Any], *, step: int, uri: str | None = Non
     return committed[0]
 
 
-def load_sharded_latest(state_dict: dict[str, Any], *, uri: str | None = None) -> int | None:
+def load_sharded_latest(state_dict: dict[str, Any], *, uri: str | None = None, weights_only: bool = True) -> int | None:
     """Every rank calls this: loads the latest complete sharded checkpoint into ``state_dict`` in place (DCP
     reshards it to this run's world size) and returns its step, or None (``state_dict`` untouched) when there is none.
+
+    The checkpoint's metadata loads only DCP's own types, and its non-tensor values with ``torch.load(weights_only=
+    True)``: plain data, not arbitrary objects (``weights_only=False`` for objects you trust the checkpoint's writer
+    with, as ``load_latest`` does). Metadata naming anything else fails as
+    :class:`~.dcp_safe.CheckpointMetadataError`, inside DCP's ``CheckpointException``.
     """
     found = _latest_of_kind(uri, KIND_SHARDED)
     if found is None:
         return None
     from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 
-    dcp_load(state_dict, storage_reader=_dcp_reader(_Store(found.uri)))
+    from airflow_provider_torchelastic.worker.dcp_safe import restricted_planner
+
+    dcp_load(
+        state_dict,
+        storage_reader=_dcp_reader(_Store(found.uri)),
+        planner=restricted_planner(weights_only=weights_only),
+    )
     return found.step
