@@ -30,6 +30,7 @@ __all__ = [
     "fit_job_name",
     "identity_annotations",
     "identity_labels",
+    "is_job_name_of",
     "job_name",
     "label_selector",
     "placeholder_identity",
@@ -155,6 +156,26 @@ def fit_job_name(name: str, max_length: int) -> str:
     if not _DNS_1035.match(short):
         raise ValueError(f"job name {name!r}: cut to {short!r}, which is not a DNS-1035 label")
     return short
+
+
+def is_job_name_of(name: object, identity: RunIdentity) -> bool:
+    """Whether ``name`` is the job name a kind gave ``identity``'s try: :func:`job_name` whole, or cut by
+    :func:`fit_job_name` to the length the kind allowed (a TrainJob's runtime decides it, so any cut is accepted).
+
+    A cut keeps the identity's hash whole, so a name still answers for one try only; and a cut is a prefix of the
+    readable part with no trailing ``-`` (which never doubles), so cutting the full name to ``len(name)`` gives
+    ``name`` back exactly when it is such a cut."""
+    if not isinstance(name, str):
+        return False
+    full = job_name(identity)
+    if name == full:
+        return True
+    if len(name) > len(full):
+        return False
+    try:
+        return fit_job_name(full, len(name)) == name
+    except ValueError:  # shorter than any cut can be
+        return False
 
 
 def safe_label_value(value: str) -> str:

@@ -215,31 +215,37 @@ class JobsService:
 
     def job(self, namespace: str, name: str, viewer: Viewer) -> dict[str, Any] | None:
         """The job in detail, or None when it does not exist, is no name Kubernetes could have, or the user may not
-        read its DAG. Log tails only for users who may read the DAG's task logs, masked."""
+        read its DAG. Log tails only for users who may read the DAG's task logs, masked.
+
+        A job's summary is found by the job's identity (its task instance try), never by its name alone: any task can
+        push a summary naming any job. The name resolves to that identity through the summary rows of the DAGs the
+        user may read (a finished job, whose object may be gone) or through the live object's annotations.
+        """
         local = namespace == views.LOCAL_NAMESPACE
         if not views.is_object_name(name) or not (local or views.is_namespace(namespace)):
             return None
         finished = self._find_summary(namespace, name, viewer)
         if finished is not None:
-            identity, summary = finished
-            if not summary.get("metrics"):
-                # The summary missed them (rank 0's pod ended before the task read its log): what this process saw
-                # of the job while it ran is better than no chart.
-                seen = series_to_json(self.metrics.get((namespace, name)))
-                summary = {**summary, "metrics": seen} if seen else summary
-            detail = views.job_detail_from_summary(summary, identity, base_path=self.base_path)
-            return _shown(detail, logs=viewer.can_read_logs(identity.dag_id))
+            return self._summary_detail(namespace, name, *finished, viewer)
         if local:
             return None
         try:
             if namespace not in self._namespaces(viewer, self.summaries.job_namespaces()):
                 return None
             job = self.kube.find(namespace, name)
-            if job is None or job.identity is None or not viewer.can_read(job.identity.dag_id):
-                return None
-            logs = viewer.can_read_logs(job.identity.dag_id)
-            tails = self.kube.log_tails(job) if logs else {}
         except Exception as e:  # no connection, no permission, API down: the API answers 503 and says why
+            raise KubernetesUnavailable(f"{type(e).__name__}: {e}") from e
+        if job is None or job.identity is None or not viewer.can_read(job.identity.dag_id):
+            return None
+        # Its task saved the summary while the object is not deleted yet, and rows naming the job crowded it out of
+        # the name's lookup: the identity the object carries still finds the task's own verdict.
+        own = self._own_summary(job.identity, namespace, name)
+        if own is not None:
+            return self._summary_detail(namespace, name, *own, viewer)
+        logs = viewer.can_read_logs(job.identity.dag_id)
+        try:
+            tails = self.kube.log_tails(job) if logs else {}
+        except Exception as e:
             raise KubernetesUnavailable(f"{type(e).__name__}: {e}") from e
         series = None
         for text in tails.values():
@@ -253,13 +259,44 @@ class JobsService:
         )
         return None if live is None else _shown(live, logs=logs)
 
+    def _summary_detail(
+        self, namespace: str, name: str, identity: Identity, summary: dict[str, Any], viewer: Viewer
+    ) -> dict[str, Any]:
+        if not summary.get("metrics"):
+            # The summary missed them (rank 0's pod ended before the task read its log): what this process saw of the
+            # job while it ran is better than no chart.
+            seen = series_to_json(self.metrics.get((namespace, name)))
+            summary = {**summary, "metrics": seen} if seen else summary
+        detail = views.job_detail_from_summary(summary, identity, base_path=self.base_path)
+        return _shown(detail, logs=viewer.can_read_logs(identity.dag_id))
+
     def _find_summary(self, namespace: str, name: str, viewer: Viewer) -> tuple[Identity, dict[str, Any]] | None:
-        """The newest summary of the job saved by the job's own task (another task's summary of that name is not
-        the job's), if the user may read that task's DAG."""
-        rows = self.summaries.find(None if namespace == views.LOCAL_NAMESPACE else namespace, name)
-        for identity, summary in _readable_summaries(rows):
-            if views.summary_belongs_to(summary, identity) and viewer.can_read(identity.dag_id):
-                return identity, summary
+        """The summary of the job ``namespace/name`` saved by the job's own task, if the user may read its DAG: the
+        name resolved to that task instance among the DAGs the user may read, then its row read by its keys."""
+        readable = viewer.readable(self.summaries.dag_ids())
+        local = namespace == views.LOCAL_NAMESPACE
+        for identity in self.summaries.naming(None if local else namespace, name, readable):
+            if views.is_job_of(name, identity) and viewer.can_read(identity.dag_id):
+                found = self._own_summary(identity, namespace, name)
+                if found is not None:
+                    return found
+        return None
+
+    def _own_summary(self, identity: Identity, namespace: str, name: str) -> tuple[Identity, dict[str, Any]] | None:
+        """The summary that ``identity``'s task instance saved, if it is the one of the job ``namespace/name`` (not
+        that of another try, or one naming another job): one row, read by the task instance's keys."""
+        query = SummaryQuery(
+            dag_ids=frozenset({identity.dag_id}),
+            dag_id=identity.dag_id,
+            run_id=identity.run_id,
+            task_id=identity.task_id,
+            map_index=identity.map_index,
+            limit=1,
+        )
+        for row, summary in _readable_summaries(self.summaries.latest(query)):
+            named = (views.summary_namespace(summary), summary.get("name"))
+            if named == (namespace, name) and views.summary_belongs_to(summary, row):
+                return row, summary
         return None
 
 

@@ -15,7 +15,7 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Generic, TypeVar
 
@@ -53,8 +53,10 @@ MAX_SUMMARIES: Final = 500
 #: Namespaces whose lists (and locks) are kept, and pods whose log tails are: the least recently used go first.
 MAX_NAMESPACES: Final = 64
 MAX_LOG_TAILS: Final = 1024
-#: Summaries one detail view considers for a job's name (newest first; those of other DAGs are skipped).
-MAX_NAME_MATCHES: Final = 50
+#: Summary rows whose keys one detail view reads to resolve a job's name to its task instance (newest first, in the
+#: DAGs the user may read). Keys only, no values: a bound on cost, not a page. Rows of DAGs the user may not read are
+#: filtered out before it, and a live job is resolved by the identity its object carries, whatever rows name it.
+MAX_NAME_MATCHES: Final = 1000
 #: Seconds one API call of a page view may take (a task's calls may take longer).
 _REQUEST_TIMEOUT: Final = 30
 _MANAGED: Final = f"{LABEL_MANAGED_BY}={MANAGED_BY}"
@@ -416,17 +418,37 @@ class Summaries:
             found = {tuple(row) for row in session.execute(statement)}
         return {(namespace, name) for *_, namespace, name in found & wanted}
 
-    def find(self, namespace: str | None, name: str) -> list[tuple[Identity, Any]]:
-        """Summaries that name the job ``namespace/name`` (``namespace`` None: a local run), newest first: the
-        caller keeps the one saved by the job's own task (:func:`views.summary_belongs_to`)."""
-        from airflow.models.xcom import XComModel
+    def naming(self, namespace: str | None, name: str, dag_ids: Collection[str]) -> list[Identity]:
+        """The task instances, among those of ``dag_ids``, whose summary names the job ``namespace/name``
+        (``namespace`` None: a local run), newest first, with their current try.
 
-        conditions = [XComModel.value["name"].as_string() == name]
-        if namespace is None:
-            conditions.append(XComModel.value["namespace"].as_string().is_(None))
-        else:
-            conditions.append(XComModel.value["namespace"].as_string() == namespace)
-        return self._select(conditions, MAX_NAME_MATCHES)
+        Any task can push a summary naming any job: the DAGs are filtered in the query, before its limit, so rows of
+        DAGs the user may not read cannot crowd out the job's own. Only keys are read; the caller keeps the task
+        instance that could have run a job of that name (:func:`views.is_job_of`) and reads its summary by its keys
+        (:meth:`latest`).
+        """
+        from airflow.models.taskinstance import TaskInstance
+        from airflow.models.xcom import XComModel
+        from airflow.utils.session import create_session
+        from sqlalchemy import select
+
+        if not dag_ids:
+            return []
+        named = XComModel.value["namespace"].as_string()
+        statement = (
+            select(XComModel.dag_id, XComModel.task_id, XComModel.run_id, XComModel.map_index, TaskInstance.try_number)
+            .outerjoin(TaskInstance, _xcom_of_task_instance())
+            .where(
+                XComModel.key == SUMMARY_XCOM_KEY,
+                XComModel.dag_id.in_(sorted(dag_ids)),
+                XComModel.value["name"].as_string() == name,
+                named.is_(None) if namespace is None else named == namespace,
+            )
+            .order_by(XComModel.timestamp.desc())
+            .limit(MAX_NAME_MATCHES)
+        )
+        with create_session() as session:
+            return [_identity_of(row) for row in session.execute(statement)]
 
     def _select(self, conditions: Sequence[Any], limit: int) -> list[tuple[Identity, Any]]:
         from airflow.models.taskinstance import TaskInstance
@@ -452,14 +474,15 @@ class Summaries:
             rows = session.execute(statement).all()
         found = []
         for row in rows:
-            identity = Identity(
-                dag_id=row.dag_id,
-                task_id=row.task_id,
-                run_id=row.run_id,
-                map_index=row.map_index,
-                try_number=row.try_number,
-            )
+            identity = _identity_of(row)
             value = _xcom_value(row.value, f"the {SUMMARY_XCOM_KEY} XCom of {describe(identity)}")
             if value is not _UNREADABLE:
                 found.append((identity, value))
         return found
+
+
+def _identity_of(row: Any) -> Identity:
+    """The task instance try of an XCom row joined with its task instance (no try where the instance is gone)."""
+    return Identity(
+        dag_id=row.dag_id, task_id=row.task_id, run_id=row.run_id, map_index=row.map_index, try_number=row.try_number
+    )

@@ -29,7 +29,7 @@ from airflow_provider_torchelastic.core.naming import (
     REPLICA_INDEX_LABEL,
     REPLICA_TYPE_LABEL,
     RunIdentity,
-    job_name,
+    is_job_name_of,
 )
 from airflow_provider_torchelastic.core.summary import XCOM_KEY, JobSummary, pod_summaries
 from airflow_provider_torchelastic.kubernetes import kinds
@@ -42,6 +42,7 @@ __all__ = [
     "LiveJob",
     "describe",
     "group_live_jobs",
+    "is_job_of",
     "is_namespace",
     "is_object_name",
     "job_detail_from_live",
@@ -272,15 +273,15 @@ def summary_from_xcom(value: Any) -> dict[str, Any] | None:
         return None
 
 
-def summary_belongs_to(summary: Mapping[str, Any], identity: Identity) -> bool:
-    """Whether the summary names the job its own XCom row's task would have run: the job's name is a hash of the task
-    instance try (``naming.job_name``), so a task cannot pass its summary off as another DAG's job.
+def is_job_of(name: object, identity: Identity) -> bool:
+    """Whether ``name`` is the job the XCom row ``identity``'s task instance would have run: the job's name holds a
+    hash of the task instance try (``naming.job_name``, or a kind's cut of it, ``naming.fit_job_name``), so a task
+    cannot pass its row off as another DAG's job.
 
     The row's try or the one before (a summary outlives the start of the next try until that try clears its XComs).
     """
     if identity.try_number is None:
         return False
-    name = summary.get("name")
     for try_number in {identity.try_number, identity.try_number - 1}:
         try:
             claimed = RunIdentity(
@@ -292,9 +293,14 @@ def summary_belongs_to(summary: Mapping[str, Any], identity: Identity) -> bool:
             )
         except (TypeError, ValueError):
             continue
-        if job_name(claimed) == name:
+        if is_job_name_of(name, claimed):
             return True
     return False
+
+
+def summary_belongs_to(summary: Mapping[str, Any], identity: Identity) -> bool:
+    """Whether the summary names the job its own XCom row's task would have run (:func:`is_job_of`)."""
+    return is_job_of(summary.get("name"), identity)
 
 
 def summary_namespace(summary: Mapping[str, Any]) -> str:

@@ -547,14 +547,16 @@ class _Rows:
         return {}
 
     def latest(self, query: Any) -> list[tuple[Identity, Any]]:
-        return list(self.rows)
+        # A detail view reads one task instance's row by its keys; the list, every row.
+        keys = ("dag_id", "run_id", "task_id", "map_index")
+        return [row for row in self.rows if all(getattr(query, k) in (None, getattr(row[0], k)) for k in keys)]
 
     def ended(self, jobs: Any) -> set[Any]:
         return set()
 
-    def find(self, namespace: str | None, name: str) -> list[tuple[Identity, Any]]:
+    def naming(self, namespace: str | None, name: str, dag_ids: Any) -> list[Identity]:
         # What the database's JSON filter does: the rows whose value names the job.
-        return [(row, value) for row, value in self.rows if isinstance(value, dict) and value.get("name") == name]
+        return [row for row, value in self.rows if isinstance(value, dict) and value.get("name") == name]
 
 
 class _Everyone:

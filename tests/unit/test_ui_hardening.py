@@ -136,15 +136,22 @@ class FakeSummaries:
         return dict(self.namespaces)
 
     def latest(self, query: sources.SummaryQuery) -> list[tuple[Identity, Any]]:
-        return [(i, value) for i, value in self.rows if i.dag_id in query.dag_ids][: query.limit]
+        return [(i, value) for i, value in self.rows if _matches(i, query)][: query.limit]
 
     def ended(self, jobs: Any) -> set[views.JobKey]:
         # What the real query does: a row of the job's own task instance that names the job.
         saved = {(i.dag_id, i.task_id, i.run_id, i.map_index, v["namespace"], v["name"]) for i, v in self.rows}
         return {key for i, key in jobs if (i.dag_id, i.task_id, i.run_id, i.map_index, *key) in saved}
 
-    def find(self, namespace: str | None, name: str) -> list[tuple[Identity, Any]]:
-        return [(i, v) for i, v in self.rows if v["name"] == name and v["namespace"] == namespace]
+    def naming(self, namespace: str | None, name: str, dag_ids: Any) -> list[Identity]:
+        return [i for i, v in self.rows if v["name"] == name and v["namespace"] == namespace and i.dag_id in dag_ids]
+
+
+def _matches(identity: Identity, query: sources.SummaryQuery) -> bool:
+    """What the real query's filters on the task instance's keys do."""
+    keys = {"dag_id": query.dag_id, "run_id": query.run_id, "task_id": query.task_id, "map_index": query.map_index}
+    wanted = all(value is None or getattr(identity, key) == value for key, value in keys.items())
+    return wanted and identity.dag_id in query.dag_ids
 
 
 class FakeViewer:
