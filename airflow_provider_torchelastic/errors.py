@@ -22,8 +22,11 @@ One word for "a retry may help": **recoverable**. Every exception the package de
     │   │                               runner uses (named, with the versions it is tested with)
     │   ├── ArtifactRefError            (core.artifact_ref) an artifact reference that is malformed, or not under
     │   │                               this try's location
-    │   └── ArtifactIntegrityError      (worker.artifact_streams) an artifact's bytes are not those its reference names
-    │                                   (sha256, size): refused before anything is read from them
+    │   ├── ArtifactIntegrityError      (worker.artifact_streams) an artifact's bytes are not those its reference names
+    │   │                               (sha256, size), or its local file is a link or not a regular file: refused
+    │   │                               before anything is read from them
+    │   └── CheckpointMetadataError     (worker.dcp_safe) a sharded checkpoint's DCP metadata names something DCP
+    │                                   never writes there: not loaded (raised inside DCP's CheckpointException)
     ├── PermissionError
     │   └── ArtifactPickleRefusedError  (worker.artifacts) a pickled module, to be loaded where pickles are not
     │                                   allowed (artifacts.load(..., allow_pickle=True) trusts it)

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from airflow_provider_torchelastic.core.artifact_ref import ArtifactRef, ArtifactRefError, check_refs_under
 from airflow_provider_torchelastic.core.outcome import Verdict
 from airflow_provider_torchelastic.core.run_context import TaskContext, artifact_location, result_location
+from airflow_provider_torchelastic.core.safe_files import local_path, read_regular, remove_file
 from airflow_provider_torchelastic.operators.exceptions import (
     ConfigurationError,
     InfrastructureError,
@@ -78,7 +79,11 @@ def read_stored_result(url: str, storage: ResultStorage | None) -> Any:
     ``[torch_elastic] result_storage_conn_id`` holds the credentials), then deleted unless
     ``[torch_elastic] result_storage_keep``. Never unpickled; at most ``[torch_elastic] result_storage_max_bytes``
     are read (beyond, :class:`ConfigurationError`: the same result is as large on a retry). ``url`` must already be
-    checked (:func:`expected_result_ref`)."""
+    checked (:func:`expected_result_ref`).
+
+    In a local store (a path or ``file://``), which the pods write too, the file must be a regular file reached from
+    the storage's root through no symbolic link (else :class:`ConfigurationError`): a planted link would make any
+    file the Airflow worker can read the task's XCom."""
     from airflow.sdk import ObjectStoragePath
 
     from airflow_provider_torchelastic.core.outcome import decode_result
@@ -86,10 +91,15 @@ def read_stored_result(url: str, storage: ResultStorage | None) -> Any:
 
     conn_id = storage.conn_id if storage is not None else None
     limit = storage.max_bytes if storage is not None else DEFAULT_RESULT_MAX_BYTES
-    path = ObjectStoragePath(url if "://" in url else f"file://{url}", conn_id=conn_id)
-    with path.open("rb") as f:
-        # One byte more than allowed says it is too large without reading all of it.
-        data = f.read(limit + 1)
+    local = local_path(url)
+    root = local_path(storage.url) if storage is not None else None
+    # One byte more than allowed says it is too large without reading all of it.
+    if local is not None:
+        data = read_regular(local, root=root, limit=limit + 1, error=_refused_result)
+    else:
+        path = ObjectStoragePath(url, conn_id=conn_id)
+        with path.open("rb") as f:
+            data = f.read(limit + 1)
     if len(data) > limit:
         raise ConfigurationError(
             f"Training succeeded but rank 0's result at {url} is larger than [torch_elastic] result_storage_max_bytes "
@@ -97,8 +107,18 @@ def read_stored_result(url: str, storage: ResultStorage | None) -> Any:
         )
     value = decode_result(data)
     if storage is None or not storage.keep:
-        path.unlink(missing_ok=True)
+        if local is not None:
+            remove_file(local, root=root, error=_refused_result)
+        else:
+            path.unlink(missing_ok=True)
     return value
+
+
+def _refused_result(problem: str) -> ConfigurationError:
+    return ConfigurationError(
+        f"Training succeeded but rank 0's result cannot be accepted from its local store: {problem} (a retry will "
+        "not help)"
+    )
 
 
 def checked_artifacts(
@@ -154,7 +174,7 @@ def _result_or_raise(
         url = expected_result_ref(verdict.result_ref, storage, task_context)
         try:
             value = read_stored_result(url, storage)
-        except ConfigurationError:  # too large: as large on a retry
+        except ConfigurationError:  # too large, or not a regular file of the store: refused on a retry too
             raise
         except Exception as e:  # the store or its connection failed: the training is done, but its value is not
             raise InfrastructureError(

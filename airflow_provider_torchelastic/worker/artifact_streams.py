@@ -11,11 +11,13 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import hmac
+import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from airflow_provider_torchelastic.core.artifact_ref import ArtifactRef
+from airflow_provider_torchelastic.core.safe_files import local_path, open_regular
 from airflow_provider_torchelastic.worker.checkpoint import open_store
 from airflow_provider_torchelastic.worker.safetensors_io import CHUNK_BYTES, HashingReader, Readable
 
@@ -33,19 +35,13 @@ __all__ = [
 
 
 class ArtifactIntegrityError(ValueError):
-    """An artifact's bytes are not those its reference names (sha256 or size): refused, and nothing read from them is
-    returned."""
+    """An artifact's bytes are not those its reference names (sha256 or size), or its local file is a symbolic link or
+    not a regular file: refused, and nothing read from them is returned."""
 
 
 #: Finds a URL's fsspec file system and path there, with credentials the caller knows (the Airflow side: a
 #: connection).
 Locator = Callable[[str], tuple[Any, str]]
-
-
-def local_path(url: str) -> Path | None:
-    if url.startswith("file://"):
-        return Path(url[len("file://") :])
-    return None if "://" in url or "::" in url else Path(url)
 
 
 def default_locator(url: str) -> tuple[Any, str]:
@@ -55,9 +51,11 @@ def default_locator(url: str) -> tuple[Any, str]:
     return store.fs, store.path(name)
 
 
-def file_digest(path: Path) -> tuple[int, str]:
+def file_digest(path: Path, *, max_bytes: int | None = None) -> tuple[int, str]:
+    """The size and sha256 of a local regular file (a link, or a FIFO or device that would never end, is refused
+    before a byte is read, as is a file over ``max_bytes``)."""
     digest, size = hashlib.sha256(), 0
-    with open(path, "rb") as handle:
+    with open_regular(path, max_bytes=max_bytes, error=ArtifactIntegrityError) as handle:
         while chunk := handle.read(CHUNK_BYTES):
             digest.update(chunk)
             size += len(chunk)
@@ -112,8 +110,10 @@ def opened(ref: ArtifactRef, locate: Locator | None) -> Iterator[Readable]:
     size is the reference's: an object that is not the reference's is refused before a byte of it is fetched."""
     local = local_path(ref.url)
     if local is not None:
-        check_size(ref, local.stat().st_size)
-        with open(local, "rb", buffering=0) as handle:  # unbuffered: read straight into the tensors
+        # A regular file, not a link: the store may be shared with other tries' pods. Unbuffered: read straight into
+        # the tensors.
+        with open_regular(local, error=ArtifactIntegrityError) as handle:
+            check_size(ref, os.fstat(handle.fileno()).st_size)
             yield handle
         return
     fs, path = (locate or default_locator)(ref.url)

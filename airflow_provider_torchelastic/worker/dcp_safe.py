@@ -28,7 +28,7 @@ _NAMED: Final = {
 }
 
 
-class CheckpointMetadataError(pickle.UnpicklingError):
+class CheckpointMetadataError(ValueError):
     """A sharded checkpoint's metadata names something DCP never writes there: it is not loaded."""
 
 
