@@ -131,8 +131,16 @@ class _Store:
     @contextmanager
     def open(self, path: str, mode: str) -> Iterator[IO[Any]]:
         if self.fs is None:
-            with open(path, mode) as handle:
-                yield handle
+            # A local root may be shared with other tries' pods: no link below it is followed, only a regular file
+            # is read, and a write replaces its file whole (core/safe_files.py); PermissionError names what is not.
+            from airflow_provider_torchelastic.core.safe_files import open_regular, open_replacing
+
+            if "w" in mode:
+                with open_replacing(path, root=self.root, error=PermissionError) as handle:
+                    yield handle
+            else:
+                with open_regular(path, root=self.root, error=PermissionError) as handle:
+                    yield handle
         else:
             with self.fs.open(path, mode) as handle:
                 yield handle
@@ -214,7 +222,8 @@ def _read_marker(store: _Store, name: str, step: int) -> Checkpoint | None:
             data = handle.read()
     except FileNotFoundError:
         return None
-    except (IsADirectoryError, NotADirectoryError):  # a folder named COMMITTED, a file named like a checkpoint
+    except (IsADirectoryError, NotADirectoryError, PermissionError):
+        # A folder named COMMITTED, a file named like a checkpoint, a link or a FIFO planted as the marker.
         data = b""
     record = loads_untrusted(data, max_bytes=_MAX_MARKER_BYTES)
     kind = record.get("kind", KIND_STATE) if isinstance(record, dict) else None

@@ -95,3 +95,36 @@ def test_an_object_value_loads_only_when_the_caller_trusts_the_writer(tmp_path: 
     state: dict[str, Any] = {"w": torch.zeros(2), "settings": None}
     assert load(tmp_path, state, weights_only=False) == 1
     assert isinstance(state["settings"], Settings) and state["settings"].lr == 0.5
+
+
+# --- links and special files under a local checkpoint root (item 2) -------------------------------------------------
+
+
+def test_a_state_file_swapped_for_a_link_is_not_read_through(tmp_path: Path) -> None:
+    root = tmp_path / "ckpt"
+    saved = checkpoint.save({"w": torch.ones(2)}, step=1, uri=str(root))
+    assert saved is not None
+    elsewhere = tmp_path / "elsewhere.pt"
+    torch.save({"w": torch.full((2,), 9.0)}, elsewhere)
+    state_file = Path(saved.uri) / checkpoint.STATE_FILE
+    state_file.unlink()
+    state_file.symlink_to(elsewhere)
+    with pytest.raises(PermissionError, match="symbolic link"):
+        checkpoint.load_latest(str(root))
+
+
+@pytest.mark.timeout(20)
+def test_a_fifo_or_a_link_as_the_marker_is_no_checkpoint_and_no_hang(tmp_path: Path) -> None:
+    import os
+
+    root = tmp_path / "ckpt"
+    first = checkpoint.save({"w": torch.ones(2)}, step=1, uri=str(root))
+    second = checkpoint.save({"w": torch.ones(2)}, step=2, uri=str(root))
+    third = checkpoint.save({"w": torch.ones(2)}, step=3, uri=str(root))
+    assert first is not None and second is not None and third is not None
+    (Path(third.uri) / checkpoint.COMMIT_MARKER).unlink()
+    os.mkfifo(Path(third.uri) / checkpoint.COMMIT_MARKER)  # a read would block forever
+    (Path(second.uri) / checkpoint.COMMIT_MARKER).unlink()
+    (Path(second.uri) / checkpoint.COMMIT_MARKER).symlink_to("/dev/zero")
+    found = checkpoint.latest(str(root))
+    assert found is not None and found.step == 1
