@@ -363,6 +363,21 @@ def _empty(entry: _Stored, framework: str) -> tuple[Any, memoryview]:
     return tensor, _memory_of(tensor.data_ptr(), nbytes) if nbytes else memoryview(bytearray())
 
 
+#: What a header may hold beyond its tensors' entries: the writer's ``__metadata__`` and the alignment's padding.
+_HEADER_SLACK: Final = 4096
+
+
+def _header_bound(expected: Mapping[str, TensorInfo]) -> int:
+    """The longest header that names ``expected``'s tensors: each entry with offsets of 20 digits, the most an
+    int64 has, and :data:`_HEADER_SLACK`."""
+    widest = 10**19
+    entries = {
+        name: {"dtype": info.dtype, "shape": list(info.shape), "data_offsets": [widest, widest]}
+        for name, info in expected.items()
+    }
+    return len(json.dumps(entries, separators=(",", ":")).encode()) + _HEADER_SLACK
+
+
 def read_safetensors_from(
     reader: HashingReader,
     size: int,
@@ -382,6 +397,11 @@ def read_safetensors_from(
     (length,) = struct.unpack("<Q", reader.read(8))
     if length > min(size - 8, MAX_HEADER_BYTES):
         raise ValueError(f"a header of {length} bytes in a file of {size}")
+    # Before a byte of it is parsed: a header longer than the reference's tensors can need is not this artifact's,
+    # and parsing a hostile one (megabytes of entries) costs seconds of CPU before the digest could refuse it.
+    needed = _header_bound(expected) if expected else None
+    if needed is not None and length > needed:
+        raise ValueError(f"a header of {length} bytes, more than the {needed} its reference's tensors need")
     try:
         header = json.loads(reader.read(length))
     except (ValueError, RecursionError) as e:  # not UTF-8, not JSON, or nested past the parser's depth

@@ -296,3 +296,25 @@ def test_a_remote_artifact_is_read_in_one_request_and_checked(tmp_path: Path) ->
     with pytest.raises(artifacts.ArtifactIntegrityError, match="sha256"):
         load(saved["w"])
     fs.rm("/remote", recursive=True)
+
+
+def test_a_hostile_header_is_refused_before_it_is_parsed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Megabytes of header entries cost seconds of CPU to parse, before the digest could refuse them: a header longer
+    than the reference's tensors can need is refused unread (issue 34, item 6)."""
+    import struct
+
+    from airflow_provider_torchelastic.worker import safetensors_io
+    from airflow_provider_torchelastic.worker.artifact_streams import ArtifactIntegrityError
+
+    ref = save_value(torch.ones(4), f"file://{tmp_path}/a")
+    path = Path(ArtifactRef.from_json(ref).url[len("file://") :])
+    entries = {f"t{i}": {"dtype": "F32", "shape": [0], "data_offsets": [0, 0]} for i in range(60_000)}
+    header = json.dumps(entries, separators=(",", ":")).encode()
+    path.write_bytes(struct.pack("<Q", len(header)) + header + b"\0" * 16)
+
+    def parsed(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("the hostile header was parsed")
+
+    monkeypatch.setattr(safetensors_io.json, "loads", parsed)
+    with pytest.raises(ArtifactIntegrityError, match=r"more than the \d+ its reference's tensors need"):
+        load({**ref, "bytes": path.stat().st_size})
