@@ -32,6 +32,7 @@ crd: setup
 
 bench: setup
 	.venv/bin/python benchmarks/bench_runner.py
+	.venv/bin/python benchmarks/import_cost.py
 
 # A 1 GiB state dict saved from rank 0 and loaded downstream as an artifact, against a raw fsspec copy of the same
 # bytes, over file:// and an S3-compatible server (moto); about a quarter of an hour on 2 CPUs. Not part of `make test`.

@@ -20,8 +20,10 @@ from typing import Any, Final
 
 from airflow.sdk.exceptions import AirflowFailException
 
+# From the core, not from kubernetes.kinds (which re-exports it): the kinds' table imports every kind's renderer and
+# decisions, and the operator imports this module at every parse.
+from airflow_provider_torchelastic.core.choices import JOB_KIND_CHOICES
 from airflow_provider_torchelastic.core.validation import check_image
-from airflow_provider_torchelastic.kubernetes.kinds import JOB_KIND_CHOICES
 from airflow_provider_torchelastic.options import DECLARED, Option
 from airflow_provider_torchelastic.options import SECTION as SECTION
 

@@ -5,7 +5,9 @@ one run on the same machine and reported as ratios to a baseline measured in tha
 across machines better than absolute seconds. Results are appended to ``benchmarks/results.md``.
 
 Measured:
-- parse path: ``import airflow_provider_torchelastic`` + the operator, vs ``import torch`` (fresh interpreters);
+- parse path: ``import airflow_provider_torchelastic`` + the operator, vs ``import torch`` (fresh interpreters;
+  the operator's import over ``import airflow.sdk``, timed inside the process, is ``benchmarks/import_cost.py``'s,
+  which ``make bench`` runs next);
 - payload: size and dump/load time of the quickstart training function (pickled by value);
 - launch: a trivial 2-worker job (gloo all_reduce) through our runner with spawn and with fork, vs the same
   function as a script under ``torchrun --standalone`` (the baseline); wall time, CPU time (user + system of the

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, fields
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from airflow_provider_torchelastic.compat import CheckedOperatorPartial
 from airflow_provider_torchelastic.core.choices import (
@@ -25,9 +25,6 @@ from airflow_provider_torchelastic.core.config import Elastic, TaskConfig, check
 from airflow_provider_torchelastic.core.naming import DNS_1123_LABEL
 from airflow_provider_torchelastic.core.pod_options import JobOptions, PodOptions
 from airflow_provider_torchelastic.core.validation import check_image, check_seconds, fail, is_templated
-from airflow_provider_torchelastic.kubernetes import kinds
-from airflow_provider_torchelastic.kubernetes.kinds import JobKind
-from airflow_provider_torchelastic.kubernetes.render import check_renderable
 from airflow_provider_torchelastic.settings import (
     EXECUTIONS,
     JOB_KINDS,
@@ -35,6 +32,9 @@ from airflow_provider_torchelastic.settings import (
     read_image,
     read_job_kind_option,
 )
+
+if TYPE_CHECKING:
+    from airflow_provider_torchelastic.kubernetes.kinds import JobKind
 
 __all__ = [
     "DEFAULTS",
@@ -335,6 +335,10 @@ def check_operator_arguments(
         return checked  # runs on the Airflow worker: no image, nothing rendered
     if not (known("task_config") and known("pod_options") and known("job_options")):
         return checked  # what would be rendered is known only at run time
+    # Imported here, not at the top: the renderer and the kinds' table are most of what importing the operator would
+    # cost a DAG file (issue 39), and a task given execution="local" never needs them.
+    from airflow_provider_torchelastic.kubernetes.render import check_renderable
+
     # Whether the pods need an image from what is known here: the run's own configuration decides execution=None,
     # but a DAG parsed where Kubernetes is the default must not wait for the run to find that it names no image.
     on_kubernetes = known("execution") and (checked.execution == "kubernetes" or read_execution_option() != "local")
@@ -361,6 +365,8 @@ def check_operator_arguments(
 def _fixed_kind(config: TaskConfig, job_kind: str | None) -> JobKind | None:
     """The kind that will run ``config`` when ``job_kind`` (else ``[torch_elastic] job_kind``) fixes it; a
     ValueError naming the field, the value and why when that kind cannot run it."""
+    from airflow_provider_torchelastic.kubernetes import kinds
+
     value = job_kind if job_kind is not None else read_job_kind_option()
     where = f"job_kind={value!r}" if job_kind is not None else f"[torch_elastic] job_kind={value!r}"
     try:

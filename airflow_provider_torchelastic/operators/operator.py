@@ -15,27 +15,25 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from airflow.sdk import BaseOperator
 
 from airflow_provider_torchelastic.compat import mark_expanded
-from airflow_provider_torchelastic.core.config import TaskConfig
-from airflow_provider_torchelastic.core.launch import config_to_launch_spec
-from airflow_provider_torchelastic.core.outcome import Verdict
-from airflow_provider_torchelastic.core.pod_options import JobOptions, PodOptions
-from airflow_provider_torchelastic.operators import on_kubernetes, results
 from airflow_provider_torchelastic.operators.arguments import (
     DEFAULTS,
     OperatorArguments,
     _CheckedOperatorPartial,
     check_operator_arguments,
 )
-from airflow_provider_torchelastic.operators.dry_run import identity_of, render_without_run, task_context_of
 from airflow_provider_torchelastic.operators.exceptions import TrainingError, for_retry_policy
 from airflow_provider_torchelastic.operators.links import TorchElasticJobLink, TorchElasticLogsLink
-from airflow_provider_torchelastic.operators.spill import dump_try_payload
 from airflow_provider_torchelastic.settings import Settings, read_execution
 
+# What only a run needs (the payload, the launch, the Kubernetes path, results, the dry run) is imported in the
+# methods that need it: a DAG file imports this module at every parse and only builds the operator (issue 39).
 if TYPE_CHECKING:
     from airflow.sdk import Context
     from airflow.sdk.definitions.mappedoperator import OperatorPartial
 
+    from airflow_provider_torchelastic.core.config import TaskConfig
+    from airflow_provider_torchelastic.core.outcome import Verdict
+    from airflow_provider_torchelastic.core.pod_options import JobOptions, PodOptions
     from airflow_provider_torchelastic.core.run_context import TaskContext
     from airflow_provider_torchelastic.kubernetes.client import SyncKube
     from airflow_provider_torchelastic.kubernetes.status import JobRef
@@ -205,6 +203,10 @@ class TorchElasticOperator(BaseOperator):
             raise
 
     def _execute(self, context: Context) -> Any:
+        from airflow_provider_torchelastic.operators import on_kubernetes
+        from airflow_provider_torchelastic.operators.dry_run import identity_of, task_context_of
+        from airflow_provider_torchelastic.operators.spill import dump_try_payload
+
         execution = self.resolve_execution()
         # Every option this try uses, read once: the rest of the try sees these values only.
         settings = Settings.read(execution=execution, deferrable=self.deferrable, job_kind=self.job_kind)
@@ -230,9 +232,12 @@ class TorchElasticOperator(BaseOperator):
         return on_kubernetes.execute_on_kubernetes(self, context, payload, settings)
 
     def _execute_locally(self, context: Context, payload: bytes, settings: Settings) -> Any:
+        from airflow_provider_torchelastic.core.launch import config_to_launch_spec
         from airflow_provider_torchelastic.core.metrics_format import INTERVAL_ENV
         from airflow_provider_torchelastic.core.tap import MetricsTap
         from airflow_provider_torchelastic.local.run import LocalRun, run_locally
+        from airflow_provider_torchelastic.operators import results
+        from airflow_provider_torchelastic.operators.dry_run import identity_of, task_context_of
 
         spec = config_to_launch_spec(self.task_config)
         identity = identity_of(self, context)
@@ -279,6 +284,8 @@ class TorchElasticOperator(BaseOperator):
         ``settings``: the try's, else read now (only result storage is used). ``task_context``: the try's, from which
         the one location a result in result storage may be read from is recomputed (without it, none may).
         """
+        from airflow_provider_torchelastic.operators import results
+
         if settings is None:
             settings = Settings.read(execution="local", deferrable=False)  # reads no option it does not use
         return results.result_or_raise(
@@ -300,6 +307,8 @@ class TorchElasticOperator(BaseOperator):
         ``{{ ... }}`` reaches a manifest. The payload is the real one otherwise (so its size counts). The operator
         itself is not changed.
         """
+        from airflow_provider_torchelastic.operators.dry_run import render_without_run
+
         # Rendered as on Kubernetes whatever the execution; deferring is no part of the manifests.
         settings = Settings.read(execution="kubernetes", deferrable=False, job_kind=self.job_kind)
         return render_without_run(self, context, settings)
@@ -312,6 +321,8 @@ class TorchElasticOperator(BaseOperator):
         ``on_finish_action`` (or deleted the job at the deadline, or when it could not observe it); only the verdict
         is left to turn into a result or an exception.
         """
+        from airflow_provider_torchelastic.operators import on_kubernetes
+
         # The try did defer; what is left reads only result storage.
         settings = Settings.read(execution="kubernetes", deferrable=True)
         try:
@@ -334,6 +345,8 @@ class TorchElasticOperator(BaseOperator):
 
     def _stop(self, ref: JobRef, kube: SyncKube | None = None) -> None:
         """Delete the job unless it has finished: the one way the worker ends a job it no longer waits for."""
+        from airflow_provider_torchelastic.operators import on_kubernetes
+
         on_kubernetes.stop(self, ref, kube)
 
     def on_kill(self) -> None:

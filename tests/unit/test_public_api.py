@@ -126,6 +126,45 @@ def test_dag_file_imports_leave_torch_and_kubernetes_out(imports: str) -> None:
     assert json.loads(proc.stdout.strip().splitlines()[-1]) == []
 
 
+RUN_TIME_MODULES_CHECK = """
+    import json, sys
+    {imports}
+    run_time = sorted(
+        name for name in sys.modules
+        if name == "cloudpickle"
+        or name.startswith("airflow_provider_torchelastic.kubernetes")
+        or name.startswith("airflow_provider_torchelastic.local")
+        or name.startswith("airflow_provider_torchelastic.runner")
+        or name.startswith("airflow_provider_torchelastic.core.payload")
+        or name.startswith("airflow_provider_torchelastic.triggers")
+        or name in {{
+            "airflow_provider_torchelastic.operators." + module
+            for module in ("on_kubernetes", "dry_run", "results", "spill", "masking")
+        }}
+    )
+    print(json.dumps(run_time))
+"""
+
+
+@pytest.mark.parametrize(
+    "imports",
+    [
+        "from airflow_provider_torchelastic import TorchElasticOperator, Elastic, PyTorch",
+        "import airflow_provider_torchelastic.decorators",
+        "from airflow_provider_torchelastic import TorchElasticOperator\n"
+        "    TorchElasticOperator(task_id='t', python_callable=print, execution='local')",
+    ],
+    ids=["operator", "decorator", "local-task"],
+)
+def test_importing_the_operator_leaves_what_a_run_needs_out(imports: str) -> None:
+    # Issue 39: a DAG file's import of the operator costs at most 50 ms over airflow.sdk's (benchmarks/
+    # import_cost.py). The Kubernetes backend (renderer, kinds, decisions), the payload and the operator's run-time
+    # modules were most of it; a Kubernetes task's parse-time check imports the renderer, a run the rest.
+    proc = run_python(RUN_TIME_MODULES_CHECK.format(imports=imports))
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == []
+
+
 def test_runner_modules_import_without_airflow() -> None:
     proc = run_python(
         """
