@@ -8,10 +8,10 @@ made, with the same values.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, Final
 
-__all__ = ["MASK", "redact_text", "redact_value", "redacting"]
+__all__ = ["MASK", "env_entries", "redact_text", "redact_value", "redacting", "sensitive_env_values"]
 
 MASK: Final = "***"
 
@@ -48,3 +48,28 @@ def redacting(log: Callable[[str], None], secrets: Sequence[str]) -> Callable[[s
         log(redact_text(line, values))
 
     return redacted
+
+
+def env_entries(node: Any) -> Iterator[dict[str, Any]]:
+    """Every ``{"name": ..., "value": ...}`` of an ``env`` list anywhere in ``node`` (pod specs of any kind, their
+    containers and init containers, a pod template's)."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key == "env" and isinstance(value, list):
+                yield from (e for e in value if isinstance(e, dict) and isinstance(e.get("name"), str))
+            else:
+                yield from env_entries(value)
+    elif isinstance(node, list):
+        for item in node:
+            yield from env_entries(item)
+
+
+def sensitive_env_values(objects: Iterable[Any], is_sensitive: Callable[[str], bool]) -> tuple[str, ...]:
+    """The values of the env entries in ``objects`` (manifests, a job and its pods) whose names are sensitive."""
+    found: list[str] = []
+    for obj in objects:
+        for entry in env_entries(obj):
+            value = entry.get("value")
+            if isinstance(value, str) and value and value not in found and is_sensitive(entry["name"]):
+                found.append(value)
+    return tuple(found)

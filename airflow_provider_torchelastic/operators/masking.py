@@ -12,27 +12,13 @@ read).
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from airflow_provider_torchelastic.compat import is_sensitive_name, redact
-from airflow_provider_torchelastic.core.redaction import MASK, redact_value
+from airflow_provider_torchelastic.core.redaction import MASK, env_entries, redact_value, sensitive_env_values
 
 __all__ = ["mask_manifests", "mask_summary", "sensitive_values"]
-
-
-def _env_entries(node: Any) -> Iterator[dict[str, Any]]:
-    """Every ``{"name": ..., "value": ...}`` of an ``env`` list anywhere in ``node`` (pod specs of any kind, their
-    containers and init containers, a pod template's)."""
-    if isinstance(node, dict):
-        for key, value in node.items():
-            if key == "env" and isinstance(value, list):
-                yield from (e for e in value if isinstance(e, dict) and isinstance(e.get("name"), str))
-            else:
-                yield from _env_entries(value)
-    elif isinstance(node, list):
-        for item in node:
-            yield from _env_entries(item)
 
 
 def sensitive_values(manifests: Sequence[dict[str, Any]]) -> tuple[str, ...]:
@@ -40,14 +26,10 @@ def sensitive_values(manifests: Sequence[dict[str, Any]]) -> tuple[str, ...]:
     Airflow masks them too, in this process and its supervisor)."""
     from airflow.sdk.log import mask_secret
 
-    found: list[str] = []
-    for manifest in manifests:
-        for entry in _env_entries(manifest):
-            value = entry.get("value")
-            if isinstance(value, str) and value and is_sensitive_name(entry["name"]) and value not in found:
-                mask_secret(value, entry["name"])
-                found.append(value)
-    return tuple(found)
+    found = sensitive_env_values(manifests, is_sensitive_name)
+    for value in found:
+        mask_secret(value)
+    return found
 
 
 def mask_manifests(manifests: Sequence[dict[str, Any]], secrets: Sequence[str]) -> list[dict[str, Any]]:
@@ -55,7 +37,7 @@ def mask_manifests(manifests: Sequence[dict[str, Any]], secrets: Sequence[str]) 
     knows redacted. The manifests themselves are not changed."""
     masked = copy.deepcopy(list(manifests))
     for manifest in masked:
-        for entry in _env_entries(manifest):
+        for entry in env_entries(manifest):
             if isinstance(entry.get("value"), str) and is_sensitive_name(entry["name"]):
                 entry["value"] = MASK
     return [redact(redact_value(manifest, secrets)) for manifest in masked]

@@ -12,6 +12,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, Final, Protocol
 
 from airflow_provider_torchelastic.core.metrics_format import MetricSeries, format_metrics, parse_metrics_line
+from airflow_provider_torchelastic.core.redaction import redact_text, sensitive_env_values
 from airflow_provider_torchelastic.kubernetes import kinds
 from airflow_provider_torchelastic.plugin import views
 from airflow_provider_torchelastic.plugin.sources import LOG_PODS, KubeJobs, Summaries, SummaryQuery
@@ -254,7 +255,9 @@ class JobsService:
             job,
             now=time.time(),
             base_path=self.base_path,
-            log_tails={pod: readable_log(text) for pod, text in tails.items()},
+            # Masked with the try's own sensitive values too, as the task masks its log: the api-server's masker
+            # knows only what the api-server read, and a running job prints to this tail first.
+            log_tails={pod: readable_log(redact_text(text, _secrets_of(job))) for pod, text in tails.items()},
             metrics=series_to_json(series or self.metrics.get(job.key)),
         )
         return None if live is None else _shown(live, logs=logs)
@@ -316,6 +319,14 @@ def _readable_summaries(rows: Iterable[tuple[Identity, Any]]) -> Iterator[tuple[
             )
             continue
         yield identity, summary
+
+
+def _secrets_of(job: LiveJob) -> tuple[str, ...]:
+    """The values of the env entries with sensitive names in the job's and its pods' specs (plain values, which the
+    task masks in its own log and summary; a value from a Secret is in no spec, and in no masker either)."""
+    from airflow_provider_torchelastic.compat import is_sensitive_name
+
+    return sensitive_env_values([job.obj, *job.pods], is_sensitive_name)
 
 
 def _shown(detail: dict[str, Any], *, logs: bool) -> dict[str, Any]:

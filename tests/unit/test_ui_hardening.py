@@ -470,3 +470,24 @@ def test_log_tails_and_root_causes_are_masked_by_airflows_secrets_masker() -> No
     assert SECRET not in str(service.job("ml", name, FakeViewer({"team_a"})))
     assert SECRET not in str(service.list_jobs(FakeViewer({"team_a"})))
     assert plugin_service.mask(f"x {SECRET}") == "x ***"
+
+
+def test_a_running_jobs_tail_is_masked_with_the_trys_own_sensitive_env_values() -> None:
+    """A value that only the task's masker knows (a plain env value with a sensitive name, which the task masks in
+    its log and summary) was shown in clear in the live tail until the job ended: the api-server's masker never saw
+    it. The tail is now masked with the sensitive env values of the job's own specs (issue 34, item 6)."""
+    token = "live-only-token-90817263"
+    job = _live("team_a")
+    job.obj["spec"]["containers"][0]["env"] = [
+        {"name": "API_TOKEN", "value": token},
+        {"name": "EPOCHS", "value": "3"},
+    ]
+
+    class PrintingKube(CountingKube):
+        def log_tails(self, job: LiveJob) -> dict[str, str]:
+            return {pod["metadata"]["name"]: f"using token {token} for 3 epochs\n" for pod in job.pods}
+
+    detail = _service(PrintingKube({"ml": [job]})).job("ml", job.name, FakeViewer({"team_a"}))
+    assert detail is not None
+    (tail,) = [pod["log_tail"] for pod in detail["pods"]]
+    assert token not in str(detail) and "using token *** for 3 epochs" in tail
