@@ -378,6 +378,22 @@ def _header_bound(expected: Mapping[str, TensorInfo]) -> int:
     return len(json.dumps(entries, separators=(",", ":")).encode()) + _HEADER_SLACK
 
 
+def _check_named(header: Any, expected: Mapping[str, TensorInfo]) -> None:
+    """``ValueError`` unless ``header`` (the parsed JSON) names exactly ``expected``'s tensors, dtypes and shapes."""
+    if not isinstance(header, dict):
+        raise ValueError("the header is not a JSON object")
+    named = {name: info for name, info in header.items() if name != "__metadata__"}
+    if set(named) != set(expected):
+        raise ValueError(f"the header names other tensors than the reference: {short_repr(sorted(named))}")
+    for name, info in expected.items():
+        entry = named[name]
+        if not isinstance(entry, dict) or entry.get("dtype") != info.dtype or entry.get("shape") != list(info.shape):
+            raise ValueError(
+                f"the header names other tensors than the reference: {name!r} is {short_repr(entry)} there, "
+                f"{info.dtype} {list(info.shape)} in the reference"
+            )
+
+
 def read_safetensors_from(
     reader: HashingReader,
     size: int,
@@ -406,11 +422,10 @@ def read_safetensors_from(
         header = json.loads(reader.read(length))
     except (ValueError, RecursionError) as e:  # not UTF-8, not JSON, or nested past the parser's depth
         raise ValueError("the header is not JSON") from e
-    entries = _header_entries(header, size - 8 - length)
     if expected:
-        found = {entry.name: TensorInfo(dtype=entry.dtype, shape=entry.shape) for entry in entries}
-        if found != dict(expected):
-            raise ValueError(f"the header names other tensors than the reference: {sorted(found)}")
+        # Compared as the JSON it is, before any shape arithmetic: only the reference's own tensors get that far.
+        _check_named(header, expected)
+    entries = _header_entries(header, size - 8 - length)
     missing = set(names) - {entry.name for entry in entries}
     if missing:
         raise ValueError(f"the file holds no tensor {', '.join(map(repr, sorted(missing)))}")
