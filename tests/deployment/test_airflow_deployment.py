@@ -144,8 +144,9 @@ def test_marking_a_deferred_task_failed_deletes_its_job(services: AirflowService
     changed = services.set_task_state(dag_id, run_id, "train", "failed")
     assert [(ti["task_id"], ti["state"]) for ti in changed] == [("train", "failed")], changed
 
-    # Nothing but the trigger's on_kill can delete it: no worker runs while the task is deferred.
-    wait_for(lambda: kube.workloads(dag_id) == ([], []), 60, f"PyTorchJob {name} and its pods to be deleted")
+    # Nothing but the trigger's on_kill can delete it: no worker runs while the task is deferred. The triggerer notices
+    # the cancellation at its next loop, then the pods get their grace period (30 s): 60 s was too short under load.
+    wait_for(lambda: kube.workloads(dag_id) == ([], []), 120, f"PyTorchJob {name} and its pods to be deleted")
     assert services.wait_for_run(dag_id, run_id, timeout=30) == "failed"
     assert services.task_instance(dag_id, run_id, "train")["state"] == "failed"
     trigger_log = services.trigger_log(dag_id, run_id, "train")
