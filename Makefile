@@ -1,5 +1,5 @@
 # The two commands of the README: `make demo` (set up, run the quickstart DAG locally) and `make test` (everything).
-.PHONY: demo ui test setup lint cluster-up cluster-down golden crd bench bench-triggerer bench-artifacts bench-real-node test-torch
+.PHONY: demo ui test setup lint docs cluster-up cluster-down golden crd bench bench-triggerer bench-artifacts bench-real-node test-torch
 
 setup:
 	bash scripts/setup.sh
@@ -13,6 +13,12 @@ ui: setup
 
 test: setup
 	bash scripts/test.sh
+
+# The docs site (docs/: Sphinx, MyST, furo) into docs/_build/html; warnings are errors, every reference must resolve,
+# and nothing is fetched (no intersphinx, no link check). .ci/run builds it too (scripts/test.sh's docs step).
+docs: setup
+	.venv/bin/sphinx-build -b html -n -W --keep-going -q docs docs/_build/html
+	@echo "==> docs/_build/html/index.html"
 
 lint: setup
 	.venv/bin/ruff check . && .venv/bin/ruff format --check . && .venv/bin/mypy && .venv/bin/lint-imports
@@ -55,6 +61,6 @@ bench-real-node: setup
 	.venv/bin/python benchmarks/bench_real_node.py
 
 # The runner's tests (tests/runner) against torch 2.14.1 and 2.15.0, each in a throwaway venv: CUDA builds of several
-# GB here, so not part of `make test`. Prints the README's "torch versions" table rows.
+# GB here, so not part of `make test`. Prints the rows of docs/installation.md's torch table.
 test-torch: setup
 	bash scripts/test_torch.sh

@@ -111,6 +111,6 @@ def get_provider_info() -> dict[str, Any]:
             "airflow_provider_torchelastic.operators.TorchElasticJobLink",
             "airflow_provider_torchelastic.operators.TorchElasticLogsLink",
         ],
-        # The option table, declared once in options.py (settings reads through it, the README lists it).
+        # The option table, declared once in options.py (settings reads through it, the docs list it).
         "config": options.provider_config(),
     }

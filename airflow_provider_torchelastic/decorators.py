@@ -14,7 +14,8 @@ import attr
 from airflow.sdk.bases.decorator import DecoratedOperator, TaskDecorator
 
 from airflow_provider_torchelastic.compat import CheckedTaskDecorator
-from airflow_provider_torchelastic.operators import TorchElasticOperator, check_mapped_arguments
+from airflow_provider_torchelastic.operators import TorchElasticOperator
+from airflow_provider_torchelastic.operators.arguments import check_mapped_arguments
 
 __all__ = ["torch_elastic_task"]
 

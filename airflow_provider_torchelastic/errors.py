@@ -5,11 +5,15 @@ One word for "a retry may help": **recoverable**. Every exception the package de
 
     Exception
     ├── RecoverableError                (here) raised by training code: a retry of the task may help
+    │   └── StopRequested               (integrations.common) a framework integration saved and stopped a try
+    │                                   that was asked to stop (preempted, drained, killed): the next one resumes
     ├── KubeError                       (here) a Kubernetes API call failed; .status, .reason, .recoverable
     │                                   (429, 5xx, a lost connection: repeating the call may succeed) and
     │                                   .retry_after (when the server said how long to wait first)
     ├── StreamUnavailable               (kubernetes.watch) the shared watch may not list or watch (401/403); its
     │                                   triggers poll the API on their own instead
+    ├── WatchNotStarted                 (kubernetes.worker_wait) the worker's watch could not start: it polls
+    │                                   instead (never leaves the wait)
     ├── PreflightError                  (preflight) the preflight could not start: the connection is unusable
     ├── WorkerExit                      (runner.worker) a worker's sys.exit() with a failing code, raised in its
     │                                   place so that torch records it; named SystemExit in reports
@@ -49,7 +53,10 @@ One word for "a retry may help": **recoverable**. Every exception the package de
             │   ├── PreemptedError          (operators) a pod was evicted or preempted
             │   ├── CapacityTimeoutError    (operators) no capacity within scheduling_timeout
             │   ├── NodeLostError           (operators) the node running a pod went away
-            │   └── InfrastructureError     (operators) the API unreachable, the job deleted by someone else
+            │   ├── InfrastructureError     (operators) the API unreachable, the job deleted by someone else
+            │   ├── StalledError            (operators) a rank made no progress within stall_timeout
+            │   └── ImageTransientlyUnavailableError (operators) the registry throttled, failed or reset pulls
+            │                               for longer than image_pull_timeout
             ├── TrainingFailedError         (operators) a retry will not help: without a retry_policy, raised with
             │   │                           AirflowFailException, so the task fails without its retries
             │   ├── ImageUnavailableError   (operators) the image cannot be pulled

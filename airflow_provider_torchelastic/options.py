@@ -1,7 +1,7 @@
 """The ``[torch_elastic]`` Airflow options, declared once: name, type, default, description and example.
 
 Airflow's discovery (``get_provider_info()``), the reads in :mod:`airflow_provider_torchelastic.settings` (which
-refuse a name declared nowhere here) and the README's configuration table are all this table;
+refuse a name declared nowhere here) and the docs' configuration reference are all this table;
 tests/unit/test_options.py checks that every option read is declared here and every option declared is read.
 
 Standard library only, and nothing is read here: Airflow imports the provider info in every process it starts, and a
@@ -157,6 +157,16 @@ OPTIONS: Final = (
         "is called; the last values are always printed when the training function ends. Rendered "
         "into every pod (TORCHELASTIC_REPORT_INTERVAL) and set for local execution.",
         example="60",
+    ),
+    Option(
+        name="retry_memory_max",
+        type="string",
+        default="64Gi",
+        version_added="0.1.0",
+        description="The most memory retry_resources= gives a training container after an OOM (a Kubernetes "
+        "quantity): a factor or callable asking for more is cut to this. Where the task's namespace has a "
+        "LimitRange with a Container max.memory, that maximum caps it instead.",
+        example="256Gi",
     ),
     Option(
         name="deferrable",

@@ -41,6 +41,7 @@ __all__ = [
     "read_image",
     "read_image_option",
     "read_job_kind_option",
+    "read_retry_memory_max",
     "read_ui_kubernetes_conn_id",
     "url_template",
 ]
@@ -150,6 +151,20 @@ def read_job_kind_option() -> str:
             f"[{SECTION}] {JOB_KIND_OPTION}: expected one of {expected}, got {value!r} (env {_env(JOB_KIND_OPTION)})"
         )
     return value
+
+
+def read_retry_memory_max() -> int:
+    """``[torch_elastic] retry_memory_max`` in bytes: the cap of ``retry_resources`` where no LimitRange sets one."""
+    from airflow_provider_torchelastic.core.retry_resources import memory_bytes
+
+    raw = _text("retry_memory_max") or _declared("retry_memory_max").default
+    size = memory_bytes(raw)
+    if not size:
+        raise AirflowFailException(
+            f"[{SECTION}] retry_memory_max: expected a memory quantity such as '64Gi', got {raw!r} "
+            f"(env {_env('retry_memory_max')})"
+        )
+    return size
 
 
 def url_template(name: str) -> str:

@@ -20,13 +20,14 @@ import dataclasses
 import functools
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, fields
 from typing import Any, Final, TypeAlias
 
 from airflow.triggers.base import BaseEventTrigger, TriggerEvent
 
 from airflow_provider_torchelastic.core.redaction import redact_value, redacting
 from airflow_provider_torchelastic.core.validation import short_repr
+from airflow_provider_torchelastic.kubernetes.queue_limits import QueueLimits
 from airflow_provider_torchelastic.kubernetes.status import JobRef, WaitDecision, WaitPolicy
 
 __all__ = [
@@ -117,6 +118,8 @@ class WatchArgs:
     in_cluster: bool | None = None
     poll_interval: float = 10.0
     pending_grace_seconds: float = 120.0
+    #: Seconds a pod may keep failing to pull its image for reasons that may pass (``image_pull_timeout``).
+    image_pull_timeout: float = 600.0
     log_pods: int = 8
     #: Delete the job when a user kills the deferred task (mark failed / clear), unless it has finished.
     delete_on_kill: bool = True
@@ -138,7 +141,10 @@ class WatchArgs:
     #: The job's lease (``[torch_elastic] job_lease``), renewed while the trigger waits, for a try without a
     #: deadline; None: nothing to renew.
     lease_seconds: float | None = None
-    extra: Mapping[str, Any] = field(default_factory=dict)
+    #: The Kueue limits (:class:`~.kubernetes.queue_limits.QueueLimits`): ``max_preemptions``, and the task
+    #: instance's preemptions in earlier tries.
+    max_preemptions: int | None = None
+    preemptions_before: int = 0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "mask", tuple(self.mask))  # a list once read back from a trigger row
@@ -174,6 +180,7 @@ class WatchArgs:
         return WaitPolicy(
             poll_interval=self.poll_interval,
             pending_grace_seconds=self.pending_grace_seconds,
+            image_pull_timeout=self.image_pull_timeout,
             log_pods=self.log_pods,
             deadline=self.deadline,
             finish_action=self.finish_action,
@@ -181,12 +188,27 @@ class WatchArgs:
             lease_seconds=self.lease_seconds,
         )
 
+    @property
+    def limits(self) -> QueueLimits:
+        return QueueLimits(max_preemptions=self.max_preemptions, preemptions_before=self.preemptions_before)
+
 
 #: The trigger's arguments: the fields of :class:`WatchArgs`, which is what a trigger row holds (``serialize()``).
 _KNOWN_ARGS: Final = frozenset(f.name for f in fields(WatchArgs))
 #: Fields added after the first release: left out of a row at their default.
-_ADDED_LATER: Final = ("deferred_at", "early_event_hold", "mask", "lease_seconds")
+_ADDED_LATER: Final = (
+    "deferred_at",
+    "early_event_hold",
+    "mask",
+    "lease_seconds",
+    "image_pull_timeout",
+    "max_preemptions",
+    "preemptions_before",
+)
 _DEFAULTS: Final = {f.name: f.default for f in fields(WatchArgs) if f.name in _ADDED_LATER}
+#: Fields removed since, which rows written before still hold: read and dropped. ``extra`` (always ``{}``) was never
+#: read by anything.
+_REMOVED: Final = frozenset({"extra"})
 
 
 def event_hold(deferred_at: float | None, hold: float, now: float) -> float:
@@ -218,13 +240,13 @@ def _redacted_event(payload: dict[str, Any], secrets: Sequence[str]) -> dict[str
 def _watch_args(kwargs: Mapping[str, Any]) -> WatchArgs:
     """The trigger's arguments; a key that :class:`WatchArgs` lacks is refused (Airflow then fails the trigger),
     not dropped, so that an argument never goes silently unheeded."""
-    unknown = sorted(set(kwargs) - _KNOWN_ARGS)
+    unknown = sorted(set(kwargs) - _KNOWN_ARGS - _REMOVED)
     if unknown:
         raise TypeError(
             f"TorchElasticJobTrigger: unknown argument{'s' if len(unknown) > 1 else ''} "
             f"{', '.join(map(repr, unknown))}; expected some of {', '.join(sorted(_KNOWN_ARGS))}"
         )
-    return WatchArgs(**kwargs)
+    return WatchArgs(**{name: value for name, value in kwargs.items() if name not in _REMOVED})
 
 
 def _hook(args: WatchArgs) -> Any:
@@ -329,7 +351,7 @@ class TorchElasticJobTrigger(BaseEventTrigger):
                 async def direct() -> AsyncKube:
                     return AsyncKube(await stack.enter_async_context(self._hook().get_conn()))
 
-                flow = wait_for_job(args.ref, args.policy)
+                flow = wait_for_job(args.ref, args.policy, args.limits)
                 hold: Callable[[float], Awaitable[None]] = asyncio.sleep
                 if updates is None:
                     decision = await drive_async(flow, await direct(), log)

@@ -11,10 +11,11 @@ fi
 stamp=.venv/.torchelastic-installed
 want=$(sha256sum pyproject.toml | cut -d' ' -f1)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
-  echo "==> installing airflow-provider-torchelastic[test] (Airflow, torch 2.13.0 CPU, test tools)"
+  echo "==> installing airflow-provider-torchelastic[test,frameworks,docs] (Airflow, torch 2.13.0 CPU, test tools, the training frameworks, Sphinx)"
   .venv/bin/python -m pip install -q --upgrade pip
-  # torch==2.13.0 is pinned in the extra: a looser pin would pull a multi-GB CUDA build.
-  .venv/bin/python -m pip install -q -e ".[test]"
+  # torch==2.13.0 is pinned in the test extra: a looser pin would pull a multi-GB CUDA build. The frameworks extra
+  # (transformers, lightning, accelerate) resolves with it, so it keeps that torch.
+  .venv/bin/python -m pip install -q -e ".[test,frameworks,docs]"
   echo "$want" > "$stamp"
 fi
 

@@ -36,6 +36,8 @@ echo "==> mypy"
 step mypy .venv/bin/mypy
 echo "==> import contracts (lint-imports: [tool.importlinter] in pyproject.toml)"
 step lint-imports .venv/bin/lint-imports
+echo "==> docs (sphinx-build -n -W: every reference resolves, no warning; make docs)"
+step docs .venv/bin/sphinx-build -b html -n -W --keep-going -q docs docs/_build/html
 
 if [ "${TORCHELASTIC_SKIP_CLUSTER:-0}" != "1" ]; then
   echo "==> kube-apiserver (built once from Debian's kubernetes source, then cached)"

@@ -13,11 +13,13 @@ __all__ = [
     "CAUSES",
     "CONFIGURATION",
     "DEADLINE",
+    "IMAGE_TRANSIENTLY_UNAVAILABLE",
     "IMAGE_UNAVAILABLE",
     "INFRASTRUCTURE",
     "NODE_LOST",
     "OUT_OF_MEMORY",
     "PREEMPTED",
+    "STALLED",
     "UNKNOWN",
     "UNSCHEDULABLE",
     "USER_CODE",
@@ -33,11 +35,17 @@ PREEMPTED: Final = "preempted"
 UNSCHEDULABLE: Final = "unschedulable"
 #: The node that ran a pod went away.
 NODE_LOST: Final = "node_lost"
-#: The image cannot be pulled (wrong name or tag, no credentials, registry unreachable).
+#: The image cannot be pulled: the registry says it does not exist or refuses the credentials, or its name is invalid.
 IMAGE_UNAVAILABLE: Final = "image_unavailable"
+#: The image could not be pulled within ``image_pull_timeout`` because the registry throttled (429), failed (5xx),
+#: timed out or reset the connection: it may answer later.
+IMAGE_TRANSIENTLY_UNAVAILABLE: Final = "image_transiently_unavailable"
 #: The job as configured cannot run: a missing Secret or ConfigMap, an invalid pod, a refusal by the API server or a
 #: webhook, an unusable payload or runner setting, a result too large for where it has to go.
 CONFIGURATION: Final = "configuration"
+#: A rank made no progress within ``stall_timeout`` (stuck, deadlocked, waiting for a peer that is gone), or a
+#: collective timed out waiting for one: the runner stopped the workers, and a retry resumes from the checkpoint.
+STALLED: Final = "stalled"
 #: The job ran longer than ``run_policy.active_deadline_seconds``.
 DEADLINE: Final = "deadline_exceeded"
 #: The training code raised (the user's own exception, ``RecoverableError`` included).
@@ -53,8 +61,10 @@ CAUSES: Final = (
     UNSCHEDULABLE,
     NODE_LOST,
     IMAGE_UNAVAILABLE,
+    IMAGE_TRANSIENTLY_UNAVAILABLE,
     CONFIGURATION,
     DEADLINE,
+    STALLED,
     USER_CODE,
     INFRASTRUCTURE,
     UNKNOWN,
@@ -79,6 +89,9 @@ _REASONS: Final = {
     "NodeLost": NODE_LOST,
     "NodeShutdown": NODE_LOST,
     "DeletionByPodGC": NODE_LOST,
+    # The runtime could not start the container's command (not in the image, or not runnable there).
+    "StartError": CONFIGURATION,
+    "ContainerCannotRun": CONFIGURATION,
 }
 
 #: Container waiting reasons that never resolve by themselves, as a cause.

@@ -15,6 +15,7 @@ from typing import Any, Final
 
 from airflow_provider_torchelastic.core import causes
 from airflow_provider_torchelastic.core.encoding import NAN, NEGATIVE_INFINITY, POSITIVE_INFINITY, loads_untrusted
+from airflow_provider_torchelastic.core.stall import STALLED_EXCEPTION, STOPPED_EXCEPTION
 from airflow_provider_torchelastic.core.validation import finite_float, int_or, short_repr, text_or
 
 __all__ = [
@@ -318,6 +319,8 @@ class Verdict:
     #: The exit code and ending reason of the root cause's container (a pod) or runner (local), where known.
     exit_code: int | None = None
     reason: str = ""
+    #: Times the wait saw the job preempted by its queue (suspended again after it ran) in this try.
+    preemptions: int = 0
 
 
 def verdict_from_json(data: Any) -> Verdict | None:
@@ -340,6 +343,7 @@ def verdict_from_json(data: Any) -> Verdict | None:
         cause=text_or(data.get("cause"), causes.UNKNOWN),
         exit_code=int_or(data.get("exit_code"), None),
         reason=text_or(data.get("reason"), ""),
+        preemptions=int_or(data.get("preemptions"), 0, low=0),
     )
 
 
@@ -347,6 +351,9 @@ def verdict_from_json(data: Any) -> Verdict | None:
 #: preemption (143). Infrastructure, so a retry may help.
 _SIGNAL_EXIT = 128
 #: Reasons (from the pod or container status) that mean the node or the cluster ended the pod, not the code.
+#: Container reasons of a command the runtime could not start (no such executable in the image, a working directory
+#: it cannot enter): containerd's ``StartError`` and Docker's ``ContainerCannotRun``, both with exit code 128.
+NEVER_STARTED_REASONS: Final = frozenset({"StartError", "ContainerCannotRun"})
 INFRASTRUCTURE_REASONS: Final = frozenset({"Evicted", "OOMKilled", "Preempted", "NodeLost", "Shutdown", "Terminated"})
 
 
@@ -384,6 +391,11 @@ def _cause_of_report(failure: WorkerFailure, reason: str) -> str:
     named = causes.cause_of_reason(reason)
     if named:
         return named
+    if failure.exception == STALLED_EXCEPTION:
+        return causes.STALLED
+    if failure.exception == STOPPED_EXCEPTION:
+        # The runner got SIGTERM: its pod deleted, preempted or drained (Kubernetes says which, where it does).
+        return causes.PREEMPTED
     if failure.exception in _RUNNER_CONFIGURATION_ERRORS:
         return causes.CONFIGURATION
     if failure.exception in ("SignalSIGKILL", "SignalSIGTERM"):
@@ -447,6 +459,18 @@ def decide_run(reports: list[NodeReport]) -> Verdict:
                 reason=node.reason,
             )
         # A node that ended badly without a report: its exit code, or (evicted before exiting) only a reason.
+        if node.reason in NEVER_STARTED_REASONS:
+            # Exit code 128 here is the runtime's, not a signal's: the image, not the platform, is at fault.
+            return Verdict(
+                succeeded=False,
+                recoverable=False,
+                node=node.name,
+                cause=causes.CONFIGURATION,
+                exit_code=node.exit_code,
+                reason=node.reason,
+                detail=f"{_ended(node)}; the container runtime could not start its command (the image lacks it, or "
+                "cannot run it: see the pod's events), so a retry will not help",
+            )
         killed = (node.exit_code or 0) >= _SIGNAL_EXIT or node.reason in INFRASTRUCTURE_REASONS
         return Verdict(
             succeeded=False,

@@ -363,29 +363,7 @@ def check_pod_template(owner: str, value: object) -> JsonDict:
     _check_unique(owner, "pod_template.spec.containers", [c["name"] for c in containers])
     for container in containers:
         if container["name"] == "pytorch":
-            for key in ("command", "args"):
-                if container.get(key):
-                    raise fail(
-                        owner,
-                        f"pod_template.spec.containers['pytorch'].{key}",
-                        container[key],
-                        "no command or args on the 'pytorch' container: the provider runs the training function "
-                        "there (add other containers for sidecars, or use a different image entrypoint)",
-                    )
-            ports = container.get("ports") or []
-            for index, port in enumerate(ports if isinstance(ports, list) else []):
-                if isinstance(port, dict) and not port.get("name"):
-                    # The training operator makes every port of this container a port of each replica's headless
-                    # Service, unnamed ones too (kubeflow/trainer v1.9 core/service.go), and beside the port it
-                    # adds itself, an unnamed one makes the API server refuse the Service: the job never starts.
-                    raise fail(
-                        owner,
-                        f"pod_template.spec.containers['pytorch'].ports[{index}]",
-                        port,
-                        "a named port ({'name': 'metrics', 'containerPort': 9090}): the training operator turns "
-                        "every port of the 'pytorch' container into a Service port, and Kubernetes refuses a "
-                        "Service with an unnamed port among several",
-                    )
+            _check_pytorch_container(owner, container)
     for key in ("containers", "initContainers"):
         items = spec.get(key) or []
         for item in items if isinstance(items, list) else []:
@@ -403,6 +381,33 @@ def check_pod_template(owner: str, value: object) -> JsonDict:
                     if resources.get(part) is not None:
                         resources[part] = dict(check_resources(owner, f"{where}.resources.{part}", resources[part]))
     return {"metadata": metadata, "spec": spec}
+
+
+def _check_pytorch_container(owner: str, container: JsonDict) -> None:
+    """The template's ``pytorch`` container leaves the command to the provider and names every port."""
+    for key in ("command", "args"):
+        if container.get(key):
+            raise fail(
+                owner,
+                f"pod_template.spec.containers['pytorch'].{key}",
+                container[key],
+                "no command or args on the 'pytorch' container: the provider runs the training function "
+                "there (add other containers for sidecars, or use a different image entrypoint)",
+            )
+    ports = container.get("ports") or []
+    for index, port in enumerate(ports if isinstance(ports, list) else []):
+        if isinstance(port, dict) and not port.get("name"):
+            # The training operator makes every port of this container a port of each replica's headless
+            # Service, unnamed ones too (kubeflow/trainer v1.9 core/service.go), and beside the port it
+            # adds itself, an unnamed one makes the API server refuse the Service: the job never starts.
+            raise fail(
+                owner,
+                f"pod_template.spec.containers['pytorch'].ports[{index}]",
+                port,
+                "a named port ({'name': 'metrics', 'containerPort': 9090}): the training operator turns "
+                "every port of the 'pytorch' container into a Service port, and Kubernetes refuses a "
+                "Service with an unnamed port among several",
+            )
 
 
 def check_name(owner: str, name: str, value: object, what: str) -> str | None:

@@ -37,10 +37,13 @@ from typing import Final
 __all__ = [
     "CONTEXT_ENV",
     "NoRunContextError",
+    "RESUME_LATEST",
     "TaskContext",
     "artifact_location",
     "checkpoint_location",
+    "other_run_location",
     "result_location",
+    "runs_folder",
     "safe_path_piece",
 ]
 
@@ -82,6 +85,9 @@ class TaskContext:
     #: Where this try's artifacts go (tensors, state dicts, modules and arrays in rank 0's value, arguments too large
     #: for the payload), or None when ``[torch_elastic] artifact_storage`` (or ``result_storage``) is not set.
     artifact_uri: str | None = None
+    #: Where a try that finds no checkpoint of its own resumes from (the operator's ``resume_from``): ``"latest"``
+    #: (the newest complete checkpoint of this task in the DAG's earlier runs) or a run id; None: start over.
+    resume_from: str | None = None
 
     def __post_init__(self) -> None:
         for name in ("dag_id", "task_id", "run_id"):
@@ -92,7 +98,7 @@ class TaskContext:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
                 raise TypeError(f"TaskContext.{name}: expected an int >= {minimum}, got {value!r}")
-        for name in ("logical_date", "checkpoint_uri", "artifact_uri"):
+        for name in ("logical_date", "checkpoint_uri", "artifact_uri", "resume_from"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, str) or not value):
                 raise TypeError(f"TaskContext.{name}: expected a non-empty str or None, got {value!r}")
@@ -103,8 +109,9 @@ class TaskContext:
         ``artifact_uri`` is left out when None: a try without artifact storage renders as it did before the field
         existed (an older runner image reads the context it always read)."""
         fields = asdict(self)
-        if fields["artifact_uri"] is None:
-            del fields["artifact_uri"]
+        for name in ("artifact_uri", "resume_from"):
+            if fields[name] is None:
+                del fields[name]
         return json.dumps(fields, sort_keys=True, separators=(",", ":"))
 
     @classmethod
@@ -159,6 +166,25 @@ def checkpoint_location(root: str, *, dag_id: str, run_id: str, task_id: str, ma
     if not isinstance(root, str) or not root.strip():
         raise ValueError(f"checkpoint root: expected a path or fsspec URL, got {root!r}")
     return _join(root, dag_id, run_id, task_id, str(map_index))
+
+
+#: ``resume_from``'s value for "the newest complete checkpoint of this task in the DAG's earlier runs".
+RESUME_LATEST: Final = "latest"
+
+
+def other_run_location(checkpoint_uri: str, *, run_id: str, task_id: str, map_index: int) -> str:
+    """The location of the same task instance in another run of the DAG, from this one's (a location that
+    :func:`checkpoint_location` made: ``{root}/{dag_id}/{run_id}/{task_id}/{map_index}``)."""
+    dag_folder = runs_folder(checkpoint_uri)
+    return "/".join([dag_folder, *(safe_path_piece(piece) for piece in (run_id, task_id, str(map_index)))])
+
+
+def runs_folder(checkpoint_uri: str) -> str:
+    """``{root}/{dag_id}``: the folder of every run's locations, from one of them."""
+    parts = checkpoint_uri.rstrip("/").rsplit("/", 3)
+    if len(parts) != 4 or not all(parts):
+        raise ValueError(f"{checkpoint_uri!r} is not a location of [torch_elastic] checkpoint_root's layout")
+    return parts[0]
 
 
 def result_location(root: str, task: TaskContext) -> str:

@@ -394,15 +394,15 @@ _MAX_NPROC: Final = 4096
 
 
 def _nproc(container: Mapping[str, Any]) -> int | None:
-    """Workers per node: the training operator's ``PET_NPROC_PER_NODE``, else the runner's ``--nproc-per-node``."""
-    nproc = ascii_decimal(_env(container, "PET_NPROC_PER_NODE"), high=_MAX_NPROC)
+    """Workers per node as the runner counts them: its ``--nproc-per-node`` wins over ``PET_NPROC_PER_NODE`` (a
+    Trainer's is its CPU count); ``auto``, ``cpu``, ``gpu`` are resolved on the node, so unknown here."""
     command = [
         part for part in as_list(container.get("command")) + as_list(container.get("args")) if isinstance(part, str)
     ]
-    if nproc is None and "--nproc-per-node" in command:
-        position = command.index("--nproc-per-node") + 1
-        nproc = ascii_decimal(command[position] if position < len(command) else None, high=_MAX_NPROC)
-    return nproc or None
+    if "--nproc-per-node" not in command:
+        return ascii_decimal(_env(container, "PET_NPROC_PER_NODE"), high=_MAX_NPROC) or None
+    position = command.index("--nproc-per-node") + 1
+    return ascii_decimal(command[position] if position < len(command) else None, high=_MAX_NPROC) or None
 
 
 def _ranks(pod: Mapping[str, Any], replica_type: str, outcome_rank: int | None, holds_rank0: bool) -> tuple[int, ...]:

@@ -29,6 +29,7 @@ from airflow_provider_torchelastic.kubernetes.retry import LONGEST_WAIT as LONGE
 from airflow_provider_torchelastic.kubernetes.retry import MAX_RECOVERABLE_FAILURES as MAX_RECOVERABLE_FAILURES
 from airflow_provider_torchelastic.kubernetes.retry import retry_async, retry_sync
 from airflow_provider_torchelastic.kubernetes.status import JobRef, Snapshot
+from airflow_provider_torchelastic.kubernetes.workloads import workloads_call
 
 __all__ = ["AsyncKube", "KubeError", "SyncKube", "retry_async", "retry_sync", "sync_kube_from_config"]
 
@@ -80,12 +81,6 @@ _Call = tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]
 # Core-group kinds the provider creates; any other kind is a custom resource addressed by its descriptor.
 _CORE_VERBS: Final = {
     "Pod": ("create_namespaced_pod", "read_namespaced_pod", "delete_namespaced_pod", "patch_namespaced_pod"),
-    "ConfigMap": (
-        "create_namespaced_config_map",
-        "read_namespaced_config_map",
-        "delete_namespaced_config_map",
-        "patch_namespaced_config_map",
-    ),
     "Secret": (
         "create_namespaced_secret",
         "read_namespaced_secret",
@@ -155,15 +150,17 @@ def _events_call(core: Any, pod: str, namespace: str) -> _Call:
 
 
 def _owners_call(custom: Any, query: OwnerQuery, name: str, namespace: str) -> _Call:
-    """List the objects ``query`` selects for job ``name`` (the path is the same for built-in groups, ``batch``)."""
+    """List the objects ``query`` selects for job ``name``."""
     selectors = {"label_selector": query.label_selector(name), "field_selector": query.field_selector(name)}
-    kwargs = {key: value for key, value in selectors.items() if value is not None}
-    path = (query.group, query.version, namespace, query.plural)
-    return custom.list_namespaced_custom_object, path, kwargs
+    return _collection_call(None, custom, query, namespace, **selectors)
 
 
-def _collection_call(core: Any, custom: Any, kind: str, namespace: str, **kwargs: Any) -> _Call:
-    """List (or, with ``watch=True``, watch) every object of ``kind`` in ``namespace``."""
+def _collection_call(core: Any, custom: Any, kind: str | OwnerQuery, namespace: str, **kwargs: Any) -> _Call:
+    """List (or, with ``watch=True``, watch) every object of ``kind`` (a job kind, ``Pod``, or the objects between a
+    job and its pods) in ``namespace``; a keyword that is None is left out."""
+    kwargs = {key: value for key, value in kwargs.items() if value is not None}
+    if isinstance(kind, OwnerQuery):  # the path is the same for built-in groups (``batch``)
+        return custom.list_namespaced_custom_object, (kind.group, kind.version, namespace, kind.plural), kwargs
     if kind == "Pod":
         return core.list_namespaced_pod, (namespace,), kwargs
     return custom.list_namespaced_custom_object, _custom_path(kind, namespace), kwargs
@@ -306,6 +303,9 @@ class SyncKube:
         # nothing behind where no garbage collector runs (or when the job was never created).
         self.delete("Secret", payload_secret_name(ref.name), ref.namespace)
         return existed
+
+    def workloads(self, namespace: str, job_uid: str) -> list[dict[str, Any]]:
+        return list(_json(self._body(workloads_call(self._custom, namespace, job_uid))).get("items") or [])
 
     # --- what the preflight asks: discovery, access reviews, the version, one custom object ----------------------
 
@@ -453,19 +453,18 @@ class AsyncKube:
         body = await self._body(call)
         return body.decode("utf-8", errors="replace")
 
-    async def list_objects(self, kind: str, namespace: str, label_selector: str) -> dict[str, Any]:
-        """One list of ``kind`` (items and the list's ``metadata.resourceVersion``), served from the watch cache.
+    async def list_objects(self, kind: str | OwnerQuery, namespace: str, **selectors: str | None) -> dict[str, Any]:
+        """One list of ``kind`` (items and the list's ``metadata.resourceVersion``), served from the watch cache;
+        ``selectors``: ``label_selector``, ``field_selector``.
 
         ``resourceVersion=0`` lets the apiserver answer from its cache instead of a quorum read of etcd; the watch
         that follows starts from the list's version, so nothing between the two is missed.
         """
-        call = _collection_call(
-            self._core, self._custom, kind, namespace, label_selector=label_selector, resource_version="0"
-        )
+        call = _collection_call(self._core, self._custom, kind, namespace, resource_version="0", **selectors)
         return _json(await self._body(call))
 
     async def watch_objects(
-        self, kind: str, namespace: str, label_selector: str, resource_version: str, timeout_seconds: int
+        self, kind: str | OwnerQuery, namespace: str, resource_version: str, timeout_seconds: int, **selectors: Any
     ) -> AsyncIterator[dict[str, Any]]:
         """The events of one watch of ``kind`` from ``resource_version`` (with bookmarks), until the server ends it.
 
@@ -479,7 +478,7 @@ class AsyncKube:
             self._custom,
             kind,
             namespace,
-            label_selector=label_selector,
+            **selectors,
             watch=True,
             resource_version=resource_version,
             allow_watch_bookmarks=True,
@@ -532,6 +531,9 @@ class AsyncKube:
         existed = await self.delete(ref.kind, ref.name, ref.namespace)
         await self.delete("Secret", payload_secret_name(ref.name), ref.namespace)
         return existed
+
+    async def workloads(self, namespace: str, job_uid: str) -> list[dict[str, Any]]:
+        return list(_json(await self._body(workloads_call(self._custom, namespace, job_uid))).get("items") or [])
 
 
 def _json(body: bytes) -> dict[str, Any]:

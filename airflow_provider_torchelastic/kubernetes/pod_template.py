@@ -23,6 +23,7 @@ from airflow_provider_torchelastic.core.naming import (
 )
 from airflow_provider_torchelastic.core.payload import IMAGE_ENV
 from airflow_provider_torchelastic.core.pod_options import JobOptions, PodOptions
+from airflow_provider_torchelastic.core.stall import GRACE_PERIOD_ENV, grace_period_seconds
 
 __all__ = [
     "CONTAINER_NAME",
@@ -245,61 +246,24 @@ def render_pod_template(settings: PodSettings) -> JsonDict:
     if options.image_pull_policy is not None:
         set_field(cwhere, container, "imagePullPolicy", options.image_pull_policy, "PodOptions.image_pull_policy")
 
-    env = _merge_named(f"{cwhere}.env", container.get("env", []), options.env_vars, "name", "PodOptions.env")
-    # Defaults, not settings: where PodOptions.env or the template's container sets one of these variables (or an
-    # older name of it), the user's value stays and no conflict is raised. A value from envFrom does not count: in a
-    # pod an explicit env entry wins over envFrom, so such a value must be set through env to override the default.
-    present = {str(item.get("name")) for item in env if isinstance(item, dict)}
-    env += [{"name": name, "value": value} for name, value in nccl_env_defaults(present).items()]
-    provided = list(settings.env)
-    if image:
-        # The runner names the image it runs in when it cannot read a payload: "rebuild <this image>".
-        provided.append({"name": IMAGE_ENV, "value": image})
-    env = _merge_named(f"{cwhere}.env", env, provided, "name", "the provider")
-    if env:
-        container["env"] = env
-    env_from = list(container.get("envFrom", []))
-    env_from += [item for item in options.env_from if item not in env_from]
-    if env_from:
-        container["envFrom"] = copy.deepcopy(env_from)
+    _lay_env(settings, cwhere, container, spec, image)
 
-    resources = container.setdefault("resources", {})
-    _merge_mapping(cwhere + ".resources", resources, "requests", settings.requests, "the replica's requests")
-    _merge_mapping(cwhere + ".resources", resources, "limits", settings.limits, "the replica's limits")
-    _check_resources(f"{cwhere}.resources", resources.get("requests", {}), resources.get("limits", {}))
-    if not resources:
-        del container["resources"]
+    _lay_resources(settings, cwhere, container)
 
     ports = container.setdefault("ports", [])
     if not any(port.get("name") == PORT_NAME for port in ports):
         # The training operator would add this default itself; writing it out shows the port the rendezvous uses.
         ports.append({"name": PORT_NAME, "containerPort": DEFAULT_PORT})
 
-    shm_size = options.effective_shm_size
-    own_volumes: list[JsonDict] = [
-        {"name": PAYLOAD_VOLUME, "secret": {"secretName": settings.payload_secret}},
-    ]
-    own_mounts: list[JsonDict] = [{"name": PAYLOAD_VOLUME, "mountPath": PAYLOAD_DIR, "readOnly": True}]
-    if shm_size is not None:
-        # DataLoader workers hand batches over through shared memory; the runtime's 64 MiB /dev/shm fails with
-        # "bus error". A memory-backed emptyDir of the configured size replaces it.
-        own_volumes.append({"name": SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": shm_size}})
-        own_mounts.append({"name": SHM_VOLUME, "mountPath": SHM_PATH})
-    mounts = _merge_named(
-        f"{cwhere}.volumeMounts", container.get("volumeMounts", []), options.volume_mounts, "mountPath", "PodOptions"
-    )
-    mounts = _merge_named(f"{cwhere}.volumeMounts", mounts, own_mounts, "mountPath", "the provider")
-    container["volumeMounts"] = mounts
-    volumes = _merge_named(f"{where}.spec.volumes", spec.get("volumes", []), options.volumes, "name", "PodOptions")
-    volumes = _merge_named(f"{where}.spec.volumes", volumes, own_volumes, "name", "the provider")
-    spec["volumes"] = volumes
-    volume_names = {volume.get("name") for volume in volumes}
-    for mount in mounts:
-        if mount.get("name") not in volume_names:
-            raise invalid(f"{cwhere}.volumeMounts[{mount.get('mountPath')!r}].name", mount.get("name"), "a pod volume")
+    _lay_volumes(settings, where, cwhere, container, spec)
 
     # The runner writes the result here; on a crash the kubelet falls back to the log's tail, so a failed pod still
     # says why in its status.
+    # The runner gives its workers most of the pod's grace period to stop (GRACE_PERIOD_ENV, from the operator's
+    # termination_grace_period): the pod must get that much from the kubelet.
+    grace = next((e.get("value") for e in settings.env if e.get("name") == GRACE_PERIOD_ENV), None)
+    if isinstance(grace, str) and "terminationGracePeriodSeconds" not in spec:
+        spec["terminationGracePeriodSeconds"] = grace_period_seconds(float(grace))
     set_field(cwhere, container, "terminationMessagePath", RESULT_FILE, "the provider")
     set_field(cwhere, container, "terminationMessagePolicy", "FallbackToLogsOnError", "the provider")
 
@@ -322,6 +286,72 @@ def render_pod_template(settings: PodSettings) -> JsonDict:
     if not metadata:
         del template["metadata"]
     return template
+
+
+def _lay_env(settings: PodSettings, cwhere: str, container: JsonDict, spec: JsonDict, image: str | None) -> None:
+    """The ``pytorch`` container's ``env`` and ``envFrom``: the template's, PodOptions', defaults, the provider's."""
+    options = settings.options
+    env = _merge_named(f"{cwhere}.env", container.get("env", []), options.env_vars, "name", "PodOptions.env")
+    # Defaults, not settings: where PodOptions.env or the template's container sets one of these variables (or an
+    # older name of it), the user's value stays and no conflict is raised. A value from envFrom does not count: in a
+    # pod an explicit env entry wins over envFrom, so such a value must be set through env to override the default.
+    present = {str(item.get("name")) for item in env if isinstance(item, dict)}
+    env += [{"name": name, "value": value} for name, value in nccl_env_defaults(present).items()]
+    provided = list(settings.env)
+    template_grace = spec.get("terminationGracePeriodSeconds")
+    if isinstance(template_grace, int) and not isinstance(template_grace, bool):
+        # A pod template that sets its grace period keeps it, and the runner gives its workers that grace instead.
+        provided = [
+            {"name": GRACE_PERIOD_ENV, "value": str(template_grace)} if item.get("name") == GRACE_PERIOD_ENV else item
+            for item in provided
+        ]
+    if image:
+        # The runner names the image it runs in when it cannot read a payload: "rebuild <this image>".
+        provided.append({"name": IMAGE_ENV, "value": image})
+    env = _merge_named(f"{cwhere}.env", env, provided, "name", "the provider")
+    if env:
+        container["env"] = env
+    env_from = list(container.get("envFrom", []))
+    env_from += [item for item in options.env_from if item not in env_from]
+    if env_from:
+        container["envFrom"] = copy.deepcopy(env_from)
+
+
+def _lay_resources(settings: PodSettings, cwhere: str, container: JsonDict) -> None:
+    """The replica's requests and limits over the template's, checked together; no ``resources`` when there are none."""
+    resources = container.setdefault("resources", {})
+    _merge_mapping(cwhere + ".resources", resources, "requests", settings.requests, "the replica's requests")
+    _merge_mapping(cwhere + ".resources", resources, "limits", settings.limits, "the replica's limits")
+    _check_resources(f"{cwhere}.resources", resources.get("requests", {}), resources.get("limits", {}))
+    if not resources:
+        del container["resources"]
+
+
+def _lay_volumes(settings: PodSettings, where: str, cwhere: str, container: JsonDict, spec: JsonDict) -> None:
+    """The pod's volumes and the ``pytorch`` container's mounts: the template's, PodOptions', the provider's."""
+    options = settings.options
+    shm_size = options.effective_shm_size
+    own_volumes: list[JsonDict] = [
+        {"name": PAYLOAD_VOLUME, "secret": {"secretName": settings.payload_secret}},
+    ]
+    own_mounts: list[JsonDict] = [{"name": PAYLOAD_VOLUME, "mountPath": PAYLOAD_DIR, "readOnly": True}]
+    if shm_size is not None:
+        # DataLoader workers hand batches over through shared memory; the runtime's 64 MiB /dev/shm fails with
+        # "bus error". A memory-backed emptyDir of the configured size replaces it.
+        own_volumes.append({"name": SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": shm_size}})
+        own_mounts.append({"name": SHM_VOLUME, "mountPath": SHM_PATH})
+    mounts = _merge_named(
+        f"{cwhere}.volumeMounts", container.get("volumeMounts", []), options.volume_mounts, "mountPath", "PodOptions"
+    )
+    mounts = _merge_named(f"{cwhere}.volumeMounts", mounts, own_mounts, "mountPath", "the provider")
+    container["volumeMounts"] = mounts
+    volumes = _merge_named(f"{where}.spec.volumes", spec.get("volumes", []), options.volumes, "name", "PodOptions")
+    volumes = _merge_named(f"{where}.spec.volumes", volumes, own_volumes, "name", "the provider")
+    spec["volumes"] = volumes
+    volume_names = {volume.get("name") for volume in volumes}
+    for mount in mounts:
+        if mount.get("name") not in volume_names:
+            raise invalid(f"{cwhere}.volumeMounts[{mount.get('mountPath')!r}].name", mount.get("name"), "a pod volume")
 
 
 def _set_token_automount(where: str, spec: JsonDict, options: PodOptions) -> None:

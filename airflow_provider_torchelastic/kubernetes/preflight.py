@@ -18,6 +18,7 @@ from typing import Any, Final
 from airflow_provider_torchelastic.core.payload import FORMAT_VERSION
 from airflow_provider_torchelastic.core.version import __version__
 from airflow_provider_torchelastic.kubernetes.kinds import JobKind
+from airflow_provider_torchelastic.kubernetes.workloads import WORKLOAD_GROUP, WORKLOAD_PLURAL
 
 __all__ = [
     "EXIT_MISSING",
@@ -180,7 +181,8 @@ class Rule:
 
 def provider_rules(job_kinds: Iterable[JobKind]) -> tuple[Rule, ...]:
     """The rules the identity of the provider's tasks needs, in the order of ``deploy/rbac.yaml``: the jobs of each
-    kind, pods (which the Pod kind's own rule covers, being both), pods' logs and the payload Secret."""
+    kind, pods (which the Pod kind's own rule covers, being both), pods' logs and the payload Secret, then what
+    ``retry_resources`` (LimitRanges) and ``pending_grace_seconds`` under Kueue (Workloads) read."""
     rules: dict[tuple[str, str], Rule] = {}
 
     def add(rule: Rule) -> None:
@@ -201,6 +203,8 @@ def provider_rules(job_kinds: Iterable[JobKind]) -> tuple[Rule, ...]:
     add(Rule("", "pods/log", ("get",), "pod logs"))
     add(Rule("", "events", ("list",), "why an image pull failed"))
     add(Rule("", "secrets", SECRET_VERBS, "payload Secret"))
+    add(Rule("", "limitranges", ("list",), "the memory cap of retry_resources"))
+    add(Rule(WORKLOAD_GROUP, WORKLOAD_PLURAL, ("list",), "a Kueue Workload admitted while its job stays suspended"))
     return tuple(rules.values())
 
 

@@ -45,6 +45,7 @@ from airflow_provider_torchelastic.core.naming import (
 )
 from airflow_provider_torchelastic.core.pod_options import JobOptions, PodOptions
 from airflow_provider_torchelastic.core.run_context import CONTEXT_ENV, TaskContext
+from airflow_provider_torchelastic.core.stall import DEFAULT_GRACE_PERIOD, DEFAULT_STALL_TIMEOUT, liveness_env
 from airflow_provider_torchelastic.core.validation import check_image
 from airflow_provider_torchelastic.kubernetes import kinds
 from airflow_provider_torchelastic.kubernetes.kinds import JobKind
@@ -88,6 +89,8 @@ def render_manifests(
     task_context: TaskContext | None = None,
     result_url: str | None = None,
     report_interval: float | None = None,
+    stall_timeout: float | None = DEFAULT_STALL_TIMEOUT,
+    grace_period: float = DEFAULT_GRACE_PERIOD,
 ) -> list[JsonDict]:
     """The objects one try of a task creates, in creation order: ``[Secret, PyTorchJob]`` or ``[Secret, Pod]``.
 
@@ -101,33 +104,12 @@ def render_manifests(
     ``task_context`` (the try's context: retries, logical date, checkpoint location) reaches every pod's ``pytorch``
     container as one variable, ``TORCHELASTIC_CONTEXT``; by default the identity's alone. It must name the same task
     instance and try as ``identity``. ``result_url`` goes on the runner's command line: where the node holding rank 0
-    writes a result too large for the termination message.
+    writes a result too large for the termination message. ``stall_timeout`` and ``grace_period`` reach the runner
+    (and the pods' ``terminationGracePeriodSeconds``): see :mod:`airflow_provider_torchelastic.core.stall`.
     """
     config = check_task_config(config)
-    if not isinstance(identity, RunIdentity):
-        raise TypeError(f"identity: expected a RunIdentity(...), got {identity!r}")
-    if not isinstance(namespace, str) or not DNS_1123_LABEL.match(namespace):
-        raise invalid("namespace", namespace, "a namespace name (a DNS-1123 label)")
-    # Rendered values only: a "{{ ... }}" left in an image is refused here, never submitted.
-    check_image("", "image", image)
-    check_image("", "default_image", default_image)
-    if pod_options is not None and not isinstance(pod_options, PodOptions):
-        raise TypeError(f"pod_options: expected a PodOptions(...) or None, got {pod_options!r}")
-    if job_options is not None and not isinstance(job_options, JobOptions):
-        raise TypeError(f"job_options: expected a JobOptions(...) or None, got {job_options!r}")
-    if task_context is None:
-        task_context = task_context_for(identity)
-    elif not isinstance(task_context, TaskContext):
-        raise TypeError(f"task_context: expected a TaskContext(...) or None, got {task_context!r}")
-    elif task_context_for(identity) != replace(
-        task_context,
-        max_tries=max(0, identity.try_number - 1),
-        logical_date=None,
-        checkpoint_uri=None,
-        artifact_uri=None,
-    ):
-        # Only the identity's fields are compared: the run adds its retries, date and storage locations.
-        raise invalid("task_context", task_context, f"the task instance and try of the identity {identity!r}")
+    _check_arguments(identity, namespace, image, default_image, pod_options, job_options)
+    task_context = _checked_task_context(identity, task_context)
     name = job_name(identity)
     options = pod_options or PodOptions()
     labels = identity_labels(identity)
@@ -151,17 +133,65 @@ def render_manifests(
         payload_secret=secret["metadata"]["name"],
         default_image=default_image,
         image_required=require_image,
-        worker_env=[
-            {"name": CONTEXT_ENV, "value": task_context.to_env_value()},
-            # Seconds between rank 0's metrics lines ([torch_elastic] report_interval); unset: report()'s default.
-            *([{"name": METRICS_INTERVAL_ENV, "value": f"{report_interval:g}"}] if report_interval is not None else []),
-        ],
+        worker_env=_worker_env(task_context, report_interval, stall_timeout, grace_period),
         result_url=result_url,
         # The pods run only the payload this try wrote, whoever wrote the Secret they mount.
         payload_sha256=hashlib.sha256(payload).hexdigest(),
     )
     workload = (renderer or kinds.for_config(config).render)(inputs)
     return [secret, workload]
+
+
+def _check_arguments(
+    identity: RunIdentity,
+    namespace: str,
+    image: str | None,
+    default_image: str | None,
+    pod_options: PodOptions | None,
+    job_options: JobOptions | None,
+) -> None:
+    if not isinstance(identity, RunIdentity):
+        raise TypeError(f"identity: expected a RunIdentity(...), got {identity!r}")
+    if not isinstance(namespace, str) or not DNS_1123_LABEL.match(namespace):
+        raise invalid("namespace", namespace, "a namespace name (a DNS-1123 label)")
+    # Rendered values only: a "{{ ... }}" left in an image is refused here, never submitted.
+    check_image("", "image", image)
+    check_image("", "default_image", default_image)
+    if pod_options is not None and not isinstance(pod_options, PodOptions):
+        raise TypeError(f"pod_options: expected a PodOptions(...) or None, got {pod_options!r}")
+    if job_options is not None and not isinstance(job_options, JobOptions):
+        raise TypeError(f"job_options: expected a JobOptions(...) or None, got {job_options!r}")
+
+
+def _checked_task_context(identity: RunIdentity, task_context: TaskContext | None) -> TaskContext:
+    """``task_context``, or the identity's own when None; one that names another task instance or try is refused."""
+    if task_context is None:
+        return task_context_for(identity)
+    if not isinstance(task_context, TaskContext):
+        raise TypeError(f"task_context: expected a TaskContext(...) or None, got {task_context!r}")
+    if task_context_for(identity) != replace(
+        task_context,
+        max_tries=max(0, identity.try_number - 1),
+        logical_date=None,
+        checkpoint_uri=None,
+        artifact_uri=None,
+    ):
+        # Only the identity's fields are compared: the run adds its retries, date and storage locations.
+        raise invalid("task_context", task_context, f"the task instance and try of the identity {identity!r}")
+    return task_context
+
+
+def _worker_env(
+    task_context: TaskContext, report_interval: float | None, stall_timeout: float | None, grace_period: float
+) -> list[JsonDict]:
+    """The ``pytorch`` container's variables that every pod of the try gets: its context, and the runner's knobs."""
+    return [
+        {"name": CONTEXT_ENV, "value": task_context.to_env_value()},
+        # Seconds between rank 0's metrics lines ([torch_elastic] report_interval); unset: report()'s default.
+        *([{"name": METRICS_INTERVAL_ENV, "value": f"{report_interval:g}"}] if report_interval is not None else []),
+        # The runner's stall detection and graceful stop.
+        *({"name": name, "value": value} for name, value in liveness_env(stall_timeout, grace_period).items()),
+    ]
 
 
 def task_context_for(identity: RunIdentity) -> TaskContext:
@@ -188,14 +218,15 @@ def check_renderable(
     default_image: str | None = None,
     require_image: bool = True,
     renderer: Callable[[RenderInputs], JsonDict] | None = None,
-) -> None:
-    """Render once with a placeholder identity and an empty payload, so that conflicts fail at DAG-parse time.
+) -> list[JsonDict]:
+    """Render once with a placeholder identity and an empty payload, so that conflicts fail at DAG-parse time; the
+    manifests (the workload last), for checks that read them.
 
     ``require_image=False`` where the image is only known at run time (a templated or mapped image, or an execution
     mode read from the configuration then): everything else is still checked. ``renderer``: the kind's, where it is
     known at parse time (else :func:`kinds.for_config`'s).
     """
-    render_manifests(
+    return render_manifests(
         config,
         identity=placeholder_identity(dag_id, task_id),
         namespace=namespace,

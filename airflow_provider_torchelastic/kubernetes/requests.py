@@ -23,6 +23,7 @@ __all__ = [
     "LOG_READ_LIMIT_BYTES",
     "ReadEvents",
     "ReadLog",
+    "ReadWorkloads",
     "RenewLease",
     "Request",
     "Sleep",
@@ -75,9 +76,13 @@ class ReadEvents:
 
 @dataclass(frozen=True)
 class DeleteJob:
-    """Delete the job and its payload; answered with whether it existed, or the error text when deletion failed."""
+    """Delete the job and its payload; answered with whether it existed, or the error text when deletion failed.
+
+    ``background``: nobody waits for this deletion (a succeeded job's clean-up). A driver given a way to detach it
+    (the worker's) starts it and answers None at once; any other driver carries it out as usual."""
 
     ref: JobRef
+    background: bool = False
 
 
 @dataclass(frozen=True)
@@ -86,6 +91,15 @@ class RenewLease:
 
     ref: JobRef
     until: float
+
+
+@dataclass(frozen=True)
+class ReadWorkloads:
+    """List the Kueue Workloads of the job whose uid is ``job_uid`` (:mod:`~.queue_limits`); answered with the list,
+    empty when they cannot be read (Kueue not installed, or no right to list them: they only add a check)."""
+
+    namespace: str
+    job_uid: str
 
 
 @dataclass(frozen=True)
@@ -98,7 +112,7 @@ class EmitLog:
     line: str
 
 
-Request: TypeAlias = FetchJob | ReadLog | ReadEvents | DeleteJob | RenewLease | Sleep | EmitLog
+Request: TypeAlias = FetchJob | ReadLog | ReadEvents | ReadWorkloads | DeleteJob | RenewLease | Sleep | EmitLog
 
 
 class JobSource(Protocol):
@@ -124,6 +138,8 @@ class JobSource(Protocol):
 
     def label_job(self, ref: JobRef, labels: Mapping[str, str]) -> None: ...
 
+    def workloads(self, namespace: str, job_uid: str) -> list[dict[str, Any]]: ...
+
 
 class AsyncJobSource(Protocol):
     """The same for the async driver (the trigger)."""
@@ -147,3 +163,5 @@ class AsyncJobSource(Protocol):
     async def delete_job(self, ref: JobRef) -> bool: ...
 
     async def label_job(self, ref: JobRef, labels: Mapping[str, str]) -> None: ...
+
+    async def workloads(self, namespace: str, job_uid: str) -> list[dict[str, Any]]: ...

@@ -16,7 +16,7 @@ from enum import Enum
 from functools import cached_property
 from typing import Any, Final
 
-from airflow_provider_torchelastic.core import causes, choices
+from airflow_provider_torchelastic.core import causes, choices, image_pull
 from airflow_provider_torchelastic.core.metrics_format import cut_log_line
 from airflow_provider_torchelastic.core.outcome import NodeReport, Verdict, decode_outcome, verdict_from_json
 from airflow_provider_torchelastic.core.summary import PodSummary, pod_summaries, training_container_status
@@ -83,6 +83,9 @@ class WaitPolicy:
     poll_interval: float = 10.0
     #: How long a pod may stay stuck (image pull failing, unschedulable, bad config) before the task fails.
     pending_grace_seconds: float = 120.0
+    #: Seconds a scheduled pod may keep failing to pull its image for reasons that may pass (429, 5xx, a timeout, a
+    #: reset) before the task fails as recoverable; a pull the registry refuses for good fails at once.
+    image_pull_timeout: float = 600.0
     #: Stream the training container's log of at most this many pods into the task log (0: none).
     log_pods: int = 8
     #: Seconds between progress lines while nothing changes.
@@ -122,6 +125,9 @@ class Snapshot:
     #: Once the job is gone (``job`` is None): what the wait saw last while it existed, so that a job the training
     #: operator deleted right after it failed (``ttlSecondsAfterFinished: 0``) is judged by what it showed then.
     last_seen: Snapshot | None = None
+    #: ``{image: the kubelet's newest "Failed to pull image" event}`` for the images pods wait for in
+    #: ``ImagePullBackOff``, whose own message does not say why (:func:`~.core.image_pull.backed_off_images`).
+    pull_errors: Mapping[str, str] | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -250,15 +256,15 @@ def restarted_run(pod: Mapping[str, Any], container: str) -> tuple[int, Mapping[
     return (count, terminated) if count > 0 and terminated else None
 
 
-def _stuck_reason(pod: Mapping[str, Any]) -> tuple[str, str] | None:
-    """(reason, message) if the pod waits on something that will not fix itself (a wrong image, a missing Secret)."""
+def _stuck_reason(pod: Mapping[str, Any]) -> tuple[str, str, str] | None:
+    """(reason, message, image) if the pod waits on something that may not fix itself (an image, a Secret)."""
     status = pod.get("status", {})
     if status.get("phase") not in (None, "Pending"):
         return None
     for container in (status.get("initContainerStatuses") or []) + (status.get("containerStatuses") or []):
         waiting = container.get("state", {}).get("waiting") or {}
         if waiting.get("reason") in STUCK_WAITING_REASONS:
-            return waiting["reason"], waiting.get("message", "")
+            return waiting["reason"], waiting.get("message", ""), str(container.get("image") or "")
     return None
 
 
@@ -351,6 +357,8 @@ class Observed:
     pods: Sequence[Mapping[str, Any]]
     total: int
     now: float
+    #: The snapshot's :attr:`Snapshot.pull_errors`.
+    pull_errors: Mapping[str, str] | None = None
 
     @property
     def created(self) -> float:
@@ -406,55 +414,43 @@ class Observed:
 
 
 def stuck_decision(seen: Observed, policy: WaitPolicy) -> WaitDecision | None:
-    """Pods stuck on something that never resolves by itself fail fast, with Kubernetes' own words."""
+    """Pods stuck on something that never resolves by itself fail fast, with Kubernetes' own words. An image the
+    registry refused for good fails at once; a pull that may pass (429, 5xx, a timeout) is retried by the kubelet's
+    back-off up to ``image_pull_timeout``, then fails as recoverable (:mod:`~.core.image_pull`)."""
     for pod in seen.pods:
         stuck = _stuck_reason(pod)
         if stuck is None:
             continue
+        reason, message, image = stuck
+        name = pod.get("metadata", {}).get("name", "?")
         since = parse_time(pod.get("metadata", {}).get("creationTimestamp")) or seen.created
-        if seen.now - since >= policy.pending_grace_seconds:
-            reason, message = stuck
-            name = pod.get("metadata", {}).get("name", "?")
-            return seen.decision(
-                Phase.FAILED,
-                f"failed ({reason})",
-                verdict=Verdict(
-                    succeeded=False,
-                    recoverable=False,
-                    node=name,
-                    cause=causes.cause_of_stuck_reason(reason),
-                    reason=reason,
-                    detail=f"pod {name} stuck in {reason} for more than {policy.pending_grace_seconds:.0f} s: "
-                    f"{message}".rstrip(": "),
-                ),
+        last = (seen.pull_errors or {}).get(image, "") if reason == image_pull.BACK_OFF else ""
+        pull = image_pull.classify_pull(reason, last or message) if reason in image_pull.PULL_REASONS else None
+        cause, recoverable = causes.cause_of_stuck_reason(reason), False
+        if pull is not None and pull.kind is image_pull.PullError.TRANSIENT:
+            waited = seen.now - (parse_time(image_pull.scheduled_at(pod)) or since)
+            if waited < policy.image_pull_timeout:
+                continue
+            cause, recoverable = causes.IMAGE_TRANSIENTLY_UNAVAILABLE, True
+            said = (
+                f"pod {name} could not pull its image for {waited:.0f} s, longer than image_pull_timeout="
+                f"{policy.image_pull_timeout:g} ({pull.what}: the registry may answer later, so a retry may help)"
             )
+        elif pull is not None and pull.kind is image_pull.PullError.PERMANENT:
+            said = f"pod {name} cannot pull its image ({reason}, {pull.what})"
+        elif seen.now - since < policy.pending_grace_seconds:
+            continue
+        else:
+            said = f"pod {name} stuck in {reason} for more than {policy.pending_grace_seconds:.0f} s"
+        detail = f"{said}: {message}".rstrip(": ") + (f"; the last pull failed: {last}" if last else "")
+        return seen.decision(
+            Phase.FAILED,
+            f"failed ({reason})",
+            verdict=Verdict(
+                succeeded=False, recoverable=recoverable, node=name, cause=cause, reason=reason, detail=detail
+            ),
+        )
     return None
-
-
-#: The kubelet's event message for a pull that failed, which says why; the ``ImagePullBackOff`` state only says
-#: ``Back-off pulling image "…"``.
-_PULL_FAILED: Final = "Failed to pull image"
-
-
-def needs_pull_events(verdict: Verdict | None) -> str | None:
-    """The pod whose events say why its image could not be pulled, when ``verdict`` only has the back-off."""
-    if verdict is None or verdict.reason != "ImagePullBackOff" or not verdict.node:
-        return None
-    return verdict.node
-
-
-def with_pull_error(verdict: Verdict, events: Sequence[Mapping[str, Any]]) -> Verdict:
-    """``verdict`` with the newest pull error among a pod's ``events`` (unchanged when there is none)."""
-
-    def when(event: Mapping[str, Any]) -> str:
-        # RFC 3339 strings of one clock sort as times; eventTime is the newer API's, lastTimestamp the kubelet's.
-        return str(event.get("lastTimestamp") or event.get("eventTime") or "")
-
-    failed = [e for e in events if str(e.get("message", "")).startswith(_PULL_FAILED)]
-    if not failed:
-        return verdict
-    message = str(max(failed, key=when)["message"])
-    return replace(verdict, detail=f"{verdict.detail}; the last pull failed: {message}")
 
 
 def out_of_patience(seen: Observed, policy: WaitPolicy, since: float, what: str, node: str | None) -> WaitDecision:

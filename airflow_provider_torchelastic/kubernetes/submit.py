@@ -225,6 +225,43 @@ def create_or_reattach(
     if remember is not None:
         remember(ref, None)
     name = secret["metadata"]["name"]
+    instead = _write_payload_secret(kube, call, whose, ref, secret, token=token, info=info, warning=warning)
+    if instead is not None:
+        return instead
+    try:
+        created = call(kube.create, with_token(workload, token))
+    except KubeError as e:
+        if not e.conflict:
+            raise
+        # A retried create whose first attempt went through, a concurrent run of the same try, or someone else's.
+        if whose(ref) == "ours":
+            info("%s %s/%s already exists; re-attaching", ref.kind, ref.namespace, ref.name)
+            return ref
+        call(kube.delete, "Secret", name, ref.namespace)  # this try's own, which no job of it will use
+        return _not_ours(ref.kind, ref.namespace, ref.name)
+    info("Created %s %s/%s", ref.kind, ref.namespace, ref.name)
+    uid = created["metadata"]["uid"]
+    if remember is not None:
+        remember(ref, uid)
+    owner = payload_secret_owner_reference(owner_name=ref.name, owner_uid=uid, kind=ref.kind)
+    call(kube.patch_secret, name, ref.namespace, owner)
+    return ref
+
+
+def _write_payload_secret(
+    kube: SyncKube,
+    call: Callable[..., Any],
+    whose: Callable[[JobRef], Ownership],
+    ref: JobRef,
+    secret: dict[str, Any],
+    *,
+    token: str,
+    info: Log,
+    warning: Log,
+) -> JobRef | Refusal | None:
+    """Create this try's payload Secret (:func:`create_or_reattach`): None once it is written, else what to return
+    instead: the job a concurrent attempt of this try created meanwhile, or why this try may not run."""
+    name = secret["metadata"]["name"]
     try:
         call(kube.create, with_token(secret, token))
     except KubeError as e:
@@ -250,24 +287,7 @@ def create_or_reattach(
                 "while this try replaced it: refusing to run its pods with it (a retry will not help)",
                 recoverable=False,
             )
-    try:
-        created = call(kube.create, with_token(workload, token))
-    except KubeError as e:
-        if not e.conflict:
-            raise
-        # A retried create whose first attempt went through, a concurrent run of the same try, or someone else's.
-        if whose(ref) == "ours":
-            info("%s %s/%s already exists; re-attaching", ref.kind, ref.namespace, ref.name)
-            return ref
-        call(kube.delete, "Secret", name, ref.namespace)  # this try's own, which no job of it will use
-        return _not_ours(ref.kind, ref.namespace, ref.name)
-    info("Created %s %s/%s", ref.kind, ref.namespace, ref.name)
-    uid = created["metadata"]["uid"]
-    if remember is not None:
-        remember(ref, uid)
-    owner = payload_secret_owner_reference(owner_name=ref.name, owner_uid=uid, kind=ref.kind)
-    call(kube.patch_secret, name, ref.namespace, owner)
-    return ref
+    return None
 
 
 @dataclass(frozen=True, kw_only=True)

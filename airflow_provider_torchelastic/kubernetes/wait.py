@@ -11,8 +11,8 @@ and decide from the answers:
 
 The drivers (:func:`drive_sync`, :func:`drive_async`) carry out the requests against a :class:`JobSource`, a small
 protocol that answers "what does the job look like now" (and reads logs, and deletes): a direct poll of the API
-(:class:`~kube.SyncKube`, :class:`~kube.AsyncKube`) or, later, a cached watch shared by many triggers. So every
-deletion goes through one path, :data:`DeleteJob`, on both sides.
+(:class:`~.client.SyncKube`, :class:`~.client.AsyncKube`) or the cached watch shared by many triggers
+(:mod:`.watch`). So every deletion goes through one path, :data:`DeleteJob`, on both sides.
 """
 
 from __future__ import annotations
@@ -24,10 +24,10 @@ from collections.abc import Awaitable, Callable, Generator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
-from airflow_provider_torchelastic.core import causes
+from airflow_provider_torchelastic.core import causes, image_pull
 from airflow_provider_torchelastic.core.outcome import Verdict
 from airflow_provider_torchelastic.errors import KubeError
-from airflow_provider_torchelastic.kubernetes import deadline, kinds
+from airflow_provider_torchelastic.kubernetes import deadline, kinds, queue_limits
 from airflow_provider_torchelastic.kubernetes.requests import (
     AsyncJobSource,
     DeleteJob,
@@ -37,6 +37,7 @@ from airflow_provider_torchelastic.kubernetes.requests import (
     JobSource,
     ReadEvents,
     ReadLog,
+    ReadWorkloads,
     RenewLease,
     Request,
     Sleep,
@@ -48,10 +49,8 @@ from airflow_provider_torchelastic.kubernetes.status import (
     Snapshot,
     WaitDecision,
     WaitPolicy,
-    needs_pull_events,
     new_log_lines,
     restarted_run,
-    with_pull_error,
 )
 
 __all__ = [
@@ -63,6 +62,7 @@ __all__ = [
     "JobSource",
     "ReadEvents",
     "ReadLog",
+    "ReadWorkloads",
     "RenewLease",
     "Sleep",
     "drive_async",
@@ -107,11 +107,18 @@ class _WatchState:
     restarts_read: dict[str, int] = field(default_factory=dict)
     #: The last snapshot in which the job existed: what a job that vanished is judged by.
     last_seen: Snapshot | None = None
+    #: What the Kueue limits remember between looks (:mod:`~.queue_limits`).
+    queue: queue_limits.QueueWatch = field(default_factory=queue_limits.QueueWatch)
 
 
-def wait_for_job(ref: JobRef, policy: WaitPolicy) -> Generator[Request, Any, WaitDecision]:
-    """Poll until the job ends (or the deadline passes, or it cannot be observed); clean up; return the decision."""
+def wait_for_job(
+    ref: JobRef, policy: WaitPolicy, limits: queue_limits.QueueLimits | None = None
+) -> Generator[Request, Any, WaitDecision]:
+    """Poll until the job ends (or the deadline passes, or it cannot be observed); clean up; return the decision.
+
+    ``limits``: the Kueue limits (:mod:`~.queue_limits`); the decision's verdict counts the preemptions seen."""
     kind = kinds.get(ref.kind)
+    limits = limits or queue_limits.QueueLimits()
     state = _WatchState()
     while True:
         answer = yield FetchJob(ref)
@@ -136,11 +143,14 @@ def wait_for_job(ref: JobRef, policy: WaitPolicy) -> Generator[Request, Any, Wai
                 "execution_timeout reached",
                 f"execution_timeout reached while {ref.kind} {ref.namespace}/{ref.name} ran; the job was deleted",
             )
+        snapshot = yield from _with_pull_errors(ref, kind, snapshot)
         decision = kind.decide(ref, snapshot, policy)
-        pulling = needs_pull_events(decision.verdict) if decision.phase.is_terminal else None
-        if pulling is not None and decision.verdict is not None:
-            events = yield ReadEvents(pulling, ref.namespace)
-            decision = replace(decision, verdict=with_pull_error(decision.verdict, events or []))
+        if snapshot.job is not None and not decision.phase.is_terminal:
+            decision = yield from queue_limits.check(
+                ref, snapshot.job, policy, limits, state.queue, snapshot.now, decision
+            )
+        if decision.verdict is not None and state.queue.preemptions:
+            decision = replace(decision, verdict=replace(decision.verdict, preemptions=state.queue.preemptions))
         current = decision.wait_state
         if current != state.last_state or snapshot.now - state.last_logged >= policy.progress_interval:
             # On change, and as a heartbeat every progress_interval: a long quiet job still shows it is alive.
@@ -159,7 +169,11 @@ def wait_for_job(ref: JobRef, policy: WaitPolicy) -> Generator[Request, Any, Wai
                 kept = f"{ref.kind} {ref.namespace}/{ref.name}"
                 yield EmitLog(f"Keeping {kept} (on_finish_action={policy.finish_action})")
             else:
-                yield from _delete(ref, f"it ended (on_finish_action={policy.finish_action})")
+                # A succeeded job's pods have ended: they hold nothing, and the result is in the decision already, so
+                # nobody waits for this deletion (a driver that can, the worker's, detaches it). A failed job may
+                # still have running pods: that deletion is waited for, as the deadline's and a stop's are.
+                why = f"it ended (on_finish_action={policy.finish_action})"
+                yield from _delete(ref, why, background=decision.phase is Phase.SUCCEEDED)
             return decision
         pause = policy.poll_interval
         for due in (policy.deadline, decision.wake_at):
@@ -210,6 +224,19 @@ def _failed(ref: JobRef, state: str, detail: str) -> WaitDecision:
     )
 
 
+def _with_pull_errors(ref: JobRef, kind: kinds.JobKind, snapshot: Snapshot) -> Generator[Request, Any, Snapshot]:
+    """``snapshot`` with why the last pull of each image failed that pods wait for in ``ImagePullBackOff``: kubelet
+    1.20's back-off message does not say, and the decision needs it (a missing tag fails at once, a throttled
+    registry is waited for). One events read per such image and poll, none while no pod backs off."""
+    own_pod = kind.pod_selector(ref.name) is None
+    pods = [snapshot.job] if own_pod and snapshot.job is not None else list(snapshot.pods)
+    errors = {}
+    for image, pod in image_pull.backed_off_images(pods).items():
+        events = yield ReadEvents(pod, ref.namespace)
+        errors[image] = image_pull.pull_error_of(events or [], image)
+    return replace(snapshot, pull_errors=errors) if errors else snapshot
+
+
 def _renew_lease(ref: JobRef, job: Mapping[str, Any], lease: float, now: float) -> Generator[Request, Any, None]:
     """Keep a job without a deadline off the sweep's list while this try waits for it. The job's own label says
     when the lease ends, so a renewal that failed (logged) is simply due again at the next poll."""
@@ -220,9 +247,11 @@ def _renew_lease(ref: JobRef, job: Mapping[str, Any], lease: float, now: float) 
         yield EmitLog(f"Could not renew the lease of {ref.kind} {ref.namespace}/{ref.name}: {answer}; trying again")
 
 
-def _delete(ref: JobRef, why: str) -> Generator[Request, Any, None]:
-    answer = yield DeleteJob(ref)
-    if isinstance(answer, str):
+def _delete(ref: JobRef, why: str, *, background: bool = False) -> Generator[Request, Any, None]:
+    answer = yield DeleteJob(ref, background=background)
+    if answer is None:  # detached by the driver, which reports how it went
+        yield EmitLog(f"Deleting {ref.kind} {ref.namespace}/{ref.name} in the background ({why})")
+    elif isinstance(answer, str):
         yield EmitLog(f"Could not delete {ref.kind} {ref.namespace}/{ref.name} ({why}): {answer}")
     else:
         yield EmitLog(f"Deleted {ref.kind} {ref.namespace}/{ref.name} ({why}; existed: {answer})")
@@ -352,6 +381,13 @@ def _no_events(error: KubeError, log: Callable[[str], None]) -> list[dict[str, A
     return []
 
 
+def _no_workloads(error: KubeError, log: Callable[[str], None]) -> list[dict[str, Any]]:
+    # Kueue not installed (404) or no right to list Workloads (403): the check is skipped, the wait goes on.
+    if not error.not_found:
+        log(f"could not read the job's Kueue Workloads: {error}")
+    return []
+
+
 def _tail(request: ReadLog) -> tuple[int, ...]:
     # Passed only when asked for: the API's default is the whole log.
     return () if request.tail_lines is None else (request.tail_lines,)
@@ -363,8 +399,11 @@ def drive_sync(
     log: Callable[[str], None],
     *,
     sleep: Callable[[float], None] = time.sleep,
+    detach: Callable[[DeleteJob], None] | None = None,
 ) -> Any:
-    """Carry out a flow's requests with blocking calls; returns what the flow returns."""
+    """Carry out a flow's requests with blocking calls; returns what the flow returns.
+
+    ``detach``: starts a deletion that nobody waits for (:attr:`DeleteJob.background`) and returns at once."""
     from airflow_provider_torchelastic.kubernetes.client import retry_sync
 
     answer: Any = None
@@ -397,6 +436,8 @@ def drive_sync(
                 answer = source.pod_events(request.pod, request.namespace)
             except KubeError as e:
                 answer = _no_events(e, log)
+        elif isinstance(request, DeleteJob) and request.background and detach is not None:
+            detach(request)
         elif isinstance(request, DeleteJob):
             try:
                 answer = retry_sync(functools.partial(source.delete_job, request.ref), log, sleep)
@@ -407,6 +448,11 @@ def drive_sync(
                 source.label_job(request.ref, deadline.lease_labels(request.until))
             except KubeError as e:  # not retried here: the lease stays due, and the next poll tries again
                 answer = str(e)
+        elif isinstance(request, ReadWorkloads):
+            try:
+                answer = source.workloads(request.namespace, request.job_uid)
+            except KubeError as e:
+                answer = _no_workloads(e, log)
         elif isinstance(request, Sleep):
             sleep(request.seconds)
         elif isinstance(request, EmitLog):
@@ -419,9 +465,11 @@ async def drive_async(
     log: Callable[[str], None],
     *,
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    detach: Callable[[DeleteJob], None] | None = None,
 ) -> Any:
     """The same as :func:`drive_sync`, awaiting. A shared watch passes a ``sleep`` that wakes up early when the
-    job changed (:mod:`~airflow_provider_torchelastic.kubernetes.watch`)."""
+    job changed (:mod:`~airflow_provider_torchelastic.kubernetes.watch`). The triggerer passes no ``detach``: a
+    deletion started on the shared stream's client could outlive it (the stream closes with its last trigger)."""
     from airflow_provider_torchelastic.kubernetes.client import retry_async
 
     answer: Any = None
@@ -454,6 +502,8 @@ async def drive_async(
                 answer = await source.pod_events(request.pod, request.namespace)
             except KubeError as e:
                 answer = _no_events(e, log)
+        elif isinstance(request, DeleteJob) and request.background and detach is not None:
+            detach(request)
         elif isinstance(request, DeleteJob):
             try:
                 answer = await retry_async(functools.partial(source.delete_job, request.ref), log)
@@ -464,6 +514,11 @@ async def drive_async(
                 await source.label_job(request.ref, deadline.lease_labels(request.until))
             except KubeError as e:
                 answer = str(e)
+        elif isinstance(request, ReadWorkloads):
+            try:
+                answer = await source.workloads(request.namespace, request.job_uid)
+            except KubeError as e:
+                answer = _no_workloads(e, log)
         elif isinstance(request, Sleep):
             await sleep(request.seconds)
         elif isinstance(request, EmitLog):

@@ -4,7 +4,8 @@ The triggerer runs :func:`watch_namespace` once per :func:`stream_key` (``open_s
 :class:`StreamUpdate` s to the triggers of that key. Each trigger keeps driving the one wait core
 (:func:`~wait.wait_for_job`); only its :class:`~wait.AsyncJobSource` changes: a :class:`SharedSource` answers "what
 does the job look like now" from the stream's :class:`JobCache` and sleeps until the stream says that the job
-changed. So there is no second state machine, and deciding needs no request.
+changed. So there is no second state machine, and deciding needs no request. The worker's synchronous wait runs
+the same stream for its one job in a private event loop (``watch_namespace(job=...)``, :mod:`~.worker_wait`).
 
 What the stream does, as a client-go informer does: list each registered kind of job and the pods, all by the
 provider's ``managed-by`` label, then watch from the list's ``resourceVersion`` with bookmarks; a watch that the
@@ -32,7 +33,7 @@ import hashlib
 import json
 import random
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -40,6 +41,13 @@ from airflow_provider_torchelastic.core.naming import LABEL_MANAGED_BY, MANAGED_
 from airflow_provider_torchelastic.errors import KubeError
 from airflow_provider_torchelastic.kubernetes import kinds
 from airflow_provider_torchelastic.kubernetes.status import JobRef, Snapshot
+from airflow_provider_torchelastic.kubernetes.watch_scope import (
+    SELECTOR,
+    Watched,
+    intermediate_key,
+    job_scope,
+    namespace_scope,
+)
 
 __all__ = [
     "MAX_CONCURRENT_REQUESTS",
@@ -65,8 +73,6 @@ MAX_UNKNOWN_TICKS: Final = 60
 WATCH_SECONDS: Final = 290
 #: Backoff after a failed list or watch: 1, 2, 4... seconds, capped, jittered.
 BACKOFF_MAX: Final = 30.0
-#: Every object the provider creates carries this label; the watch sees nothing else.
-SELECTOR: Final = f"{LABEL_MANAGED_BY}={MANAGED_BY}"
 
 
 class StreamUnavailable(Exception):
@@ -122,12 +128,14 @@ class JobCache:
     """The stream's view of one namespace: the provider's jobs by kind and name, and their pods by job.
 
     Written only by the stream; read by the triggers without I/O. ``kube`` is the stream's client (an
-    :class:`~kube.AsyncKube`), through which :meth:`request` runs the triggers' own calls.
+    :class:`~.client.AsyncKube`), through which :meth:`request` runs the triggers' own calls.
     """
 
-    def __init__(self, namespace: str, kube: Any) -> None:
+    def __init__(self, namespace: str, kube: Any, *, job: str | None = None) -> None:
         self.namespace = namespace
         self.kube = kube
+        #: The one job a private stream watches (:func:`~.watch_scope.job_scope`): every change is its change.
+        self.job = job
         self.objects: dict[str, dict[str, dict[str, Any]]] = {}  # kind -> name -> object
         self.synced: set[str] = set()  # kinds listed at least once
         self.kinds: tuple[str, ...] = ()
@@ -167,8 +175,11 @@ class JobCache:
                 for p in self.objects.get("Pod", {}).values()
                 if (p.get("metadata", {}).get("labels") or {}).get(label) == ref.name
             ]
-            # The label files a pod under a job; only the job's controller ownerReference makes it the job's.
-            pods = descriptor.controlled_pods(job, labelled)
+            # The label files a pod under a job; only the job's controller ownerReference makes it the job's (through
+            # the objects in between, which only a private stream of a kind that has them watches).
+            keys = [intermediate_key(query) for query in descriptor.intermediates]
+            owners = [owner for key in keys for owner in self.objects.get(key, {}).values()]
+            pods = descriptor.controlled_pods(job, labelled, owners)
         return Snapshot(job=job, pods=pods, now=time.time())
 
     def want(self, ref: JobRef) -> None:
@@ -196,6 +207,8 @@ class JobCache:
     def _owner(self, kind: str, obj: Mapping[str, Any]) -> str:
         """The job a Pod event concerns (its own name for a bare Pod job, else its owner label)."""
         meta = obj.get("metadata", {})
+        if self.job is not None:
+            return self.job
         if kind != "Pod":
             return str(meta.get("name", ""))
         labels = meta.get("labels") or {}
@@ -251,18 +264,20 @@ async def _backoff(attempt: int) -> None:
     await asyncio.sleep(random.uniform(0.5, 1.0) * min(BACKOFF_MAX, 2.0 ** min(attempt, 6)))
 
 
-async def _list_and_watch(cache: JobCache, kind: str) -> None:
+async def _list_and_watch(cache: JobCache, watched: Watched) -> None:
     """Keep ``cache`` current for one kind, forever; raises :class:`StreamUnavailable` on 401/403."""
+    kind, selectors = watched.key, {"label_selector": watched.label_selector, "field_selector": watched.field_selector}
     version: str | None = None
     failures = 0
     while True:
         try:
             if version is None:
-                doc = await cache.kube.list_objects(kind, cache.namespace, SELECTOR)
+                doc = await cache.kube.list_objects(watched.resource, cache.namespace, **selectors)
                 cache.replace(kind, list(doc.get("items") or []))
                 version = str(doc.get("metadata", {}).get("resourceVersion", ""))
             timeout = int(WATCH_SECONDS * random.uniform(0.9, 1.1))
-            async for event in cache.kube.watch_objects(kind, cache.namespace, SELECTOR, version, timeout):
+            watch = cache.kube.watch_objects(watched.resource, cache.namespace, version, timeout, **selectors)
+            async for event in watch:
                 event_type, obj = event.get("type"), event.get("object") or {}
                 if event_type == "ERROR":
                     if obj.get("code") == 410:
@@ -307,24 +322,24 @@ async def _fetch_wanted(cache: JobCache) -> None:
         else:
             cache.apply(kind, "ADDED", obj)
             labels = obj.get("metadata", {}).get("labels") or {}
-            if labels.get(LABEL_MANAGED_BY) != MANAGED_BY:
+            if cache.job is None and labels.get(LABEL_MANAGED_BY) != MANAGED_BY:  # a job's own stream: by name
                 cache.unwatched.add((kind, name))  # the watch will never update it: its trigger must poll
         cache._mark({name})
 
 
-async def watch_namespace(kube: Any, namespace: str) -> AsyncIterator[StreamUpdate]:
+async def watch_namespace(
+    kube: Any, namespace: str, *, job: JobRef | None = None
+) -> AsyncGenerator[StreamUpdate, None]:
     """The shared stream: yields an update on every change and at least every :data:`TICK_SECONDS`, forever.
 
-    ``kube`` is an :class:`~kube.AsyncKube`; it is used only here and through :meth:`JobCache.request`.
+    ``kube`` is an :class:`~.client.AsyncKube`; it is used only here and through :meth:`JobCache.request`.
     """
-    cache = JobCache(namespace, kube)
-    # The Pod kind's objects double as the pods of every other kind: one pod watch serves all.
-    # A kind with objects between its pods and itself (a TrainJob's JobSet and Jobs) is not watched: its pods' owners
-    # are not in this cache, so its triggers poll on their own (:meth:`JobCache.watches` says no).
-    kind_names = {"Pod"} | {k.kind for k in kinds.registered() if not k.intermediates}
-    cache.kinds = tuple(sorted(kind_names))
+    cache = JobCache(namespace, kube, job=job.name if job is not None else None)
+    scope = namespace_scope() if job is None else job_scope(job)
+    cache.kinds = tuple(sorted(watched.key for watched in scope))
     watchers = [
-        asyncio.create_task(_list_and_watch(cache, kind), name=f"torchelastic-watch-{kind}") for kind in kind_names
+        asyncio.create_task(_list_and_watch(cache, watched), name=f"torchelastic-watch-{watched.key}")
+        for watched in scope
     ]
     fetcher: asyncio.Task[None] | None = None
     try:
@@ -354,7 +369,7 @@ class SharedSource:
     """An :class:`~wait.AsyncJobSource` fed by a shared stream, polling on its own once the stream fails it.
 
     ``updates`` is the trigger's subscription; ``direct`` opens a client of the trigger's own (an
-    :class:`~kube.AsyncKube`) when it must poll. ``say`` is the trigger's log.
+    :class:`~.client.AsyncKube`) when it must poll. ``say`` is the trigger's log.
     """
 
     def __init__(
@@ -489,3 +504,12 @@ class SharedSource:
             return
         direct = self._direct or await self._fall_back("the shared watch ended")
         await direct.label_job(ref, labels)
+
+    async def workloads(self, namespace: str, job_uid: str) -> list[dict[str, Any]]:
+        cache = self._cache
+        if self._direct is None and cache is not None and not cache.closed:
+            found: list[dict[str, Any]] = await cache.request(lambda: cache.kube.workloads(namespace, job_uid))
+            return found
+        direct = self._direct or await self._fall_back("the shared watch ended")
+        found = await direct.workloads(namespace, job_uid)
+        return found

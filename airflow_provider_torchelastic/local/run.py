@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Final
 from airflow_provider_torchelastic.core.launch import LaunchSpec, nccl_env_defaults, runner_command
 from airflow_provider_torchelastic.core.outcome import NodeOutcome, NodeReport, Verdict, decide_run, decode_outcome
 from airflow_provider_torchelastic.core.run_context import CONTEXT_ENV, TaskContext
+from airflow_provider_torchelastic.core.stall import GRACE_PERIOD_ENV
 
 if TYPE_CHECKING:
     import psutil
@@ -134,21 +135,30 @@ class LocalRun:
     #: must not return while the other is still killing what it found.
     _terminate_lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def stop(self) -> None:
-        self._stopped.set()
-        self.terminate()
+    #: Seconds a killed task's nodes get between SIGTERM and SIGKILL (``termination_grace_period``, as in a pod):
+    #: their workers see ``stop_requested()`` and may save a checkpoint.
+    grace_period: float = TERMINATE_TIMEOUT_SECONDS
 
-    def terminate(self) -> None:
+    def stop(self) -> None:
+        """The task is killed: ask every node to stop (SIGTERM: its workers may save), kill it after the grace."""
+        self._stopped.set()
         self._terminating.set()
         with self._terminate_lock:
-            _terminate(self.processes)
+            _terminate(self.processes, signal.SIGTERM, self.grace_period)
+
+    def terminate(self) -> None:
+        """End the nodes now (one failed, or the run is over): SIGINT, which the runner, like torchrun, passes to
+        its workers as an immediate stop; SIGTERM would ask them to save first."""
+        self._terminating.set()
+        with self._terminate_lock:
+            _terminate(self.processes, signal.SIGINT, TERMINATE_TIMEOUT_SECONDS)
 
     @property
     def stopped(self) -> bool:
         return self._stopped.is_set()
 
 
-def _terminate(processes: list[subprocess.Popen[str]]) -> None:
+def _terminate(processes: list[subprocess.Popen[str]], signum: int, timeout: float) -> None:
     alive = [p for p in processes if p.poll() is None]
     # Each worker runs in a session of its own (runner.worker.leave_agent_session), out of reach of its node's group
     # signal: its agent stops it, or the kernel kills it when the agent dies. Whatever they started is found now,
@@ -156,8 +166,8 @@ def _terminate(processes: list[subprocess.Popen[str]]) -> None:
     descendants = _descendants(alive)
     for proc in alive:
         # Each node runs in its own session: signal the group, so its workers go too.
-        _signal_group(proc, signal.SIGTERM)
-    deadline = time.monotonic() + TERMINATE_TIMEOUT_SECONDS
+        _signal_group(proc, signum)
+    deadline = time.monotonic() + timeout
     for proc in alive:
         try:
             proc.wait(timeout=max(0.1, deadline - time.monotonic()))
@@ -245,7 +255,8 @@ def run_locally(
         (workdir / "payload.bin").write_bytes(payload)
         digest = hashlib.sha256(payload).hexdigest()
         commands = node_commands(spec, workdir=workdir, python=python, result_url=result_url, payload_sha256=digest)
-        env = {**_clean_env(task_context), **(extra_env or {})}
+        # The runners give their workers what this run gives them after SIGTERM (stop()), less their margin.
+        env = {**_clean_env(task_context), GRACE_PERIOD_ENV: f"{run.grace_period:g}", **(extra_env or {})}
         pumps: list[threading.Thread] = []
         try:
             for index, command in enumerate(commands):

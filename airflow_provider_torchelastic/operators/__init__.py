@@ -1,4 +1,4 @@
-"""``TorchElasticOperator`` and what its users name: its exceptions, its extra links and its parse-time checks.
+"""``TorchElasticOperator`` and what its users name: its exceptions, its retry rule and its extra links.
 
 The public path of all of them (DAG files import it, serialized DAGs and task logs name its classes); the code
 lives in the modules beside this one:
@@ -18,24 +18,17 @@ it once), a run the rest (issue 39: at most 50 ms over ``import airflow.sdk``, `
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
-
-# ``name as name``: re-exported for the code and tests that import them from this path, though not in __all__ (as
-# before the split).
-from airflow_provider_torchelastic.operators.arguments import CheckedArguments as CheckedArguments
-from airflow_provider_torchelastic.operators.arguments import check_checkpoint_uri as check_checkpoint_uri
-from airflow_provider_torchelastic.operators.arguments import check_mapped_arguments as check_mapped_arguments
-from airflow_provider_torchelastic.operators.arguments import check_operator_arguments as check_operator_arguments
 from airflow_provider_torchelastic.operators.exceptions import (
     CapacityTimeoutError,
     ConfigurationError,
     DeadlineExceededError,
+    ImageTransientlyUnavailableError,
     ImageUnavailableError,
     InfrastructureError,
     NodeLostError,
     OutOfMemoryError,
     PreemptedError,
+    StalledError,
     TrainingError,
     TrainingFailedError,
     TrainingRecoverableError,
@@ -43,31 +36,22 @@ from airflow_provider_torchelastic.operators.exceptions import (
     UserCodeFailedError,
     UserCodeRecoverableError,
 )
-from airflow_provider_torchelastic.operators.links import XCOM_JOB_KIND as XCOM_JOB_KIND
-from airflow_provider_torchelastic.operators.links import XCOM_JOB_NAME as XCOM_JOB_NAME
-from airflow_provider_torchelastic.operators.links import XCOM_JOB_NAMESPACE as XCOM_JOB_NAMESPACE
+
+# ``name as name``: the extra links' classpaths, which serialized DAGs hold, though not in __all__.
 from airflow_provider_torchelastic.operators.links import TorchElasticJobLink as TorchElasticJobLink
 from airflow_provider_torchelastic.operators.links import TorchElasticLogsLink as TorchElasticLogsLink
 from airflow_provider_torchelastic.operators.operator import TorchElasticOperator
 from airflow_provider_torchelastic.operators.retry import UserExceptionRule
-from airflow_provider_torchelastic.settings import EXECUTIONS as EXECUTIONS
-from airflow_provider_torchelastic.settings import IMAGE_OPTION as IMAGE_OPTION
-from airflow_provider_torchelastic.settings import SECTION as CONFIG_SECTION  # noqa: F401  (its name here)
-from airflow_provider_torchelastic.settings import ResultStorage as ResultStorage
-
-if TYPE_CHECKING:
-    from airflow_provider_torchelastic.operators.dry_run import UNRENDERED_IMAGE as UNRENDERED_IMAGE
-    from airflow_provider_torchelastic.operators.on_kubernetes import STATE_KEY as STATE_KEY
-    from airflow_provider_torchelastic.operators.on_kubernetes import XCOM_MANIFESTS as XCOM_MANIFESTS
-    from airflow_provider_torchelastic.operators.results import read_stored_result as read_stored_result
 
 __all__ = [
     "CapacityTimeoutError",
     "ConfigurationError",
     "DeadlineExceededError",
+    "ImageTransientlyUnavailableError",
     "ImageUnavailableError",
     "InfrastructureError",
     "NodeLostError",
+    "StalledError",
     "OutOfMemoryError",
     "PreemptedError",
     "TorchElasticOperator",
@@ -79,25 +63,3 @@ __all__ = [
     "UserCodeRecoverableError",
     "UserExceptionRule",
 ]
-
-# Re-exported on first access: their modules are what a run needs (the dry run, the Kubernetes path, results), and
-# importing them here would cost every DAG file's parse what only a run uses.
-_LAZY = {
-    "UNRENDERED_IMAGE": "airflow_provider_torchelastic.operators.dry_run",
-    "STATE_KEY": "airflow_provider_torchelastic.operators.on_kubernetes",
-    "XCOM_MANIFESTS": "airflow_provider_torchelastic.operators.on_kubernetes",
-    "read_stored_result": "airflow_provider_torchelastic.operators.results",
-}
-
-
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))

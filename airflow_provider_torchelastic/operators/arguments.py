@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, fields
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Final
 
 from airflow_provider_torchelastic.compat import CheckedOperatorPartial
@@ -24,7 +25,14 @@ from airflow_provider_torchelastic.core.choices import (
 from airflow_provider_torchelastic.core.config import Elastic, TaskConfig, check_task_config
 from airflow_provider_torchelastic.core.naming import DNS_1123_LABEL
 from airflow_provider_torchelastic.core.pod_options import JobOptions, PodOptions
-from airflow_provider_torchelastic.core.validation import check_image, check_seconds, fail, is_templated
+from airflow_provider_torchelastic.core.retry_resources import check_retry_resources
+from airflow_provider_torchelastic.core.stall import (
+    DEFAULT_GRACE_PERIOD,
+    DEFAULT_STALL_TIMEOUT,
+    check_grace_period,
+    check_stall_timeout,
+)
+from airflow_provider_torchelastic.core.validation import check_image, check_int, check_seconds, fail, is_templated
 from airflow_provider_torchelastic.settings import (
     EXECUTIONS,
     JOB_KINDS,
@@ -41,6 +49,7 @@ __all__ = [
     "CheckedArguments",
     "OperatorArguments",
     "check_checkpoint_uri",
+    "check_resume_from",
     "check_mapped_arguments",
     "check_operator_arguments",
 ]
@@ -65,6 +74,24 @@ def check_checkpoint_uri(value: object) -> str:
         raise fail("", "checkpoint_uri", value, expected, TypeError)
     if not value or value != value.strip():
         raise fail("", "checkpoint_uri", value, expected)
+    return value
+
+
+#: The longest run id Airflow stores (its ``run_id`` column).
+_MAX_RUN_ID = 250
+
+
+def check_resume_from(value: object) -> str | None:
+    """``resume_from``: None, ``"latest"`` (the newest complete checkpoint of this task in the DAG's earlier runs), a
+    run id, or a template of one; refused when it names nothing a run could have (empty, surrounding spaces, too
+    long)."""
+    expected = "'latest', an earlier run's run_id (manual__2026-01-01T00:00:00+00:00), a template, or None"
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise fail("", "resume_from", value, expected, TypeError)
+    if not value or value != value.strip() or len(value) > _MAX_RUN_ID or "\n" in value:
+        raise fail("", "resume_from", value, expected)
     return value
 
 
@@ -189,6 +216,11 @@ def _unchecked(value: object) -> object:
     return value
 
 
+def _check_max_preemptions(value: object) -> object:
+    check_int("", "max_preemptions", value, minimum=1, optional=True)
+    return value
+
+
 @dataclass(frozen=True, kw_only=True)
 class OperatorArguments:
     """``TorchElasticOperator``'s own arguments (not ``BaseOperator``'s), as given, with their defaults.
@@ -210,15 +242,21 @@ class OperatorArguments:
     deferrable: bool | None = None
     poll_interval: float = 10.0
     pending_grace_seconds: float = 120.0
+    image_pull_timeout: float = 600.0
     on_finish_action: str = "delete_succeeded"
     scheduling_timeout: float | None = None
+    stall_timeout: float | timedelta | None = DEFAULT_STALL_TIMEOUT
+    termination_grace_period: float | timedelta = DEFAULT_GRACE_PERIOD
     checkpoint_uri: str | None = None
+    resume_from: str | None = None
     job_kind: str | None = None
     module: str | None = None
     script: str | None = None
     args: Collection[str] | None = None
     trusted_artifact_roots: Collection[str] = ()
     allow_pickled_artifacts: bool = False
+    retry_resources: float | Callable[[int, str, Any], Any] | None = None
+    max_preemptions: int | None = None
 
     @classmethod
     def pick(cls, values: Mapping[str, Any]) -> OperatorArguments:
@@ -262,8 +300,16 @@ _ARGUMENT_CHECKS: Final = (
         lambda value: check_seconds("", "pending_grace_seconds", value, allow_zero=True),
         lambda _: 0.0,
     ),
+    _Argument(
+        "image_pull_timeout",
+        lambda value: check_seconds("", "image_pull_timeout", value, allow_zero=True),
+        lambda _: 0.0,
+    ),
     _Argument("on_finish_action", _check_finish_action),
     _Argument("checkpoint_uri", lambda value: None if value is None else check_checkpoint_uri(value)),
+    _Argument("resume_from", check_resume_from),
+    _Argument("stall_timeout", check_stall_timeout, lambda _: None),
+    _Argument("termination_grace_period", check_grace_period, lambda _: DEFAULT_GRACE_PERIOD),
     _Argument(
         "scheduling_timeout",
         lambda value: None if value is None else check_seconds("", "scheduling_timeout", value),
@@ -277,6 +323,8 @@ _ARGUMENT_CHECKS: Final = (
     _Argument(
         "allow_pickled_artifacts", _instance_or_none("allow_pickled_artifacts", bool, "True or False"), lambda _: False
     ),
+    _Argument("retry_resources", check_retry_resources),
+    _Argument("max_preemptions", _check_max_preemptions),
 )
 #: The arguments ``check_operator_arguments`` knows.
 _ARGUMENTS: Final = tuple(argument.name for argument in _ARGUMENT_CHECKS)
@@ -291,8 +339,14 @@ class CheckedArguments:
     job_kind: str | None
     poll_interval: float
     pending_grace_seconds: float
+    image_pull_timeout: float
     scheduling_timeout: float | None
     on_finish_action: str
+    #: Seconds, or None: no stall detection.
+    stall_timeout: float | None = DEFAULT_STALL_TIMEOUT
+    termination_grace_period: float = DEFAULT_GRACE_PERIOD
+    #: A factor > 1 (a float) or a callable; None: the next try gets what this one had.
+    retry_resources: float | Callable[[int, str, Any], Any] | None = None
 
 
 def check_operator_arguments(
@@ -313,6 +367,14 @@ def check_operator_arguments(
     later = frozenset(known_at_run_time)
     if not later & {"python_callable", "module", "script", "args", "op_args", "op_kwargs"}:
         _check_one_entrypoint(arguments)
+    if arguments.resume_from is not None and arguments.checkpoint_uri is not None and not later & {"resume_from"}:
+        # resume_from finds another run's location under [torch_elastic] checkpoint_root's per-run layout; a task's
+        # own checkpoint_uri replaces that layout, and whatever it names is what every run reads already.
+        raise ValueError(
+            f"resume_from={arguments.resume_from!r} with checkpoint_uri={arguments.checkpoint_uri!r}: resume_from "
+            "reads an earlier run's location under [torch_elastic] checkpoint_root; pass one of the two (to start "
+            "from a location of your own, give it as checkpoint_uri)"
+        )
     values = {
         row.name: (row.unknown if row.name in later else row.check)(getattr(arguments, row.name))
         for row in _ARGUMENT_CHECKS
@@ -324,14 +386,20 @@ def check_operator_arguments(
         job_kind=values["job_kind"],
         poll_interval=values["poll_interval"],
         pending_grace_seconds=values["pending_grace_seconds"],
+        image_pull_timeout=values["image_pull_timeout"],
         scheduling_timeout=values["scheduling_timeout"],
         on_finish_action=values["on_finish_action"],
+        stall_timeout=values["stall_timeout"],
+        termination_grace_period=values["termination_grace_period"],
+        retry_resources=values["retry_resources"],
     )
 
     def known(name: str) -> bool:
         return name not in later
 
     if known("execution") and checked.execution == "local":
+        if checked.retry_resources is not None and known("retry_resources"):
+            raise fail("", "retry_resources", arguments.retry_resources, _RETRY_RESOURCES_WHERE)
         return checked  # runs on the Airflow worker: no image, nothing rendered
     if not (known("task_config") and known("pod_options") and known("job_options")):
         return checked  # what would be rendered is known only at run time
@@ -347,7 +415,7 @@ def check_operator_arguments(
     # The kind, where it does not depend on the cluster: a job_kind that names TrainJob checks now what a TrainJob
     # cannot run, and renders one. `auto` (the default) is decided at submit, by what the cluster serves.
     kind = _fixed_kind(config, checked.job_kind) if on_kubernetes and known("job_kind") else None
-    check_renderable(
+    manifests = check_renderable(
         config,
         image=image_now,
         pod_options=arguments.pod_options,
@@ -359,7 +427,31 @@ def check_operator_arguments(
         require_image=on_kubernetes and known("image") and not is_templated(image),
         renderer=kind.render if kind is not None else None,
     )
+    if checked.retry_resources is not None and known("retry_resources"):
+        _check_memory_is_set(manifests[-1], arguments.retry_resources)
     return checked
+
+
+_RETRY_RESOURCES_WHERE: Final = (
+    "None with execution='local' (retry_resources changes the pods' memory on Kubernetes; local workers have no "
+    "memory limit to raise)"
+)
+
+
+def _check_memory_is_set(workload: Mapping[str, Any], value: object) -> None:
+    """``retry_resources`` raises memory that is set: every replica's training container needs a request or limit."""
+    from airflow_provider_torchelastic.kubernetes.training_resources import missing_memory
+
+    missing = missing_memory(workload)
+    if missing:
+        raise fail(
+            "",
+            "retry_resources",
+            value,
+            "a memory request or limit on the training container of every replica to raise after an OOM "
+            "(PodOptions(limits={'memory': '8Gi'}), or a replica's requests/limits); none on "
+            f"{', '.join(missing)}",
+        )
 
 
 def _fixed_kind(config: TaskConfig, job_kind: str | None) -> JobKind | None:

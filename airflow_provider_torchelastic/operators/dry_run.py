@@ -78,7 +78,34 @@ def task_context_of(
         task_context,
         max_tries=int(getattr(context["ti"], "max_tries", 0) or 0),
         logical_date=logical_date.isoformat() if logical_date is not None else None,
+        resume_from=_resume_from(context, task_context),
     )
+
+
+def _resume_from(context: Context, task_context: TaskContext) -> str | None:
+    """The task's ``resume_from`` as rendered for this try, checked again now that a template has its value; the
+    workers resolve it (they read the stores, with their own credentials)."""
+    from airflow_provider_torchelastic.operators.arguments import check_resume_from
+
+    value = getattr(context.get("task"), "resume_from", None)
+    if value is None:
+        return None
+    try:
+        value = check_resume_from(value)
+    except (TypeError, ValueError) as e:
+        raise ConfigurationError(str(e)) from e
+    if value is not None and (is_templated(value) or task_context.checkpoint_uri is None):
+        raise ConfigurationError(
+            f"resume_from={value!r}: "
+            + (
+                "it renders to another template"
+                if is_templated(value)
+                else "this task has no checkpoint location to resume into: set [torch_elastic] checkpoint_root"
+            )
+        )
+    if value == task_context.run_id:
+        return None  # this run's own checkpoints are where every try looks first anyway
+    return value
 
 
 def render_objects(
@@ -114,6 +141,8 @@ def render_objects(
         task_context=task_context,
         result_url=result_url(settings.result_storage, task_context) if task_context is not None else None,
         report_interval=settings.report_interval,
+        stall_timeout=op.stall_timeout,
+        grace_period=op.termination_grace_period,
     )
 
 

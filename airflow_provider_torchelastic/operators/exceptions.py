@@ -27,9 +27,11 @@ __all__ = [
     "CapacityTimeoutError",
     "ConfigurationError",
     "DeadlineExceededError",
+    "ImageTransientlyUnavailableError",
     "ImageUnavailableError",
     "InfrastructureError",
     "NodeLostError",
+    "StalledError",
     "OutOfMemoryError",
     "PreemptedError",
     "TrainingError",
@@ -132,8 +134,23 @@ class InfrastructureError(TrainingRecoverableError):
     cause = causes.INFRASTRUCTURE
 
 
+class StalledError(TrainingRecoverableError):
+    """A rank made no progress within ``stall_timeout`` (or a collective timed out waiting for one): the runner took
+    every rank's stacks and stopped the workers; the message names the silent ranks and where they were."""
+
+    cause = causes.STALLED
+
+
+class ImageTransientlyUnavailableError(TrainingRecoverableError):
+    """The image could not be pulled within ``image_pull_timeout``: the registry throttled (429), failed (5xx), timed
+    out or reset the connection, and may answer later."""
+
+    cause = causes.IMAGE_TRANSIENTLY_UNAVAILABLE
+
+
 class ImageUnavailableError(TrainingFailedError):
-    """The image cannot be pulled (a wrong name or tag, no pull credentials, the registry refused it)."""
+    """The image cannot be pulled: the registry says it does not exist (a wrong name or tag) or refuses the
+    credentials, or its name is invalid."""
 
     cause = causes.IMAGE_UNAVAILABLE
 
@@ -173,8 +190,10 @@ _BY_CAUSE: dict[str, type[TrainingError]] = {
     causes.NODE_LOST: NodeLostError,
     causes.INFRASTRUCTURE: InfrastructureError,
     causes.IMAGE_UNAVAILABLE: ImageUnavailableError,
+    causes.IMAGE_TRANSIENTLY_UNAVAILABLE: ImageTransientlyUnavailableError,
     causes.CONFIGURATION: ConfigurationError,
     causes.DEADLINE: DeadlineExceededError,
+    causes.STALLED: StalledError,
 }
 
 _ALL: tuple[type[TrainingError], ...] = (

@@ -17,9 +17,10 @@ from airflow_provider_torchelastic.core.outcome import Verdict
 from airflow_provider_torchelastic.core.redaction import redacting
 from airflow_provider_torchelastic.errors import KubeError
 from airflow_provider_torchelastic.kubernetes import kinds, submit, sweep
+from airflow_provider_torchelastic.kubernetes.queue_limits import QueueLimits
 from airflow_provider_torchelastic.kubernetes.render import elide_payload, summarize_for_ui, task_context_for
 from airflow_provider_torchelastic.kubernetes.status import JobRef, WaitDecision, WaitPolicy
-from airflow_provider_torchelastic.operators import results
+from airflow_provider_torchelastic.operators import results, retries
 from airflow_provider_torchelastic.operators.dry_run import identity_of, render_objects, task_context_of
 from airflow_provider_torchelastic.operators.exceptions import ConfigurationError, InfrastructureError
 from airflow_provider_torchelastic.operators.links import XCOM_JOB_KIND, XCOM_JOB_NAME, XCOM_JOB_NAMESPACE
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
 
     from airflow_provider_torchelastic.core.tap import MetricsTap
     from airflow_provider_torchelastic.kubernetes.client import SyncKube
+    from airflow_provider_torchelastic.kubernetes.worker_wait import BackgroundDeletes
     from airflow_provider_torchelastic.operators.operator import TorchElasticOperator
     from airflow_provider_torchelastic.settings import Settings
 
@@ -171,7 +173,7 @@ def _submit(
 def execute_on_kubernetes(op: TorchElasticOperator, context: Context, payload: bytes, settings: Settings) -> Any:
     """Submit the try's job (or re-attach to it), then defer or wait for it; returns rank 0's result."""
     from airflow_provider_torchelastic.kubernetes.client import SyncKube
-    from airflow_provider_torchelastic.kubernetes.wait import drive_sync, wait_for_job
+    from airflow_provider_torchelastic.kubernetes.worker_wait import BackgroundDeletes
 
     kubernetes_hook = hook(op.kubernetes_conn_id)
     _check_one_cluster_source(op.kubernetes_conn_id, kubernetes_hook)
@@ -185,6 +187,8 @@ def execute_on_kubernetes(op: TorchElasticOperator, context: Context, payload: b
         )
         op.log.info("Job kind: %s (%s)", kind.kind, why)
         manifests = render_objects(op, identity, namespace, payload, settings, task_context=task_context, kind=kind)
+        if op.retry_resources is not None:
+            manifests = _with_retry_resources(op, context, manifests, kubernetes_hook, namespace)
     except (ValueError, TypeError) as e:
         # A setting only known at run time (templated image, the connection's namespace, the payload's size)
         # is wrong: the same try would fail the same way, so do not spend retries on it.
@@ -213,13 +217,14 @@ def execute_on_kubernetes(op: TorchElasticOperator, context: Context, payload: b
     tap = MetricsTap(op.log.info)
     log = redacting(tap, secrets)  # the pods' log lines and messages, before the tap keeps them for the summary
     policy = _policy(op, context, settings)
+    deletes = BackgroundDeletes(kube, log)
     # The wait core enforces execution_timeout, deletes the job when it cannot be observed, and applies
     # on_finish_action; anything else that ends the wait (SIGTERM, a bug) must not leave the job running.
     try:
         if settings.deferrable:
-            decision = _look_before_deferring(ref, policy, kube, log)
+            decision = _look_before_deferring(ref, policy, kube, log, _limits(op, context))
         else:
-            decision = drive_sync(wait_for_job(ref, policy), kube, log)
+            decision = _wait_here(op, kubernetes_hook, ref, policy, kube, log, _limits(op, context), deletes)
     except BaseException:
         op.log.warning("Waiting for %s %s/%s was interrupted", ref.kind, ref.namespace, ref.name)
         op._stop(ref, kube)
@@ -230,11 +235,59 @@ def execute_on_kubernetes(op: TorchElasticOperator, context: Context, payload: b
     op._job = None
     if settings.deferrable:
         op.log.info("%s %s/%s had ended before the task deferred: finished here", ref.kind, ref.namespace, ref.name)
-    return _result_of(op, ref, decision, context, tap, settings, secrets)
+    try:
+        return _result_of(op, ref, decision, context, tap, settings, secrets)
+    finally:
+        # The succeeded job's deletion ran while the result was read; the process ends right after the task (see
+        # BackgroundDeletes), so it is given a bounded moment more here, and otherwise left to the sweep.
+        if not deletes.join(_DETACHED_DELETE_SECONDS):
+            op.log.warning(
+                "Still deleting %s %s/%s: if it is cut short, the sweep deletes it", ref.kind, ref.namespace, ref.name
+            )
+
+
+#: How long the end of a task waits for a deletion nobody else waits for (a succeeded job's) that is still running.
+_DETACHED_DELETE_SECONDS: Final = 10.0
+
+
+def _wait_here(
+    op: TorchElasticOperator,
+    kubernetes_hook: Any,
+    ref: JobRef,
+    policy: WaitPolicy,
+    kube: SyncKube,
+    log: Callable[[str], None],
+    limits: QueueLimits,
+    deletes: BackgroundDeletes,
+) -> WaitDecision:
+    """``deferrable=False``: the wait core, woken by a watch of the job in a private event loop (the triggerer's
+    list+watch, :mod:`..kubernetes.worker_wait`); where that cannot start, polled as before with the same core."""
+    from airflow.providers.cncf.kubernetes.hooks.kubernetes import AsyncKubernetesHook
+
+    from airflow_provider_torchelastic.kubernetes.wait import drive_sync, wait_for_job
+    from airflow_provider_torchelastic.kubernetes.worker_wait import WatchNotStarted, wait_watching
+
+    try:
+        # Resolved here, as for a deferral: the async hook would otherwise read the connection from inside the loop.
+        extras = kubernetes_hook.get_connection(op.kubernetes_conn_id).extra_dejson
+    except Exception:  # no connection: the hooks' in-cluster / default kubeconfig fallback applies
+        extras = {}
+    async_hook = AsyncKubernetesHook(
+        conn_id=op.kubernetes_conn_id, kubernetes_conn_id=op.kubernetes_conn_id, connection_extras=extras
+    )
+    flow = wait_for_job(ref, policy, limits)
+    try:
+        decision: WaitDecision = wait_watching(flow, ref, async_hook.get_conn, kube, log, detach=deletes)
+    except WatchNotStarted as e:
+        op.log.info(
+            "Polling %s %s/%s every %g s (no watch: %s)", ref.kind, ref.namespace, ref.name, policy.poll_interval, e
+        )
+        decision = drive_sync(flow, kube, log, detach=deletes)
+    return decision
 
 
 def _look_before_deferring(
-    ref: JobRef, policy: WaitPolicy, kube: SyncKube, log: Callable[[str], None]
+    ref: JobRef, policy: WaitPolicy, kube: SyncKube, log: Callable[[str], None], limits: QueueLimits
 ) -> WaitDecision | None:
     """One pass of the wait core before deferring: the decision when the job has already ended, else None.
 
@@ -245,8 +298,48 @@ def _look_before_deferring(
     """
     from airflow_provider_torchelastic.kubernetes.wait import drive_sync, until_first_pause, wait_for_job
 
-    decision: WaitDecision | None = drive_sync(until_first_pause(wait_for_job(ref, policy)), kube, log)
+    decision: WaitDecision | None = drive_sync(until_first_pause(wait_for_job(ref, policy, limits)), kube, log)
     return decision
+
+
+def _limits(op: TorchElasticOperator, context: Context) -> QueueLimits:
+    """The Kueue limits of this try: ``max_preemptions`` over the task instance's tries (the state store's count)."""
+    if op.max_preemptions is None:
+        return QueueLimits()
+    return QueueLimits(max_preemptions=op.max_preemptions, preemptions_before=retries.preemptions_before(context))
+
+
+def _limit_ranges(kubernetes_hook: Any, namespace: str, op: TorchElasticOperator) -> list[dict[str, Any]] | None:
+    """The namespace's LimitRanges (their maxima cap ``retry_resources``); None when they cannot be read."""
+    try:
+        response = kubernetes_hook.core_v1_client.list_namespaced_limit_range(namespace, _preload_content=False)
+        return list(json.loads(response.data).get("items") or [])
+    except Exception as e:  # no right to list them: [torch_elastic] retry_memory_max caps instead
+        op.log.warning("Could not read the LimitRanges of %s (retry_memory_max caps retry_resources): %s", namespace, e)
+        return None
+
+
+def _with_retry_resources(
+    op: TorchElasticOperator, context: Context, manifests: list[dict[str, Any]], kubernetes_hook: Any, namespace: str
+) -> list[dict[str, Any]]:
+    """``manifests`` with the training containers' resources ``retry_resources`` gives this try (after an OOM)."""
+    from airflow_provider_torchelastic.kubernetes.training_resources import (
+        training_resources,
+        with_training_resources,
+    )
+    from airflow_provider_torchelastic.settings import read_retry_memory_max
+
+    escalation = retries.resources_for_try(
+        op.retry_resources,
+        training_resources(manifests[-1]),
+        context,
+        read_limit_ranges=lambda: _limit_ranges(kubernetes_hook, namespace, op),
+        default_cap=read_retry_memory_max,
+    )
+    if escalation is None:
+        return manifests
+    op.log.info("%s", escalation.line)
+    return [*manifests[:-1], with_training_resources(manifests[-1], escalation.resources)]
 
 
 def _policy(op: TorchElasticOperator, context: Context, settings: Settings) -> WaitPolicy:
@@ -254,6 +347,7 @@ def _policy(op: TorchElasticOperator, context: Context, settings: Settings) -> W
     return WaitPolicy(
         poll_interval=op.poll_interval,
         pending_grace_seconds=op.pending_grace_seconds,
+        image_pull_timeout=op.image_pull_timeout,
         deadline=deadline,
         finish_action=op.on_finish_action,
         scheduling_timeout=op.scheduling_timeout,
@@ -283,10 +377,13 @@ def _defer(
         connection_extras=extras,
         poll_interval=op.poll_interval,
         pending_grace_seconds=op.pending_grace_seconds,
+        image_pull_timeout=op.image_pull_timeout,
         deadline=(deadline := _deadline(op, context)),
         finish_action=op.on_finish_action,
         scheduling_timeout=op.scheduling_timeout,
         lease_seconds=settings.job_lease if deadline is None else None,
+        max_preemptions=(limits := _limits(op, context)).max_preemptions,
+        preemptions_before=limits.preemptions_before,
         deferred_at=time.time(),
         early_event_hold=settings.early_event_hold,
         mask=tuple(secrets),
@@ -342,6 +439,10 @@ def _result_of(
     # the one its artifacts may lie under.
     wanted = verdict.result_ref is not None or settings.artifact_storage is not None
     task_context = task_context_for(identity_of(op, context)) if wanted else None
+    if op.retry_resources is not None or op.max_preemptions is not None:
+        # For the next try: how this one ended (an OOM raises the memory) and the preemptions it saw.
+        cause = "" if verdict.succeeded else verdict.cause
+        retries.record_try(context, cause=cause, preemptions=verdict.preemptions, log=op.log.warning)
     return results.finish(
         op.log,
         context,
@@ -350,6 +451,7 @@ def _result_of(
             verdict, last_metrics=tap.summary_line(), settings=settings, task_context=task_context
         ),
         secrets=secrets,
+        extra=retries.summary_of(context) if op.retry_resources is not None else None,
     )
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from airflow.sdk import BaseOperator
@@ -71,16 +72,34 @@ class TorchElasticOperator(BaseOperator):
     :param deferrable: release the worker slot while the job runs; default ``[torch_elastic] deferrable`` (True).
     :param poll_interval: seconds between status polls on Kubernetes.
     :param pending_grace_seconds: fail once a pod is stuck on something that never resolves by itself (image pull,
-        invalid image, container config such as a missing Secret) this long.
+        invalid image, container config such as a missing Secret) this long. An image the registry refuses for good
+        (not found, unauthorized) or whose name is invalid fails at once, as ``ImageUnavailableError``.
+    :param image_pull_timeout: seconds a scheduled pod may keep failing to pull its image because the registry
+        throttles (429), fails (5xx), times out or resets the connection, while the kubelet pulls again; then the
+        task fails with ``ImageTransientlyUnavailableError``, which is retried. Default 600.
     :param scheduling_timeout: seconds the job may wait for capacity (pods Unschedulable before it can start, a
         suspended or Kueue-queued job) before the task fails as recoverable; default None: until
         ``execution_timeout``. Pods of an elastic job beyond its minimum never count: it runs on what it got.
+    :param stall_timeout: seconds (or a ``timedelta``) a rank may make no progress before the runner takes every
+        rank's stacks, stops the workers and fails the try as ``StalledError`` (recoverable); ``None`` turns it off.
+        Progress is per rank: the function starting, every optimizer step, every ``report()`` and
+        ``context.heartbeat()`` call. The clock starts when a rank's worker process starts. Default 30 minutes.
+    :param termination_grace_period: seconds (or a ``timedelta``) between SIGTERM and SIGKILL: rendered as the pods'
+        ``terminationGracePeriodSeconds`` (rounded up), and given to a local run that is killed. On SIGTERM (a
+        preemption, a drain, a deleted pod, a killed task) ``context.current().stop_requested()`` turns True and the
+        function gets this less a few seconds to save and return; the try then fails as ``PreemptedError``
+        (recoverable). Default 120 s.
     :param on_finish_action: ``delete_succeeded`` (default), ``delete`` or ``keep`` the job once it ended (or an
         ``OnFinishAction``); KubernetesPodOperator's ``delete_succeeded_pod``, ``delete_pod`` and ``keep_pod`` mean
         the same three.
     :param checkpoint_uri: this task's checkpoint location (a path or fsspec URL; templated), in place of
         ``{[torch_elastic] checkpoint_root}/{dag_id}/{run_id}/{task_id}/{map_index}``. The workers read it from
         ``context.current().checkpoint_uri``; the ``checkpoint`` helpers use it.
+    :param resume_from: where a try that finds no checkpoint of its own starts from (templated): ``"latest"``, the
+        newest complete checkpoint of this task in the DAG's earlier runs, or an earlier run's ``run_id``. Read, never
+        written: the run's own checkpoints go to its own location, and a retry resumes from those. The checkpoint
+        helpers and the framework integrations look there; needs ``[torch_elastic] checkpoint_root`` (not
+        ``checkpoint_uri``). Default None: a new run starts over.
     :param job_kind: what runs a task of several nodes: ``auto`` (ask the cluster at submit: a TrainJob where
         Kubeflow Trainer v2 is installed and the task fits one, else a PyTorchJob), ``pytorchjob`` or ``trainjob``
         (or a ``TrainingJobKind``); default ``[torch_elastic] job_kind`` (``auto``). One node is always a Pod. A
@@ -91,6 +110,17 @@ class TorchElasticOperator(BaseOperator):
         was (``op_kwargs['model']``). A dict that merely has a reference's shape never loads anything.
     :param allow_pickled_artifacts: let the arguments hold references to pickled modules (``artifacts.pickled()``),
         whose loading runs their pickle's code in every worker; off by default.
+    :param retry_resources: more memory after an out-of-memory kill (Kubernetes): a factor > 1 (``2.0`` doubles the
+        training container's memory requests and limits of every replica on the try after each OOM) or a callable
+        ``(try_number, cause, resources) -> resources`` given the training container's ``{"requests": ...,
+        "limits": ...}`` as the previous try ran it. Capped by the namespace's LimitRange (its Container
+        ``max.memory``), else ``[torch_elastic] retry_memory_max``; logged and shown in the job summary. Every
+        replica needs a memory request or limit (checked when the DAG is parsed). Default None: every try the same.
+    :param max_preemptions: fail the try with ``PreemptedError`` at this task instance's N-th preemption (a Kueue
+        job suspended again after it was admitted, counted over all tries) instead of waiting to be admitted
+        again; default None: wait every time. A job that Kueue admitted but that stays suspended longer than
+        ``pending_grace_seconds`` fails with ``ConfigurationError`` naming its Workload (a Kueue/operator version
+        skew) whatever this says.
     """
 
     operator_extra_links = (TorchElasticJobLink(), TorchElasticLogsLink())
@@ -104,11 +134,12 @@ class TorchElasticOperator(BaseOperator):
         "image",
         "namespace",
         "checkpoint_uri",
+        "resume_from",
         "rendered_job",
     )
     template_fields_renderers: ClassVar[dict[str, str]] = {"op_args": "py", "op_kwargs": "py", "rendered_job": "yaml"}
     # The callable may hold objects that cannot be deep-copied (Airflow copies operators when it maps tasks).
-    shallow_copy_attrs: Sequence[str] = ("python_callable",)
+    shallow_copy_attrs: Sequence[str] = ("python_callable", "retry_resources")
     ui_color = "#ee4c2c"
 
     def __init__(
@@ -127,15 +158,21 @@ class TorchElasticOperator(BaseOperator):
         deferrable: bool | None = DEFAULTS.deferrable,
         poll_interval: float = DEFAULTS.poll_interval,
         pending_grace_seconds: float = DEFAULTS.pending_grace_seconds,
+        image_pull_timeout: float = DEFAULTS.image_pull_timeout,
         on_finish_action: str = DEFAULTS.on_finish_action,
         scheduling_timeout: float | None = DEFAULTS.scheduling_timeout,
+        stall_timeout: float | timedelta | None = DEFAULTS.stall_timeout,
+        termination_grace_period: float | timedelta = DEFAULTS.termination_grace_period,
         checkpoint_uri: str | None = DEFAULTS.checkpoint_uri,
+        resume_from: str | None = DEFAULTS.resume_from,
         job_kind: str | None = DEFAULTS.job_kind,
         module: str | None = DEFAULTS.module,
         script: str | None = DEFAULTS.script,
         args: Collection[str] | None = DEFAULTS.args,
         trusted_artifact_roots: Collection[str] = DEFAULTS.trusted_artifact_roots,
         allow_pickled_artifacts: bool = DEFAULTS.allow_pickled_artifacts,
+        retry_resources: float | Callable[[int, str, Any], Any] | None = DEFAULTS.retry_resources,
+        max_preemptions: int | None = DEFAULTS.max_preemptions,
         **kwargs: Any,
     ) -> None:
         arguments = OperatorArguments.pick(locals())
@@ -158,12 +195,18 @@ class TorchElasticOperator(BaseOperator):
         self.deferrable = deferrable
         self.poll_interval = checked.poll_interval
         self.pending_grace_seconds = checked.pending_grace_seconds
+        self.image_pull_timeout = checked.image_pull_timeout
         self.scheduling_timeout = checked.scheduling_timeout
+        self.stall_timeout = checked.stall_timeout
+        self.termination_grace_period = checked.termination_grace_period
         self.on_finish_action = checked.on_finish_action
         self.checkpoint_uri = checkpoint_uri
+        self.resume_from = resume_from
         self.job_kind = checked.job_kind
         self.trusted_artifact_roots: tuple[str, ...] = tuple(trusted_artifact_roots)
         self.allow_pickled_artifacts = allow_pickled_artifacts
+        self.retry_resources = checked.retry_resources
+        self.max_preemptions = max_preemptions
         self.rendered_job: str | None = None
         self._local_run: LocalRun | None = None
         self._job: JobRef | None = None
@@ -234,6 +277,7 @@ class TorchElasticOperator(BaseOperator):
     def _execute_locally(self, context: Context, payload: bytes, settings: Settings) -> Any:
         from airflow_provider_torchelastic.core.launch import config_to_launch_spec
         from airflow_provider_torchelastic.core.metrics_format import INTERVAL_ENV
+        from airflow_provider_torchelastic.core.stall import liveness_env
         from airflow_provider_torchelastic.core.tap import MetricsTap
         from airflow_provider_torchelastic.local.run import LocalRun, run_locally
         from airflow_provider_torchelastic.operators import results
@@ -242,7 +286,7 @@ class TorchElasticOperator(BaseOperator):
         spec = config_to_launch_spec(self.task_config)
         identity = identity_of(self, context)
         task_context = task_context_of(identity, context, self.checkpoint_uri, settings)
-        run = self._local_run = LocalRun()
+        run = self._local_run = LocalRun(grace_period=self.termination_grace_period)
         # Rank 0's metrics lines become progress lines; the tap keeps them, and the log's tail, for the job summary.
         tap = MetricsTap(self.log.info, keep_unprefixed=True)
         started = time.time()
@@ -256,7 +300,10 @@ class TorchElasticOperator(BaseOperator):
                 task_context=task_context,
                 result_url=results.result_url(settings.result_storage, task_context),
                 # The workers' metrics interval, as rendered into pods.
-                extra_env={} if interval is None else {INTERVAL_ENV: f"{interval:g}"},
+                extra_env={
+                    **({} if interval is None else {INTERVAL_ENV: f"{interval:g}"}),
+                    **liveness_env(self.stall_timeout, self.termination_grace_period),
+                },
             )
         finally:
             self._local_run = None

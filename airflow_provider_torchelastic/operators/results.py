@@ -4,7 +4,7 @@ storage) or the exception that says whether a retry can help, and the job summar
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from airflow_provider_torchelastic.core.artifact_ref import ArtifactRef, ArtifactRefError, check_refs_under
@@ -195,30 +195,43 @@ def _result_or_raise(
     raise error_for_verdict(verdict, f"Training failed, {help_} ({cls.__name__}): {verdict.detail}")
 
 
-def push_job_summary(log: Log, context: Context, summary: JobSummary, *, secrets: Sequence[str] = ()) -> None:
+def push_job_summary(
+    log: Log,
+    context: Context,
+    summary: JobSummary,
+    *,
+    secrets: Sequence[str] = (),
+    extra: Mapping[str, Any] | None = None,
+) -> None:
     """Save the job summary (the UI's record of a finished job) as the XCom ``torch_elastic_job``, with ``secrets``
-    and everything the task's masker knows redacted."""
+    and everything the task's masker knows redacted; ``extra`` adds keys (what ``retry_resources`` gave the try)."""
     from airflow_provider_torchelastic.core.summary import XCOM_KEY
     from airflow_provider_torchelastic.operators.masking import mask_summary
 
     try:
         # Log tails and messages come from the pods: nothing the task's masker knows may reach the UI through them.
-        context["ti"].xcom_push(key=XCOM_KEY, value=mask_summary(summary.to_dict(), secrets))
+        context["ti"].xcom_push(key=XCOM_KEY, value=mask_summary({**summary.to_dict(), **(extra or {})}, secrets))
     except Exception as e:  # the training's outcome stands; only the UI's record of it is missing
         log.warning("Could not save the job summary (XCom %r): %s", XCOM_KEY, e)
 
 
 def finish(
-    log: Log, context: Context, summary: JobSummary, read_value: Callable[[], Any], *, secrets: Sequence[str] = ()
+    log: Log,
+    context: Context,
+    summary: JobSummary,
+    read_value: Callable[[], Any],
+    *,
+    secrets: Sequence[str] = (),
+    extra: Mapping[str, Any] | None = None,
 ) -> Any:
     """Rank 0's value (``read_value()``: the result, or the Airflow exception that says what failed), with the job
     summary saved first: listing the value's artifacts once it was accepted, or without them when it was not."""
     try:
         value = read_value()
     except BaseException:
-        push_job_summary(log, context, summary, secrets=secrets)
+        push_job_summary(log, context, summary, secrets=secrets, extra=extra)
         raise
-    push_job_summary(log, context, summary.with_artifacts(value), secrets=secrets)
+    push_job_summary(log, context, summary.with_artifacts(value), secrets=secrets, extra=extra)
     return value
 
 

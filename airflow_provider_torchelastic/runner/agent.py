@@ -14,6 +14,7 @@ import logging
 import os
 import re
 import shutil
+import signal
 import socket
 import sys
 import tempfile
@@ -38,17 +39,32 @@ from airflow_provider_torchelastic.core.outcome import (
     encode_success_ref,
 )
 from airflow_provider_torchelastic.core.payload import PayloadError, check_compatible, load_payload, read_header
+from airflow_provider_torchelastic.core.stall import (
+    DEFAULT_GRACE_PERIOD,
+    DEFAULT_STALL_TIMEOUT,
+    GRACE_PERIOD_ENV,
+    STALL_TIMEOUT_ENV,
+    shutdown_timeout,
+)
 from airflow_provider_torchelastic.errors import EXIT_FAILED, EXIT_OK, EXIT_RECOVERABLE, EXIT_USAGE
 from airflow_provider_torchelastic.runner import RunnerUsageError
 
 # Re-exported: the runner package's public name for it.
 from airflow_provider_torchelastic.runner.failures import failure_from_child_failed as failure_from_child_failed
-from airflow_provider_torchelastic.runner.torch_compat import TorchIncompatibleError, elastic_api
+from airflow_provider_torchelastic.runner.stops import (
+    name_the_rank_that_left,
+    stall_of_timeout,
+    stop_failure,
+    watched_failure,
+)
+from airflow_provider_torchelastic.runner.torch_compat import ElasticApi, TorchIncompatibleError, elastic_api
+from airflow_provider_torchelastic.runner.watchdog import Watchdog
 from airflow_provider_torchelastic.runner.worker import (
     _fetch_arguments,
     _spawn_entrypoint,
     forked_entrypoint,
 )
+from airflow_provider_torchelastic.worker.liveness import HEARTBEAT_DIR_ENV, STOP_FILE_ENV
 
 log = logging.getLogger("airflow_provider_torchelastic.runner")
 
@@ -79,6 +95,10 @@ class RunnerSettings:
     rdzv_endpoint: str
     rdzv_id: str
     rdzv_configs: Mapping[str, Any] = field(default_factory=dict)
+    #: Seconds a rank may go without progress before the runner stops the workers as stalled; None: never.
+    stall_timeout: float | None = DEFAULT_STALL_TIMEOUT
+    #: The pod's (or local run's) grace period between SIGTERM and SIGKILL; the workers get most of it to stop.
+    grace_period: float = DEFAULT_GRACE_PERIOD
 
 
 # --- settings (pure) --------------------------------------------------------------------------------------------
@@ -152,7 +172,32 @@ def _build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     parser.add_argument("--rdzv-endpoint", default=env_default("RDZV_ENDPOINT", None))
     parser.add_argument("--rdzv-id", default=env_default("RDZV_ID", None))
     parser.add_argument("--rdzv-conf", default=env_default("RDZV_CONF", ""))
+    parser.add_argument(
+        "--stall-timeout",
+        default=env.get(STALL_TIMEOUT_ENV, f"{DEFAULT_STALL_TIMEOUT:g}"),
+        help="seconds a rank may go without progress before its workers are stopped as stalled; 0 or none: never "
+        f"(env {STALL_TIMEOUT_ENV})",
+    )
+    parser.add_argument(
+        "--grace-period",
+        default=env.get(GRACE_PERIOD_ENV, f"{DEFAULT_GRACE_PERIOD:g}"),
+        help="seconds between SIGTERM and SIGKILL (the pod's terminationGracePeriodSeconds): after SIGTERM the "
+        f"workers see stop_requested() and get this less a few seconds to return (env {GRACE_PERIOD_ENV})",
+    )
     return parser
+
+
+def _parse_seconds(option: str, value: str, *, allow_off: bool) -> float | None:
+    if allow_off and value.strip().lower() in ("0", "none", "off", ""):
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = float("nan")
+    if not 0 < seconds < float("inf"):
+        off = "; 0 or none turns it off" if allow_off else ""
+        raise RunnerUsageError(f"{option}: expected seconds > 0{off}, got {value!r}")
+    return seconds
 
 
 def parse_settings(argv: Sequence[str] | None, env: Mapping[str, str]) -> RunnerSettings:
@@ -191,6 +236,8 @@ def parse_settings(argv: Sequence[str] | None, env: Mapping[str, str]) -> Runner
         raise RunnerUsageError(f"--monitor-interval: expected seconds > 0, got {args.monitor_interval}")
     if args.max_restarts < 0:
         raise RunnerUsageError(f"--max-restarts: expected an int >= 0, got {args.max_restarts}")
+    stall_timeout = _parse_seconds("--stall-timeout", str(args.stall_timeout), allow_off=True)
+    grace_period = _parse_seconds("--grace-period", str(args.grace_period), allow_off=False)
     return RunnerSettings(
         payload=args.payload,
         result_file=args.result_file,
@@ -208,6 +255,8 @@ def parse_settings(argv: Sequence[str] | None, env: Mapping[str, str]) -> Runner
         # Every node of a job must use the same id; "none" is torchrun's default too.
         rdzv_id=run_id or "none",
         rdzv_configs=configs,
+        stall_timeout=stall_timeout,
+        grace_period=grace_period if grace_period is not None else DEFAULT_GRACE_PERIOD,
     )
 
 
@@ -266,6 +315,26 @@ def check_digest(data: bytes, expected: str | None, where: str) -> None:
         )
 
 
+def _launch_config(torch_elastic: ElasticApi, settings: RunnerSettings, nproc: int, log_dir: str) -> Any:
+    """torch elastic's ``LaunchConfig`` for this node: the rendezvous, restarts and logs the settings give."""
+    return torch_elastic.LaunchConfig(
+        min_nodes=settings.min_nodes,
+        max_nodes=settings.max_nodes,
+        nproc_per_node=nproc,
+        run_id=settings.rdzv_id,
+        rdzv_backend=settings.rdzv_backend,
+        rdzv_endpoint=settings.rdzv_endpoint,
+        rdzv_configs=dict(settings.rdzv_configs),
+        max_restarts=settings.max_restarts,
+        monitor_interval=settings.monitor_interval,
+        start_method=settings.start_method,
+        logs_specs=torch_elastic.DefaultLogsSpecs(log_dir=log_dir, tee=torch_elastic.Std.ALL),
+        log_line_prefix_template=LOG_LINE_PREFIX,
+        # SIGTERM is the runner's own (_STOP): it asks the workers to stop instead of killing them (torch would).
+        signals_to_handle=_TORCH_SIGNALS,
+    )
+
+
 def run(settings: RunnerSettings) -> int:
     """Launch this node's workers and report the outcome; returns the process exit code."""
     try:
@@ -299,27 +368,18 @@ def run(settings: RunnerSettings) -> int:
         payload = load_payload(data, fetch=_fetch_arguments)
         entrypoint = forked_entrypoint(payload.fn, payload.args, payload.kwargs, agent_pid)
 
+    if _STOP.requested_at is not None:
+        return _report_failure(settings, stop_failure(None, None))
     # A real log dir, not os.devnull: torch only gives workers a TORCHELASTIC_ERROR_FILE (where exceptions and the
     # recoverable marker land) when it has somewhere to put it.
     log_dir = tempfile.mkdtemp(prefix="torchelastic-")
-    config = torch_elastic.LaunchConfig(
-        min_nodes=settings.min_nodes,
-        max_nodes=settings.max_nodes,
-        nproc_per_node=nproc,
-        run_id=settings.rdzv_id,
-        rdzv_backend=settings.rdzv_backend,
-        rdzv_endpoint=settings.rdzv_endpoint,
-        rdzv_configs=dict(settings.rdzv_configs),
-        max_restarts=settings.max_restarts,
-        monitor_interval=settings.monitor_interval,
-        start_method=settings.start_method,
-        logs_specs=torch_elastic.DefaultLogsSpecs(log_dir=log_dir, tee=torch_elastic.Std.ALL),
-        log_line_prefix_template=LOG_LINE_PREFIX,
-    )
+    watchdog = _start_watchdog(settings, Path(log_dir))
+    config = _launch_config(torch_elastic, settings, nproc, log_dir)
     try:
         returns = torch_elastic.elastic_launch(config, entrypoint)(*entry_args)
     except torch_elastic.ChildFailedError as e:
-        return _report_failure(settings, failure_from_child_failed(e, log_dir))
+        failure = name_the_rank_that_left(failure_from_child_failed(e, log_dir), watchdog, e)
+        return _report_failure(settings, watched_failure(watchdog, failure) or stall_of_timeout(failure))
     except torch_elastic.SignalException as e:
         # Someone stopped this node (pod deleted, preempted, a sibling failed): say so, but publish no failure, so
         # that the node whose worker really failed stays the root cause.
@@ -330,10 +390,16 @@ def run(settings: RunnerSettings) -> int:
         # DistNetworkError), which outcome.py reads as a consequence of that node's failure. Report it rather than
         # die with a bare exit 1, so that the verdict can tell it from a cause.
         failure = replace(_runner_failure(e, rank=-1), traceback=tb.format_exc())
-        return _report_failure(settings, failure)
+        return _report_failure(settings, watched_failure(watchdog, failure) or failure)
     finally:
+        watchdog.close()
+        _STOP.watchdog = None
         shutil.rmtree(log_dir, ignore_errors=True)
 
+    stopped = watched_failure(watchdog, None)
+    if stopped is not None:
+        # Asked to stop, the function returned early (as it should): the training did not finish.
+        return _report_failure(settings, stopped)
     rank0_json = next((value for value in returns.values() if value is not None), None)
     try:
         _write_outcome(settings, encode_success(rank0_json, max_bytes=settings.max_result_bytes))
@@ -345,9 +411,59 @@ def run(settings: RunnerSettings) -> int:
     return EXIT_OK
 
 
+# --- stalls and stops --------------------------------------------------------------------------------------------
+
+#: The signals torch's agent turns into its ``SignalException`` (and forwards to the workers as SIGTERM): all it
+#: handles by default but SIGTERM.
+_TORCH_SIGNALS: Final = "SIGINT,SIGHUP,SIGQUIT"
+
+
+class _StopSignal:
+    """SIGTERM, from the runner's start: before the workers run it only notes the time (the runner then reports the
+    stop instead of launching); while they run, the watchdog tells them (their stop file) and keeps the deadline.
+    PID 1 in a container ignores a signal it has no handler for, so without one a pod waits out its grace period."""
+
+    def __init__(self) -> None:
+        self.requested_at: float | None = None
+        self.watchdog: Watchdog | None = None
+
+    def __call__(self, signum: int, frame: object) -> None:
+        if self.requested_at is None:
+            self.requested_at = time.time()
+            print("torchelastic runner: SIGTERM: asking the workers to stop", file=sys.stderr, flush=True)
+        if self.watchdog is not None:
+            self.watchdog.request_stop()
+
+
+_STOP = _StopSignal()
+
+
+def _start_watchdog(settings: RunnerSettings, log_dir: Path) -> Watchdog:
+    folder = log_dir / "liveness"
+    folder.mkdir()
+    stop_file = folder / "stop"
+    # The workers inherit these: where their heartbeat goes, and the file whose existence means "stop".
+    os.environ[HEARTBEAT_DIR_ENV] = str(folder)
+    os.environ[STOP_FILE_ENV] = str(stop_file)
+    watchdog = Watchdog(
+        folder,
+        stop_file,
+        stall_timeout=settings.stall_timeout,
+        shutdown_timeout=shutdown_timeout(settings.grace_period),
+        log=lambda text: print(text, file=sys.stderr, flush=True),
+    )
+    # Still no workers a while after the deadline (the rendezvous waits for nodes that are gone): report and leave.
+    watchdog.on_expired = lambda: os._exit(_report_failure(settings, stop_failure(watchdog, None)))
+    _STOP.watchdog = watchdog
+    if _STOP.requested_at is not None:
+        watchdog.request_stop()
+    watchdog.start()
+    return watchdog
+
+
 def _store_result(settings: RunnerSettings, rank0_json: str, url: str) -> int:
     """Write a result too large for the result file to result storage, and report where it is."""
-    from airflow_provider_torchelastic.worker.checkpoint import write_bytes
+    from airflow_provider_torchelastic.worker.checkpoint_store import write_bytes
 
     try:
         write_bytes(url, rank0_json.encode())
@@ -363,6 +479,10 @@ def _store_result(settings: RunnerSettings, rank0_json: str, url: str) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="[torchelastic runner] %(levelname)s %(name)s: %(message)s")
+    signal.signal(signal.SIGTERM, _STOP)
+    # Until torch's agent handles SIGINT (an immediate stop: local execution ends the other nodes with it when one
+    # failed), it ends the runner at once, as a signal, not as a KeyboardInterrupt's traceback and exit 1.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
     try:
         settings = parse_settings(argv, os.environ)
     except RunnerUsageError as e:

@@ -18,7 +18,7 @@ from typing import Any, Final
 
 from airflow_provider_torchelastic.runner import RunnerUsageError
 
-__all__ = ["TESTED_TORCH", "ElasticApi", "TorchIncompatibleError", "elastic_api"]
+__all__ = ["TESTED_TORCH", "ElasticApi", "TorchIncompatibleError", "elastic_api", "flight_recorder_trace"]
 
 #: The torch versions whose elastic internals the runner's tests (tests/runner) pass on.
 TESTED_TORCH: Final = ("2.13.0", "2.14.1", "2.15.0")
@@ -46,6 +46,7 @@ LAUNCH_FIELDS: Final = (
     "start_method",
     "logs_specs",
     "log_line_prefix_template",
+    "signals_to_handle",
 )
 
 
@@ -93,3 +94,15 @@ def _torch_version(import_module: Callable[[str], Any]) -> str:
         return str(import_module("torch").__version__)
     except (ImportError, AttributeError):
         return "(version unknown)"
+
+
+def flight_recorder_trace() -> str | None:
+    """This process's Flight Recorder trace as JSON (its collectives, the pending one included), or None where torch
+    has no such call or records nothing. Private API (``torch._C._distributed_c10d._dump_fr_trace_json``, in 2.13 for
+    gloo too): only the stall forensics call it, and only an absent trace follows from a torch that moved it."""
+    try:
+        dump = importlib.import_module("torch._C._distributed_c10d")._dump_fr_trace_json
+        trace = dump(True, True)
+        return trace.decode("utf-8", "replace") if isinstance(trace, bytes) else str(trace)
+    except Exception:  # any torch: the trace is a bonus, the stacks are the evidence
+        return None

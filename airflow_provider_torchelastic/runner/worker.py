@@ -205,13 +205,83 @@ def _call(fn: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any]
         raise WorkerExit(e) from e
 
 
+#: Where the heartbeat files are (:mod:`airflow_provider_torchelastic.worker.liveness`); named here so that a worker
+#: without stall detection imports nothing to find out.
+_HEARTBEAT_DIR_ENV: Final = "TORCHELASTIC_HEARTBEAT_DIR"
+#: :data:`airflow_provider_torchelastic.runner.watchdog.DUMP_REQUEST` and the suffixes of what a rank leaves.
+_DUMP_REQUEST: Final = "dump-request"
+_STACKS_SUFFIX: Final = ".stacks"
+_TRACE_SUFFIX: Final = ".trace.json"
+
+
+def _start_liveness() -> None:
+    """Start this rank's heartbeat (the watchdog's clock for it starts now), and leave the runner a way to see where
+    it is stuck: all its threads' stacks on SIGUSR2 (faulthandler writes them from the signal handler, so a rank
+    blocked in C or holding the GIL in a loop answers too), and torch's Flight Recorder trace on request (a thread:
+    the trace is in this process's memory, and the call works while the main thread is blocked in a collective)."""
+    folder = os.environ.get(_HEARTBEAT_DIR_ENV)
+    rank = os.environ.get("RANK")
+    if not folder or rank is None:
+        return
+    import faulthandler
+    import threading
+
+    from airflow_provider_torchelastic.worker.liveness import heartbeat_path
+
+    path = heartbeat_path(folder, rank)
+    with contextlib.suppress(OSError):
+        Path(path).write_text(str(os.getpid()))  # anew: a restarted attempt's rank has a new pid and a new clock
+        stacks = open(path + _STACKS_SUFFIX, "w")  # noqa: SIM115 (kept open for faulthandler, for the process's life)
+        faulthandler.register(signal.SIGUSR2, file=stacks, all_threads=True, chain=False)
+    _beat_on_optimizer_steps()
+    threading.Thread(target=_answer_trace_requests, args=(folder, path), name="torchelastic-trace", daemon=True).start()
+
+
+def _beat_on_optimizer_steps() -> None:
+    """Every optimizer step is progress, whatever the loop (plain torch, Lightning, transformers, accelerate)."""
+    if "torch" not in sys.modules:  # a worker always has torch (torch elastic started it); only a test may not
+        return
+    import importlib
+
+    from airflow_provider_torchelastic.worker.liveness import heartbeat
+
+    def beat(*_: Any) -> None:
+        heartbeat()
+
+    with contextlib.suppress(ImportError, AttributeError):  # public API since torch 2.0; a torch without it: no beat
+        importlib.import_module("torch.optim.optimizer").register_optimizer_step_post_hook(beat)
+
+
+def _answer_trace_requests(folder: str, path: str) -> None:
+    request = Path(folder, _DUMP_REQUEST)
+    answered = False
+    while True:
+        time.sleep(0.5)
+        if not request.exists():
+            answered = False
+            continue
+        if answered:
+            continue
+        answered = True
+        from airflow_provider_torchelastic.runner.torch_compat import flight_recorder_trace
+
+        trace = flight_recorder_trace()
+        with contextlib.suppress(OSError):
+            Path(path + _TRACE_SUFFIX).write_text(trace if trace is not None else "")
+
+
 def call_training_function(fn: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any]) -> str | None:
     """Run the user's function in a worker; rank 0 returns its value as JSON, the others None."""
+    _start_liveness()
     if os.environ.get("RANK", "0") == "0":  # with the "[rank0]:" prefix, it tells the trigger whose log to stream
         print("this node holds rank 0", flush=True)
     try:
         args, kwargs = _materialized(args, kwargs)
         value = _call(fn, args, kwargs)
+        if os.environ.get(_HEARTBEAT_DIR_ENV):
+            from airflow_provider_torchelastic.worker.liveness import mark_done
+
+            mark_done()
         location = _artifact_location()
         if location is not None:
             from airflow_provider_torchelastic.worker.artifacts import gather_full_state_dicts
@@ -264,6 +334,9 @@ def forked_entrypoint(
     """fork: the children inherit the unpickled function, so a closure is enough and nothing is pickled again."""
 
     def entrypoint() -> str | None:
+        # The agent's SIGTERM handler asks for a stop; a forked worker inherits it, and must instead die at once when
+        # torch stops it (a sibling failed).
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
         leave_agent_session(agent_pid)
         return call_training_function(fn, args, kwargs)
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from airflow_provider_torchelastic.core.artifact_ref import ArtifactRef
 from airflow_provider_torchelastic.core.safe_files import local_path, open_regular
-from airflow_provider_torchelastic.worker.checkpoint import open_store
+from airflow_provider_torchelastic.worker.checkpoint_store import open_store
 from airflow_provider_torchelastic.worker.safetensors_io import CHUNK_BYTES, HashingReader, Readable
 
 __all__ = [

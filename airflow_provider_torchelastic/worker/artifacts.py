@@ -43,7 +43,7 @@ from airflow_provider_torchelastic.worker.artifact_streams import (
     local_path,
     read_verified,
 )
-from airflow_provider_torchelastic.worker.checkpoint import open_store
+from airflow_provider_torchelastic.worker.checkpoint_store import open_store
 from airflow_provider_torchelastic.worker.safetensors_io import (
     NUMPY_DTYPES,
     HashingReader,

@@ -33,40 +33,40 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
-import shutil
 import time
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
-from typing import IO, Any, Final
+from typing import Any
 
-from airflow_provider_torchelastic.core.encoding import loads_untrusted
-from airflow_provider_torchelastic.core.validation import finite_float, short_repr
+from airflow_provider_torchelastic.worker.checkpoint_store import (
+    COMMIT_MARKER,
+    FOLDER_PATTERN,
+    KIND_SHARDED,
+    KIND_STATE,
+    STATE_FILE,
+    Checkpoint,
+    Store,
+    latest_in,
+    read_marker,
+)
+from airflow_provider_torchelastic.worker.checkpoint_store import open_store as open_store  # its old path
 
 __all__ = [
     "COMMIT_MARKER",
     "Checkpoint",
     "Loaded",
     "NoCheckpointLocationError",
+    "commit",
+    "complete",
+    "folder_name",
     "latest",
     "load_latest",
     "load_sharded_latest",
+    "resume_location",
     "save",
     "save_sharded",
 ]
-
-#: Written last into a checkpoint's folder: the folder is complete exactly when this file exists.
-COMMIT_MARKER: Final = "COMMITTED"
-#: The file of a rank-0 checkpoint (``torch.save``).
-STATE_FILE: Final = "state.pt"
-KIND_STATE: Final = "torch.save"
-KIND_SHARDED: Final = "torch.distributed.checkpoint"
-_FOLDER = re.compile(r"^step-(\d{12})-([A-Za-z0-9]+)\Z")
-#: A marker is a few dozen bytes of JSON; a larger one is not ours, and is not parsed.
-_MAX_MARKER_BYTES: Final = 64 * 1024
 
 _log = logging.getLogger(__name__)
 
@@ -77,121 +77,10 @@ class NoCheckpointLocationError(RuntimeError):
 
 
 @dataclass(frozen=True, kw_only=True)
-class Checkpoint:
-    """A complete checkpoint: its step, its folder's URL and how it was written."""
-
-    step: int
-    uri: str
-    kind: str
-    committed_at: float
-
-
-@dataclass(frozen=True, kw_only=True)
 class Loaded:
     step: int
     state: Any
     uri: str
-
-
-# --- the store: a local folder, or fsspec for anything else ----------------------------------------------------------
-
-
-class _Store:
-    """The few file operations a checkpoint needs, on a local folder or (lazily) an fsspec file system."""
-
-    def __init__(self, url: str) -> None:
-        self.url = url.rstrip("/")
-        local = _local_path(url)
-        self.local = local
-        self.fs: Any = None
-        self.root = str(local) if local is not None else ""
-        if local is None:
-            try:
-                import fsspec
-            except ImportError:
-                raise ImportError(
-                    f"{url!r}: a location other than a path or file:// needs fsspec and the store's file system "
-                    "(pip install 'airflow-provider-torchelastic[storage]', or the image's STORAGE build argument)"
-                ) from None
-            self.fs, self.root = fsspec.core.url_to_fs(url)
-            self.root = self.root.rstrip("/")
-
-    def path(self, *parts: str) -> str:
-        return "/".join([self.root, *parts])
-
-    def url_of(self, *parts: str) -> str:
-        return "/".join([self.url, *parts])
-
-    def makedirs(self, path: str) -> None:
-        if self.fs is None:
-            Path(path).mkdir(parents=True, exist_ok=True)
-        else:  # object stores have no folders; a local fsspec file system does
-            self.fs.makedirs(path, exist_ok=True)
-
-    @contextmanager
-    def open(self, path: str, mode: str) -> Iterator[IO[Any]]:
-        if self.fs is None:
-            # A local root may be shared with other tries' pods: no link below it is followed, only a regular file
-            # is read, and a write replaces its file whole (core/safe_files.py); PermissionError names what is not.
-            from airflow_provider_torchelastic.core.safe_files import open_regular, open_replacing
-
-            if "w" in mode:
-                with open_replacing(path, root=self.root, error=PermissionError) as handle:
-                    yield handle
-            else:
-                with open_regular(path, root=self.root, error=PermissionError) as handle:
-                    yield handle
-        else:
-            with self.fs.open(path, mode) as handle:
-                yield handle
-
-    def exists(self, path: str) -> bool:
-        return Path(path).exists() if self.fs is None else bool(self.fs.exists(path))
-
-    def children(self) -> list[str]:
-        """The names directly under the root; none when it does not exist yet."""
-        if self.fs is None:
-            root = Path(self.root)
-            return sorted(p.name for p in root.iterdir()) if root.is_dir() else []
-        try:
-            entries = self.fs.ls(self.root, detail=False, refresh=True)
-        except FileNotFoundError:
-            return []
-        return sorted(str(entry).rstrip("/").rsplit("/", 1)[-1] for entry in entries)
-
-    def remove(self, path: str) -> None:
-        if self.fs is None:
-            shutil.rmtree(path, ignore_errors=True)
-        elif self.fs.exists(path):
-            self.fs.rm(path, recursive=True)
-
-
-def _local_path(url: str) -> Path | None:
-    if url.startswith("file://"):
-        return Path(url[len("file://") :])
-    if "://" in url or "::" in url:
-        return None
-    return Path(url)
-
-
-def open_store(url: str) -> _Store:
-    return _Store(url)
-
-
-def write_bytes(url: str, data: bytes) -> None:
-    """Write one file at ``url`` (a path, ``file://`` or an fsspec URL), creating its folder where there are folders."""
-    folder, _, name = url.rstrip("/").rpartition("/")
-    store = _Store(folder)
-    store.makedirs(store.root)
-    with store.open(store.path(name), "wb") as handle:
-        handle.write(data)
-
-
-def read_bytes(url: str) -> bytes:
-    folder, _, name = url.rstrip("/").rpartition("/")
-    store = _Store(folder)
-    with store.open(store.path(name), "rb") as handle:
-        return bytes(handle.read())
 
 
 # --- finding ---------------------------------------------------------------------------------------------------------
@@ -213,55 +102,29 @@ def _location(uri: str | None) -> str:
     return location
 
 
-def _read_marker(store: _Store, name: str, step: int) -> Checkpoint | None:
-    """The checkpoint whose marker is in folder ``name``, or None: without a marker it is a save that never finished;
-    with one that is not ours (not JSON, or fields of the wrong type) it is not a checkpoint either, and is logged.
-    Never an exception for a marker's contents: whoever can write under the root could block every resume."""
-    try:
-        with store.open(store.path(name, COMMIT_MARKER), "rb") as handle:
-            data = handle.read()
-    except FileNotFoundError:
-        return None
-    except (IsADirectoryError, NotADirectoryError, PermissionError):
-        # A folder named COMMITTED, a file named like a checkpoint, a link or a FIFO planted as the marker.
-        data = b""
-    record = loads_untrusted(data, max_bytes=_MAX_MARKER_BYTES)
-    kind = record.get("kind", KIND_STATE) if isinstance(record, dict) else None
-    committed_at = finite_float(record.get("committed_at", 0.0)) if isinstance(record, dict) else None
-    if not isinstance(kind, str) or committed_at is None:
-        _log.warning(
-            "checkpoint %s: its %s marker is not one this package writes (%s), so the folder is not taken as a "
-            "checkpoint; delete it, or the marker, if it is not meant to be one",
-            store.url_of(name),
-            COMMIT_MARKER,
-            short_repr(record if record is not None else data[:200]),
-        )
-        return None
-    return Checkpoint(step=step, uri=store.url_of(name), kind=kind, committed_at=committed_at)
+def latest(uri: str | None = None, *, kind: str | None = None) -> Checkpoint | None:
+    """The complete checkpoint with the highest step (the later-committed one of a step saved twice), or None;
+    with ``kind``, the latest of that kind only (``"torch.save"``, ``"torch.distributed.checkpoint"``, or an
+    integration's, such as ``"transformers.Trainer"``). Without ``uri``, a task whose own location has none looks
+    where ``resume_from=`` points (:func:`resume_location`)."""
+    found = latest_in(Store(_location(uri)), kind)
+    if found is None and uri is None:
+        other = resume_location(lambda location: _committed_at(latest_in(Store(location), kind)))
+        found = latest_in(Store(other), kind) if other is not None else None
+    return found
 
 
-def _latest_in(store: _Store, kind: str | None = None) -> Checkpoint | None:
-    """The complete checkpoint (of ``kind``, or any) with the highest step; of a step saved twice, the later commit.
-
-    Markers are read from the highest step down and the search stops at the first step with a complete one, so a
-    location with a thousand checkpoints costs one listing and a read or two, not a thousand reads.
-    """
-    by_step: dict[int, list[str]] = {}
+def complete(uri: str | None = None, *, kind: str | None = None) -> list[Checkpoint]:
+    """Every complete checkpoint (of ``kind``, or any), by step and commit time: one marker read per folder."""
+    store = Store(_location(uri))
+    found = []
     for name in store.children():
-        match = _FOLDER.match(name)
+        match = FOLDER_PATTERN.match(name)
         if match:
-            by_step.setdefault(int(match.group(1)), []).append(name)
-    for step in sorted(by_step, reverse=True):
-        found = [c for name in by_step[step] if (c := _read_marker(store, name, step)) is not None]
-        found = [c for c in found if kind is None or c.kind == kind]
-        if found:
-            return max(found, key=lambda c: c.committed_at)
-    return None
-
-
-def latest(uri: str | None = None) -> Checkpoint | None:
-    """The complete checkpoint with the highest step (the later-committed one of a step saved twice), or None."""
-    return _latest_in(_Store(_location(uri)))
+            checkpoint = read_marker(store, name, int(match.group(1)))
+            if checkpoint is not None and (kind is None or checkpoint.kind == kind):
+                found.append(checkpoint)
+    return sorted(found, key=lambda c: (c.step, c.committed_at))
 
 
 # --- saving ----------------------------------------------------------------------------------------------------------
@@ -277,7 +140,7 @@ def _check_step(step: object) -> int:
     return step
 
 
-def _commit(store: _Store, folder: str, *, step: int, kind: str) -> Checkpoint:
+def _commit(store: Store, folder: str, *, step: int, kind: str) -> Checkpoint:
     committed_at = time.time()
     record = {
         "step": step,
@@ -291,6 +154,27 @@ def _commit(store: _Store, folder: str, *, step: int, kind: str) -> Checkpoint:
     return Checkpoint(step=step, uri=store.url_of(folder), kind=kind, committed_at=committed_at)
 
 
+def folder_name(step: int, token: str | None = None) -> str:
+    """The name of a new checkpoint folder for ``step``: ``step-<12 digits>-<token>`` (a fresh random token unless
+    given; letters and digits only)."""
+    step = _check_step(step)
+    token = uuid.uuid4().hex[:12] if token is None else token
+    if not token.isalnum() or not token.isascii():
+        raise ValueError(f"token: expected letters and digits, got {token!r}")
+    return f"step-{step:012d}-{token}"
+
+
+def commit(folder_uri: str, *, step: int, kind: str) -> Checkpoint:
+    """Write the commit marker into ``folder_uri`` (a folder named by :func:`folder_name`, whose files are all
+    written): from now on it is a complete checkpoint of ``kind``. For writers of their own (the framework
+    integrations): write every file first, make sure every rank is done, then commit once."""
+    step = _check_step(step)
+    parent, _, name = folder_uri.rstrip("/").rpartition("/")
+    if not FOLDER_PATTERN.match(name) or int(name[5:17]) != step:
+        raise ValueError(f"commit: {folder_uri!r} is not a folder named by folder_name({step})")
+    return _commit(Store(parent), name, step=step, kind=kind)
+
+
 def save(state: Any, *, step: int, uri: str | None = None) -> Checkpoint | None:
     """Rank 0 writes ``state`` with ``torch.save`` as the checkpoint of ``step``; other ranks return None at once.
 
@@ -302,7 +186,7 @@ def save(state: Any, *, step: int, uri: str | None = None) -> Checkpoint | None:
         return None
     import torch
 
-    store = _Store(_location(uri))
+    store = Store(_location(uri))
     folder = f"step-{step:012d}-{uuid.uuid4().hex[:12]}"
     store.makedirs(store.path(folder))
     with store.open(store.path(folder, STATE_FILE), "wb") as handle:
@@ -323,20 +207,65 @@ def load_latest(uri: str | None = None, *, map_location: Any = "cpu", weights_on
         return None
     import torch
 
-    store = _Store(found.uri)
+    store = Store(found.uri)
     with store.open(store.path(STATE_FILE), "rb") as handle:
         state = torch.load(handle, map_location=map_location, weights_only=weights_only)
     return Loaded(step=found.step, state=state, uri=found.uri)
 
 
 def _latest_of_kind(uri: str | None, kind: str) -> Checkpoint | None:
-    return _latest_in(_Store(_location(uri)), kind)
+    found = latest_in(Store(_location(uri)), kind)
+    if found is None and uri is None:  # this task's own location is empty: perhaps resume_from names another run's
+        other = resume_location(lambda location: _committed_at(latest_in(Store(location), kind)))
+        found = latest_in(Store(other), kind) if other is not None else None
+    return found
+
+
+def _committed_at(found: Checkpoint | None) -> float | None:
+    return found.committed_at if found is not None else None
+
+
+def resume_location(newest: Callable[[str], float | None] | None = None) -> str | None:
+    """Where this try resumes from when the task's own location has no checkpoint and the task was given
+    ``resume_from=`` (the run context's ``resume_from``): the same task instance's location in that run, or, for
+    ``"latest"``, in the earlier run whose newest checkpoint is the newest. None without ``resume_from``, or when no
+    such run has a checkpoint.
+
+    ``newest(location)`` says when the newest checkpoint at a location was written (a timestamp), or None when it has
+    none; by default, the newest complete checkpoint of any kind there (the integrations pass their own test: a
+    sub-folder, a framework's own file).
+    """
+    from airflow_provider_torchelastic.core.run_context import RESUME_LATEST, other_run_location, runs_folder
+    from airflow_provider_torchelastic.worker.context import current
+
+    ctx = current()
+    if ctx.resume_from is None or ctx.checkpoint_uri is None:
+        return None
+    newest = newest or (lambda location: _committed_at(latest_in(Store(location))))
+    if ctx.resume_from != RESUME_LATEST:
+        location = other_run_location(
+            ctx.checkpoint_uri, run_id=ctx.resume_from, task_id=ctx.task_id, map_index=ctx.map_index
+        )
+        return location if newest(location) is not None else None
+    own = ctx.checkpoint_uri.rstrip("/")
+    runs = Store(runs_folder(own))
+    best: tuple[float, str] | None = None
+    for run in runs.children():
+        location = "/".join([runs.url, run, *own.rsplit("/", 2)[1:]])
+        if location == own:
+            continue
+        when = newest(location)
+        if when is not None and (best is None or when > best[0]):
+            best = (when, location)
+    if best is not None:
+        _log.info("resume_from='latest': resuming from %s", best[1])
+    return best[1] if best is not None else None
 
 
 # --- sharded: torch.distributed.checkpoint, every rank writes its shard --------------------------------------------
 
 
-def _dcp_writer(store: _Store, folder: str) -> Any:
+def _dcp_writer(store: Store, folder: str) -> Any:
     if store.fs is None:
         from torch.distributed.checkpoint.filesystem import FileSystemWriter
 
@@ -347,7 +276,7 @@ def _dcp_writer(store: _Store, folder: str) -> Any:
     return FsspecWriter(store.url_of(folder))
 
 
-def _dcp_reader(store: _Store) -> Any:
+def _dcp_reader(store: Store) -> Any:
     # The metadata is a pickle anyone who can write under the root could have planted: only DCP's types load.
     from airflow_provider_torchelastic.worker.dcp_safe import reader_for
 
@@ -368,7 +297,7 @@ def save_sharded(state_dict: dict[str, Any], *, step: int, uri: str | None = Non
     import torch.distributed as dist
     from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
-    store = _Store(_location(uri))
+    store = Store(_location(uri))
     # One folder for all ranks: rank 0 draws its token and the others receive it.
     token = [uuid.uuid4().hex[:12] if dist.get_rank() == 0 else None]
     dist.broadcast_object_list(token, src=0)
@@ -405,7 +334,7 @@ def load_sharded_latest(state_dict: dict[str, Any], *, uri: str | None = None, w
 
     dcp_load(
         state_dict,
-        storage_reader=_dcp_reader(_Store(found.uri)),
+        storage_reader=_dcp_reader(Store(found.uri)),
         planner=restricted_planner(weights_only=weights_only),
     )
     return found.step

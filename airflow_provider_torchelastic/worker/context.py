@@ -6,6 +6,9 @@ Call :func:`current` from the training function::
 
     ctx = context.current()
     ctx.try_number, ctx.rank, ctx.checkpoint_uri, ctx.has_checkpoint()
+    if ctx.stop_requested():  # the pod is being deleted or preempted: save, then return
+        ...
+    context.heartbeat()  # progress, in a long loop that neither steps an optimizer nor calls report()
 
 Standard library only: it is read in the workers, where there is no Airflow. The task's side (:class:`TaskContext`,
 :data:`CONTEXT_ENV`, the locations) is :mod:`airflow_provider_torchelastic.core.run_context`, re-exported here; the
@@ -29,6 +32,8 @@ from airflow_provider_torchelastic.core.run_context import (
     checkpoint_location,
     result_location,
 )
+from airflow_provider_torchelastic.worker.checkpoint_store import latest_in, open_store
+from airflow_provider_torchelastic.worker.liveness import heartbeat, stop_requested
 
 __all__ = [
     "CONTEXT_ENV",
@@ -37,6 +42,7 @@ __all__ = [
     "TaskContext",
     "checkpoint_location",
     "current",
+    "heartbeat",
     "result_location",
 ]
 
@@ -65,9 +71,14 @@ class RunContext(TaskContext):
         """Whether the checkpoint location holds a complete checkpoint (reads the location; False without one)."""
         if self.checkpoint_uri is None:
             return False
-        from airflow_provider_torchelastic.worker import checkpoint
+        return latest_in(open_store(self.checkpoint_uri)) is not None
 
-        return checkpoint.latest(self.checkpoint_uri) is not None
+    def stop_requested(self) -> bool:
+        """Whether this try is being stopped (the pod deleted or preempted, the task killed): save and return.
+
+        See :func:`airflow_provider_torchelastic.worker.liveness.stop_requested`.
+        """
+        return stop_requested()
 
 
 def _int_env(env: Mapping[str, str], name: str) -> int:

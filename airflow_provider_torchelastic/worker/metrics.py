@@ -25,6 +25,7 @@ from airflow_provider_torchelastic.core.metrics_format import (
     MetricSeries,
     MetricsLine,
 )
+from airflow_provider_torchelastic.worker.liveness import heartbeat
 
 __all__ = ["Reporter", "flush", "report"]
 
@@ -188,6 +189,7 @@ def report(step: int | None = None, **values: float) -> None:
     Values are anything ``float()`` accepts (a torch or numpy scalar too); others are skipped with a warning.
     Outside a torch elastic worker this does nothing and warns once; it never raises.
     """
+    heartbeat()  # every rank's call is progress, though only rank 0's values count
     reporter = _current()
     if reporter is None:
         return
@@ -209,11 +211,6 @@ def flush() -> None:
     reporter = _reporter
     if isinstance(reporter, Reporter):
         reporter.flush()
-
-
-def _reset_for_tests() -> None:
-    global _reporter
-    _reporter = None
 
 
 # Exported at the package root, and shown (and pickled by reference) by that path: core/choices.py.

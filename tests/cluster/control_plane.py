@@ -554,7 +554,6 @@ class ControlPlane:
             raise ClusterError(str(e)) from e
         args = {
             "sim_operator": ["--kubeconfig", str(info.operator_kubeconfig)],
-            "sim_webhook": ["--cert-dir", str(info.state_dir / "webhook")],
             "sim_kubelet": [
                 "--kubeconfig",
                 str(info.kubelet_kubeconfig),
@@ -572,7 +571,13 @@ class ControlPlane:
     def _start_simulator_modules(self, info: ClusterInfo, modules: list[str], args: dict[str, list[str]]) -> None:
         args = {
             "sim_operator": ["--kubeconfig", str(info.operator_kubeconfig)],
-            "sim_webhook": ["--cert-dir", str(info.state_dir / "webhook")],
+            # The TrainJob webhook reads runtimes, as upstream's does through its manager's client.
+            "sim_webhook": [
+                "--cert-dir",
+                str(info.state_dir / "webhook"),
+                "--kubeconfig",
+                str(info.operator_kubeconfig),
+            ],
             "sim_trainer": ["--kubeconfig", str(info.operator_kubeconfig)],
             **args,
         }

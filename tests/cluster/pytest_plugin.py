@@ -33,7 +33,7 @@ from pathlib import Path
 import pytest
 
 from tests.cluster import control_plane as cp
-from tests.cluster import real_node, runner_env
+from tests.cluster import real_node, registry, runner_env
 from tests.cluster.proxy import FaultProxy
 
 SKIP_ENV = "TORCHELASTIC_SKIP_CLUSTER"
@@ -302,11 +302,12 @@ def real_node_cluster(
     _say(f"node up in {time.monotonic() - started:.1f} s")
     layout = real_node.load_layout(state_dir)
     assert layout is not None
+    # Pods pull the runner images from the node's registry (tests/cluster/registry.py), pushed there by the start.
     cluster = RealNodeCluster(
         info=info,
         layout=layout,
-        image=image_ref,
-        storage_image=storage_image_ref,
+        image=registry.image_ref(layout, image_ref.rpartition(":")[2]),
+        storage_image=registry.image_ref(layout, storage_image_ref.rpartition(":")[2]),
         shared_dir=shared_dir,
         audit_log=audit_log,
         _plane=plane,

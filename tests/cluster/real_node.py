@@ -32,6 +32,8 @@ Layout of ``<state dir>/node/``::
     mntns                       the mount namespace's id: `down` kills any process still in it
     hostpaths/<name>/           what is mounted at each of HARDCODED_PATHS inside the node's mount namespace
     resolv.conf                 the kubelet's --resolv-conf (nameserver: the cluster DNS)
+    registry/                   the registry's config.yml, its proxy's faults.json and pulls.jsonl (registry.py);
+                                the registry's data is in <cache>/registry, kept between runs
 
 Host changes outside the state dir, all undone by ``down``: the bridge (and the veths on it), the cgroup dirs,
 empty mount-point dirs for HARDCODED_PATHS where they did not exist, and the sysctls the kubelet and the bridge
@@ -64,7 +66,7 @@ from typing import Any
 import psutil
 
 from tests.cluster import control_plane as cp
-from tests.cluster import runner_env
+from tests.cluster import registry, runner_env
 
 NODE_ENV = "TORCHELASTIC_NODE"
 NODE_MODES = ("sim", "real")
@@ -298,6 +300,10 @@ def preflight(*, log: Callable[[str], None], show_output: bool = False) -> Path:
     for tool in ("containerd", "ctr", "containerd-shim-runc-v2", "runc"):
         if shutil.which(tool) is None:
             raise NodeError(f"`{tool}` not found on PATH after installing {' '.join(DEBIAN_PACKAGES)}")
+    try:
+        registry.ensure_package(log)
+    except registry.RegistryError as e:
+        raise NodeError(str(e)) from e
     return ensure_node_binaries(log=log, show_output=show_output)
 
 
@@ -976,6 +982,11 @@ class RealNode:
             script = 'for f in "$@"; do case "$f" in --) break;; esac; echo $$ > "$f"; shift; done; shift; exec "$@"'
             return ["/bin/sh", "-c", script, "sh", *map(str, join), "--", *cmd]
 
+        # The registry on the node's address and its fault proxy (tests/cluster/registry.py): pods pull from it.
+        registry.write_config(layout)
+        self._spawn("registry", in_cgroup(registry.registry_argv(layout)))
+        self._spawn("registry-proxy", in_cgroup(registry.proxy_argv(layout)))
+
         self._spawn(
             "cluster-dns",
             in_cgroup(
@@ -1024,6 +1035,7 @@ class RealNode:
         )
         cp._wait_for(self._containerd_serves, 30, "containerd", self._check_alive)
         self._import_images()
+        self._push_images()
 
         self._log("starting kubelet, kube-scheduler, kube-controller-manager")
         self._spawn("kubelet", in_namespace(kubelet_args(layout, self.binaries)))
@@ -1062,6 +1074,20 @@ class RealNode:
             t = time.monotonic()
             self.ctr("images", "import", str(archive))
             self._log(f"imported {archive.name} ({', '.join(images) or '?'}) in {time.monotonic() - t:.1f}s")
+
+    def _push_images(self) -> None:
+        """The runner images into the registry, and out of containerd under the registry's name: each session's
+        first pod of the runner pulls it (its layers are in containerd's cached root already, from the import)."""
+        from tests.cluster import image
+
+        layout = self.layout
+        cp._wait_for(lambda: registry.serves(registry.push_host(layout)), 30, "the registry", self._check_alive)
+        cp._wait_for(lambda: registry.serves(registry.pull_host(layout)), 30, "the registry proxy", self._check_alive)
+        built = image.default_buildah().image_ids()
+        tags = {v.ref: v.ref.rpartition(":")[2] for v in image.RUNNER_VARIANTS if v.ref in built}
+        registry.push_runner_images(layout, tags, self._log)
+        stale = [registry.image_ref(layout, tag) for tag in tags.values()]
+        self.ctr("images", "rm", *stale, check=False)
 
 
 def holder_pid(layout: NodeLayout) -> int | None:
@@ -1159,6 +1185,7 @@ _NODE_PROGRAMS = frozenset(
         "kubelet",
         "kube-scheduler",
         "kube-controller-manager",
+        "docker-registry",
         "nsenter",
         "unshare",
         "sleep",
@@ -1194,7 +1221,10 @@ def _node_processes(layout: NodeLayout) -> list[psutil.Process]:
                     procs.append(proc)
                     continue
         # Only programs the node runs: never a user's shell or editor that merely looks at the node dir.
-        ours = program in _NODE_PROGRAMS or (program.startswith("python") and "tests.cluster.cluster_dns" in cmd)
+        ours = program in _NODE_PROGRAMS or (
+            program.startswith("python")
+            and any(m in cmd for m in ("tests.cluster.cluster_dns", "tests.cluster.registry_proxy"))
+        )
         if ours and any(cp._mentions(arg, node_dir) for arg in cmd):
             procs.append(proc)
     return [p for p in procs if p.pid not in spared and cp.is_running(p)]

@@ -109,12 +109,19 @@ Failure injection (pod annotations; a PyTorchJob replica template's annotations 
                           replicas, e.g. ``fail-indexes: "0"`` on a Worker template keeps only ``<job>-worker-0``
                           from ever being scheduled.
     ``CreateContainerConfigError``  Pending; containers waiting ``CreateContainerConfigError``.
-    ``OOMKilled``         the container runs, then after ``fail-after-seconds`` (default 1) its process group is
-                          SIGKILLed and it terminates with exitCode 137, reason ``OOMKilled``.
+    ``OOMKilled``         the container runs, then after ``fail-after-seconds`` (default 1) the kernel's OOM
+                          killer is played as ``oom-kills`` says, and the container terminates with reason
+                          ``OOMKilled`` (containerd's, kept whatever the exit code) and its exit code.
 ``sim.torchelastic.dev/fail-after-seconds``: delay for ``OOMKilled`` (float).
 ``sim.torchelastic.dev/fail-after-log-line``: with ``OOMKilled``, the delay counts from the first line of the
     container's output that contains this text, not from its start: the kill then lands at a known point of the
     program (e.g. once its process group is up) on a fast machine and a slow one alike.
+``sim.torchelastic.dev/oom-kills``: which processes an ``OOMKilled`` fault kills (issue 33, item 2).
+    ``worker`` (the default): one process, as the kernel does on cgroup v1 (and on v2 before kubelet 1.28): the
+    largest (RSS) descendant of the container's main process, a worker of the runner, whose agent lives on to report
+    that rank's SIGKILL and exits with its own code; the main process itself when it has no descendant yet (the
+    kernel has only it to pick). ``whole-container``: the whole process group, as cgroup v2's
+    ``memory.oom.group`` does where kubelet >= 1.28 sets it: exit code 137 and no runner report.
 ``sim.torchelastic.dev/fail-container``: comma-separated container names the fault applies to (default: all
     app containers; init containers are never faulted).
 ``sim.torchelastic.dev/evict-after-seconds=N``: N s after the containers start, the pod is evicted: processes get
@@ -187,6 +194,9 @@ ANN_EVICT_AFTER = "sim.torchelastic.dev/evict-after-seconds"
 ANN_START_DELAY = "sim.torchelastic.dev/start-delay-seconds"
 ANN_FAIL_INDEXES = "sim.torchelastic.dev/fail-indexes"
 ANN_FAIL_TIMES_SCOPE = "sim.torchelastic.dev/fail-times-scope"
+ANN_OOM_KILLS = "sim.torchelastic.dev/oom-kills"
+#: What an ``OOMKilled`` fault kills: one worker (cgroup v1's kernel) or the whole container (cgroup v2's group kill).
+OOM_KILLS = ("worker", "whole-container")
 ANN_HOLD = "sim.torchelastic.dev/hold"
 ANN_EXIT_CODE = "sim.torchelastic.dev/exit-code"
 FAULTS = ("ImagePullBackOff", "ErrImagePull", "Unschedulable", "CreateContainerConfigError", "OOMKilled")
@@ -250,6 +260,22 @@ def parse_timestamp(value: str) -> float:
 def exit_code_of(returncode: int) -> int:
     """A container runtime reports death by signal N as 128+N."""
     return 128 - returncode if returncode < 0 else returncode
+
+
+def largest_descendant(pid: int) -> int | None:
+    """The descendant of ``pid`` with the largest resident set, the kernel OOM killer's pick when nothing else differs
+    (its badness is mostly RSS); None when it has none (or is gone)."""
+    import psutil
+
+    try:
+        children = psutil.Process(pid).children(recursive=True)
+    except psutil.Error:
+        return None
+    sizes = {}
+    for child in children:
+        with contextlib.suppress(psutil.Error):
+            sizes[child.pid] = child.memory_info().rss
+    return max(sizes, key=lambda p: sizes[p]) if sizes else None
 
 
 def random_hex64() -> str:
@@ -962,6 +988,10 @@ class PodRunner:
             log.warning("pod %s/%s: unknown %s=%r ignored", self.ns, self.name, ANN_FAIL, self.fault)
             self.fault = None
         self.fault_after = parse_float(annotations.get(ANN_FAIL_AFTER), 1.0) or 0.0
+        self.oom_kills = annotations.get(ANN_OOM_KILLS) or OOM_KILLS[0]
+        if self.oom_kills not in OOM_KILLS:
+            log.warning("pod %s/%s: unknown %s=%r: %s", self.ns, self.name, ANN_OOM_KILLS, self.oom_kills, OOM_KILLS[0])
+            self.oom_kills = OOM_KILLS[0]
         after_line = annotations.get(ANN_FAIL_AFTER_LOG_LINE)
         self.fault_after_line = after_line.encode() if after_line else None
         fault_containers = annotations.get(ANN_FAIL_CONTAINER)
@@ -1360,10 +1390,9 @@ class PodRunner:
         c.live = False
         c.ready = False
         c.oom_at = None
-        if c.oom_killed:
-            code, reason = 137, "OOMKilled"
-        else:
-            reason = "Completed" if code == 0 else "Error"
+        # containerd keeps an OOM event's reason whatever the exit code: 137 when the main process was killed, the
+        # runner's own code when the kernel killed one of its workers.
+        reason = "OOMKilled" if c.oom_killed else "Completed" if code == 0 else "Error"
         message = self._termination_message(c, code)
         terminated: dict[str, Any] = {
             "exitCode": code,
@@ -1433,9 +1462,15 @@ class PodRunner:
 
     def _oom_kill(self, c: ContainerRuntime) -> None:
         c.oom_at = None
-        if c.proc is not None:
-            c.oom_killed = True
+        if c.proc is None:
+            return
+        c.oom_killed = True
+        victim = largest_descendant(c.proc.pid) if self.oom_kills == "worker" else None
+        if victim is None:
             self._signal(c, signal.SIGKILL)
+        else:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(victim, signal.SIGKILL)
 
     def _init_pytorch_step(self, c: ContainerRuntime) -> None:
         """One iteration of ``until nslookup <master>; do echo waiting for master; sleep 2; done``."""

@@ -25,7 +25,8 @@ upstream files and functions are in the comments where a behaviour is mirrored):
   ``Complete``/``Failed`` copied from the JobSet's ``Completed``/``Failed`` (reason and message kept), ``jobsStatus``
   from ``replicatedJobsStatus``; ``activeDeadlineSeconds`` (``reconcileDeadline``) counts from the creation, or from
   the last resume, and on expiry sets ``Failed`` reason ``DeadlineExceeded`` and deletes the JobSet. A suspended
-  TrainJob suspends its JobSet (``spec.suspend`` is carried over on every pass; the template is not re-applied).
+  TrainJob suspends its JobSet; while either is suspended the JobSet is built again and applied (``Build``), so
+  runtime patches changed while suspended (Kueue's) reach the JobSet's template.
 * **JobSet** (kubernetes-sigs/jobset v0.12.0, ``pkg/controllers/jobset_controller.go``): the webhook's defaults
   (``pkg/webhooks/jobset_webhook.go`` ``Default``: successPolicy ``All``, completionMode ``Indexed``, pod
   restartPolicy ``OnFailure``, ``network.enableDNSHostnames``/``publishNotReadyAddresses`` true, replicas 1, group
@@ -38,7 +39,10 @@ upstream files and functions are in the comments where a behaviour is mirrored):
   or more job failures (first failed job: <job>)``; ``ReachedMaxRestarts`` once ``failurePolicy.maxRestarts`` is
   spent), ``Suspended`` (``SuspendedJobs``/``ResumeJobs``); ``terminalState``; ``replicatedJobsStatus``;
   ``restarts``. With ``failurePolicy.maxRestarts`` > 0 a failed Job makes it delete all its Jobs and recreate them
-  with the next ``jobset.sigs.k8s.io/restart-attempt``. When finished it deletes its still-active Jobs.
+  with the next ``jobset.sigs.k8s.io/restart-attempt``. When finished it deletes its still-active Jobs. Resuming
+  a Job (``resumeJob``) merges the JobSet's pod template labels, annotations, nodeSelector, tolerations and
+  schedulingGates into the Job's (kept in ``sim.torchelastic.dev/pod-template``: 1.20 keeps a Job's template
+  immutable) before its pods are made.
 * **Indexed Job controller** (kubernetes ``pkg/controller/job/job_controller.go``, ``indexed_job_utils.go``): a
   1.20 API server has no Indexed Jobs (no ``completionMode``, ``suspend``, ``completedIndexes`` or ``ready``: it
   drops them silently) and the test cluster's controller-manager, where there is one, runs without its job
@@ -50,7 +54,9 @@ upstream files and functions are in the comments where a behaviour is mirrored):
   ownerReference to the Job; at most ``parallelism`` active pods; conditions ``Complete`` and ``Failed``
   (``BackoffLimitExceeded`` ``Job has reached the specified backoff limit``: failed pods > backoffLimit, or under
   OnFailure the restartCounts of active pods >= backoffLimit, ``pastBackoffLimitOnFailure``; ``DeadlineExceeded``
-  ``Job was active longer than specified deadline`` for ``activeDeadlineSeconds``), ``Suspended``
+  ``Job was active longer than specified deadline`` for ``activeDeadlineSeconds``) written as a current (1.31+)
+  controller does: ``FailureTarget``/``SuccessCriteriaMet`` first, the active pods deleted, and ``Failed``/
+  ``Complete`` only once none of its pods is terminating (``enactJobFinished``), ``Suspended``
   (``JobSuspended``/``JobResumed``); suspended or finished, its active pods are deleted. A failed pod's index gets a
   new pod at once (no pod-failure backoff).
 
@@ -135,6 +141,9 @@ L_JOB_NAME, L_CONTROLLER_UID = "batch.kubernetes.io/job-name", "batch.kubernetes
 # What a 1.20 API server drops from batch/v1 Jobs, kept by the sim on the Job instead.
 ANN_COMPLETION_MODE = "sim.torchelastic.dev/completion-mode"
 ANN_SUSPEND = "sim.torchelastic.dev/suspend"
+#: The pod template fields JobSet merges into a Job when it resumes it (:func:`resume_job_template`), as JSON: a
+#: 1.20 API server keeps a Job's ``spec.template`` immutable (1.23+ allow these fields of a suspended Job's).
+ANN_POD_TEMPLATE = "sim.torchelastic.dev/pod-template"
 DEFAULT_BACKOFF_LIMIT = 6  # the API server's default for batch/v1 Jobs
 
 SWEEP_SECONDS = 30.0
@@ -273,43 +282,76 @@ def _containers(pod_spec: JsonDict) -> list[JsonDict]:
     return list(pod_spec.get("containers") or [])
 
 
-def nproc_per_node(trainer: JsonDict) -> str:
-    """``PET_NPROC_PER_NODE`` (torch.go ``EnforceMLPolicy`` and ``calculateNumProcPerNode``): ``numProcPerNode``,
-    default ``auto``. With ``resourcesPerNode`` set, ``auto`` becomes a CPU count: the limits are looked at first,
-    then the requests; a list naming no GPU gives its CPU (rounded up, at least 1), a list naming a GPU keeps
-    ``auto``, and an absent list gives 1. An integer stays, except that absent limits and requests give 1 (as
-    upstream). Without ``resourcesPerNode`` it is ``auto`` or the integer, unchanged."""
+def gpu_count(resources: JsonDict) -> int:
+    """``runtime.GetNumGPUPerNode`` (kubeflow/trainer v2.3.0 ``pkg/runtime/runtime.go:280-298``): the first resource
+    whose name contains ``gpu`` in the requests, else in the limits; its whole count (rounded up)."""
+
+    def num_gpu(resource_list: JsonDict | None) -> int:
+        for name, quantity in (resource_list or {}).items():
+            if "gpu" in name.lower():
+                return quantity_value(quantity)
+        return 0
+
+    requested = num_gpu(resources.get("requests"))
+    limited = num_gpu(resources.get("limits"))
+    return limited if requested == 0 and limited > 0 else requested
+
+
+def cpu_per_node(resources: JsonDict) -> int:
+    """``getNumCPUPerNode`` (v2.3.0 ``pkg/runtime/framework/plugins/torch/torch.go:227-240``): the CPU request, and
+    only where there is none (or it is zero) the limit; 0 with neither."""
+    request = (resources.get("requests") or {}).get("cpu")
+    if request is None or quantity_value(request) == 0:
+        limit = (resources.get("limits") or {}).get("cpu")
+        return quantity_value(limit) if limit is not None else 0
+    return quantity_value(request)
+
+
+def nproc_per_node(trainer: JsonDict, runtime_resources: JsonDict | None = None) -> str:
+    """``PET_NPROC_PER_NODE`` as v2.3.0's torch plugin sets it (``torch.go:121-135``, ``EnforceMLPolicy``):
+    ``numProcPerNode`` if the TrainJob sets it, else ``auto``; the resources are the TrainJob's
+    ``resourcesPerNode``, else the runtime's ``node`` container's (``ExtractResourcePerNodeFromRuntime``), else
+    none; ``auto`` with no GPU among them becomes ``max(1, CPUs per node)`` (:func:`cpu_per_node`: requests before
+    limits), so no resources at all give ``"1"``. An integer is never changed; ``auto`` stays only beside a GPU.
+    (v2.0.0 looked at the limits first and left ``auto`` without resources: a cluster on v2.3.0 differs.)"""
     value = str(trainer["numProcPerNode"]) if trainer.get("numProcPerNode") is not None else "auto"
     resources = trainer.get("resourcesPerNode")
     if resources is None:
-        return value
-
-    def calculate(resource_list: JsonDict | None) -> tuple[str, bool]:
-        if resource_list is None:
-            return "1", False
-        if value == "auto" and not any("gpu" in name.lower() for name in resource_list):
-            return str(max(1, cpu_count(resource_list.get("cpu", 0)))), True
-        return value, False
-
-    result, used_cpu = calculate(resources.get("limits"))
-    if not used_cpu:
-        result, _ = calculate(resources.get("requests"))
-    return result
+        resources = runtime_resources or {}
+    if value == "auto" and gpu_count(resources) == 0:
+        return str(max(1, cpu_per_node(resources)))
+    return value
 
 
-def cpu_count(quantity: Any) -> int:
-    """``resource.Quantity.Value()`` of a CPU quantity: whole CPUs, rounded up (``500m`` -> 1, ``2`` -> 2)."""
+def quantity_value(quantity: Any) -> int:
+    """``resource.Quantity.Value()``: whole units, rounded up (``500m`` -> 1, ``2.5`` -> 3, ``2`` -> 2)."""
     text = str(quantity)
     if text.endswith("m"):
         return -(-int(text[:-1]) // 1000)
     return -(-int(float(text) * 1000) // 1000)
 
 
-def torch_env(trainjob_name: str, num_nodes: int, trainer: JsonDict) -> list[JsonDict]:
+def runtime_node_resources(runtime: JsonDict) -> JsonDict | None:
+    """The ``resources`` of the runtime's ``node`` container in its ``node`` replicated job, if it has any
+    (``ExtractResourcePerNodeFromRuntime``, v2.3.0 ``pkg/runtime/runtime.go:254-277``)."""
+    rjobs = ((((runtime.get("spec") or {}).get("template") or {}).get("spec") or {}).get("replicatedJobs")) or []
+    for rjob in rjobs:
+        if rjob.get("name") != NODE:
+            continue
+        pod_spec = ((((rjob.get("template") or {}).get("spec") or {}).get("template") or {}).get("spec")) or {}
+        for container in _containers(pod_spec):
+            if container.get("name") == NODE and container.get("resources") is not None:
+                return dict(container["resources"])
+    return None
+
+
+def torch_env(
+    trainjob_name: str, num_nodes: int, trainer: JsonDict, runtime_resources: JsonDict | None = None
+) -> list[JsonDict]:
     """The env the torch plugin adds to container ``node`` (``EnforceMLPolicy``, torch.go)."""
     return [
         {"name": "PET_NNODES", "value": str(num_nodes)},
-        {"name": "PET_NPROC_PER_NODE", "value": nproc_per_node(trainer)},
+        {"name": "PET_NPROC_PER_NODE", "value": nproc_per_node(trainer, runtime_resources)},
         {
             "name": "PET_NODE_RANK",
             "valueFrom": {"fieldRef": {"fieldPath": f"metadata.annotations['{L_COMPLETION_INDEX}']"}},
@@ -381,6 +423,7 @@ def build_jobset(trainjob: JsonDict, runtime: JsonDict) -> JsonDict:
     trainer = spec.get("trainer") or {}
     nodes = num_nodes_of(trainjob, runtime)
     torch = "torch" in (rspec.get("mlPolicy") or {})
+    runtime_resources = runtime_node_resources(runtime)
     for rjob in js_spec.get("replicatedJobs") or []:
         job_spec = rjob.setdefault("template", {}).setdefault("spec", {})
         pod_spec = job_spec.setdefault("template", {}).setdefault("spec", {})
@@ -399,7 +442,9 @@ def build_jobset(trainjob: JsonDict, runtime: JsonDict) -> JsonDict:
             if trainer.get("env"):
                 container["env"] = merge_env(container.get("env") or [], trainer["env"])
             if torch:
-                container["env"] = merge_env(container.get("env") or [], torch_env(name, nodes, trainer))
+                container["env"] = merge_env(
+                    container.get("env") or [], torch_env(name, nodes, trainer, runtime_resources)
+                )
                 ports = container.setdefault("ports", [])
                 if not any(p.get("containerPort") == TORCH_PORT for p in ports):
                     ports.append({"containerPort": TORCH_PORT, "protocol": "TCP"})
@@ -418,6 +463,14 @@ def build_jobset(trainjob: JsonDict, runtime: JsonDict) -> JsonDict:
                 apply_pod_spec_patch(pod_template["spec"], pt_patch.get("spec") or {})
     js_spec["suspend"] = bool(spec.get("suspend"))
     return {"apiVersion": JOBSET_API_VERSION, "kind": JOBSET_KIND, "metadata": js_meta, "spec": js_spec}
+
+
+def reapplied_jobset(desired: JsonDict) -> JsonDict:
+    """The merge patch that plays the Trainer's server-side apply of ``desired`` (a rebuilt JobSet) on the existing
+    one: its labels and annotations, ``suspend`` and the replicated jobs (a list: replaced whole)."""
+    meta = {k: desired["metadata"][k] for k in ("labels", "annotations") if desired["metadata"].get(k)}
+    spec = {"suspend": bool(desired["spec"].get("suspend")), "replicatedJobs": desired["spec"]["replicatedJobs"]}
+    return {"metadata": meta, "spec": spec} if meta else {"spec": spec}
 
 
 def jobset_defaults(jobset: JsonDict) -> JsonDict:
@@ -588,12 +641,45 @@ def pod_ready(pod: JsonDict) -> bool:
     )
 
 
+#: What ``resumeJob`` merges from the JobSet's pod template into a suspended Job's as it resumes it.
+RESUME_MAPS = (("metadata", "labels"), ("metadata", "annotations"), ("spec", "nodeSelector"))
+RESUME_LISTS = (("spec", "tolerations"), ("spec", "schedulingGates"))
+
+
+def job_pod_template(job: JsonDict) -> JsonDict:
+    """A copy of the Job's pod template with what its resumes merged in (:data:`ANN_POD_TEMPLATE`)."""
+    template = copy.deepcopy((job.get("spec") or {}).get("template") or {})
+    merged = json.loads((job["metadata"].get("annotations") or {}).get(ANN_POD_TEMPLATE) or "{}")
+    for part, key in (*RESUME_MAPS, *RESUME_LISTS):
+        if key in merged.get(part, {}):
+            template.setdefault(part, {})[key] = merged[part][key]
+    return template
+
+
+def resume_job_template(job: JsonDict, rjob: JsonDict) -> JsonDict:
+    """``resumeJob`` (kubernetes-sigs/jobset v0.12.0 ``pkg/controllers/jobset_controller.go:636-682``): the Job's pod
+    template labels, annotations and nodeSelector merged with the replicated job's (``collections.MergeMaps``, the
+    JobSet's win), its tolerations and schedulingGates with the JobSet's added (``MergeSlices``: a union), so that
+    what Kueue put into a suspended TrainJob (a flavor's nodeSelector and tolerations, through the Trainer's
+    re-applied JobSet) reaches the pods. Returns those five fields, for :data:`ANN_POD_TEMPLATE`."""
+    current = job_pod_template(job)
+    wanted = (((rjob.get("template") or {}).get("spec") or {}).get("template")) or {}
+    out: JsonDict = {"metadata": {}, "spec": {}}
+    for part, key in RESUME_MAPS:
+        out[part][key] = {**((current.get(part) or {}).get(key) or {}), **((wanted.get(part) or {}).get(key) or {})}
+    for part, key in RESUME_LISTS:
+        items = list((current.get(part) or {}).get(key) or [])
+        items += [item for item in (wanted.get(part) or {}).get(key) or [] if item not in items]
+        out[part][key] = items
+    return out
+
+
 def render_indexed_pod(job: JsonDict, index: int) -> JsonDict:
     """The pod of ``index`` (``job_controller.go`` ``manageJob``/``indexed_job_utils.go``): generateName
     ``<job>-<index>-``, the completion-index annotation and label, ``JOB_COMPLETION_INDEX``, hostname
     ``<job>-<index>``, the Job's selector labels and its controller ownerReference."""
     meta = job["metadata"]
-    template = copy.deepcopy((job.get("spec") or {}).get("template") or {})
+    template = job_pod_template(job)
     tmeta = template.get("metadata") or {}
     labels = {
         **(tmeta.get("labels") or {}),
@@ -665,6 +751,32 @@ class JobPlan:
     events: list[tuple[str, str, str]] = field(default_factory=list)
 
 
+DONE_PHASES = ("Succeeded", "Failed")
+FAILURE_TARGET = "FailureTarget"
+#: The interim success condition, its reason and message (Kubernetes 1.33+: ``JobReasonCompletionsReached``).
+SUCCESS_CRITERIA_MET = ("SuccessCriteriaMet", "CompletionsReached", "Reached expected number of succeeded pods")
+INTERIM = (FAILURE_TARGET, SUCCESS_CRITERIA_MET[0])
+
+
+def enact_job_finished(plan: JobPlan, status: JsonDict, interim: JsonDict, terminating: int, stamp: str) -> None:
+    """``enactJobFinished`` (kubernetes ``pkg/controller/job/job_controller.go``, with ``delayTerminalCondition()``:
+    1.31+, where ``JobManagedBy`` or ``JobPodReplacementPolicy`` is on): ``Failed`` (for ``FailureTarget``) or
+    ``Complete`` (for ``SuccessCriteriaMet``), with the interim condition's reason and message, is written only when
+    no pod of the Job is terminating (deleted, not yet Succeeded or Failed); until then the Job has the interim
+    condition alone, and the JobSet (``JobFinished`` looks at Complete/Failed only) and the TrainJob wait. The pod
+    deletions re-queue the Job. Events as ``recordJobFinished``."""
+    if terminating > 0:
+        return
+    failed = interim.get("type") == FAILURE_TARGET
+    reason, message = interim.get("reason", ""), interim.get("message", "")
+    set_job_condition(status, "Failed" if failed else "Complete", "True", reason, message, stamp)
+    if failed:
+        plan.events.append(("Warning", reason, message))
+    else:
+        status["completionTime"] = stamp
+        plan.events.append(("Normal", "Completed", "Job completed"))
+
+
 def decide_job(job: JsonDict, pods: list[JsonDict], now: float) -> JobPlan:
     """One pass of the Indexed Job controller over ``job`` and the pods it controls."""
     stamp = to_rfc3339(now)
@@ -679,6 +791,7 @@ def decide_job(job: JsonDict, pods: list[JsonDict], now: float) -> JobPlan:
     succeeded = {i for p in pods if pod_phase(p) == "Succeeded" and (i := pod_index(p)) is not None}
     failed = [p for p in pods if pod_phase(p) == "Failed"]
     finished = is_true(status, "Complete") or is_true(status, "Failed")
+    terminating = sum(1 for p in pods if p["metadata"].get("deletionTimestamp") and pod_phase(p) not in DONE_PHASES)
     status["succeeded"] = len(succeeded)
     status["failed"] = len(failed)
     status["completedIndexes"] = compress_indexes(succeeded)
@@ -686,6 +799,14 @@ def decide_job(job: JsonDict, pods: list[JsonDict], now: float) -> JobPlan:
     if finished:
         plan.delete = [p["metadata"]["name"] for p in active]
         status["active"] = 0
+        return plan
+    interim = next(
+        (c for c in status.get("conditions") or [] if c.get("type") in INTERIM and c["status"] == "True"), None
+    )
+    if interim is not None:  # decided in an earlier pass: finish once no pod is terminating
+        plan.delete = [p["metadata"]["name"] for p in active]
+        status["active"] = 0
+        enact_job_finished(plan, status, interim, terminating + len(plan.delete), stamp)
         return plan
     if job_suspended(job):
         plan.delete = [p["metadata"]["name"] for p in active]
@@ -713,17 +834,14 @@ def decide_job(job: JsonDict, pods: list[JsonDict], now: float) -> JobPlan:
     )
     if failure is None and (len(failed) > backoff_limit or past_on_failure):
         failure = ("BackoffLimitExceeded", "Job has reached the specified backoff limit")
-    if failure is not None:
+    if failure is not None or len(succeeded) >= completions:
+        # newFailureCondition / newSuccessCondition: the interim condition now, the active pods deleted; the
+        # terminal one (all JobSet looks at) only when none of them is terminating any more.
+        ctype, reason, message = (FAILURE_TARGET, *failure) if failure is not None else SUCCESS_CRITERIA_MET
+        set_job_condition(status, ctype, "True", reason, message, stamp)
         plan.delete = [p["metadata"]["name"] for p in active]
         status["active"] = 0
-        set_job_condition(status, "Failed", "True", failure[0], failure[1], stamp)
-        plan.events.append(("Warning", failure[0], failure[1]))
-        return plan
-    if len(succeeded) >= completions:
-        status["active"] = len(active)
-        set_job_condition(status, "Complete", "True", "", "", stamp)
-        status["completionTime"] = stamp
-        plan.events.append(("Normal", "Completed", "Job completed"))
+        enact_job_finished(plan, status, find_condition(status, ctype) or {}, terminating + len(plan.delete), stamp)
         return plan
     busy = {i for p in active if (i := pod_index(p)) is not None}
     room = parallelism - len(active)
@@ -749,6 +867,7 @@ class JobSetPlan:
     create: list[JsonDict] = field(default_factory=list)
     delete: list[str] = field(default_factory=list)
     suspend: dict[str, bool] = field(default_factory=dict)  # Job name -> the suspend it must get
+    resume: dict[str, JsonDict] = field(default_factory=dict)  # Job name -> its merged template (resumeJob)
     events: list[tuple[str, str, str]] = field(default_factory=list)
 
 
@@ -850,9 +969,13 @@ def decide_jobset(
         name = job_name(jobset["metadata"]["name"], rjob["name"], index)
         if name not in existing:
             plan.create.append(render_job(jobset, rjob, index, global_index, group_index, group_replicas))
+    rjobs = {r["name"]: r for r in spec.get("replicatedJobs") or []}
     for job in current:
         if not job_finished(job) and job_suspended(job) != suspend:
             plan.suspend[job["metadata"]["name"]] = suspend
+            rjob = rjobs.get((job["metadata"].get("labels") or {}).get(L_RJOB_NAME, ""))
+            if not suspend and rjob is not None:
+                plan.resume[job["metadata"]["name"]] = resume_job_template(job, rjob)
     if suspend and not is_true(status, "Suspended"):
         set_condition(status, "Suspended", "True", "SuspendedJobs", "jobset is suspended", stamp)
         plan.events.append(("Normal", "SuspendedJobs", "jobset is suspended"))
@@ -1079,18 +1202,26 @@ class Controllers:
         meta = trainjob["metadata"]
         suspend = bool((trainjob.get("spec") or {}).get("suspend"))
         if jobset is not None:
-            if bool((jobset.get("spec") or {}).get("suspend")) != suspend:
-                resp = self.custom.patch_namespaced_custom_object(
-                    JOBSET_GROUP,
-                    JOBSET_VERSION,
-                    meta["namespace"],
-                    JOBSETS,
-                    meta["name"],
-                    {"spec": {"suspend": suspend}},
-                    _content_type=PATCH_MERGE,
-                    _preload_content=False,
-                )
-                self.jobsets.put(json.loads(resp.data))
+            # The jobset plugin's Build (v2.3.0 pkg/runtime/framework/plugins/jobset/jobset.go:330-342): a running
+            # JobSet is left alone; while the TrainJob or the JobSet is suspended the whole JobSet is built again
+            # and applied, so runtime patches changed while suspended (Kueue's) reach its template before resume.
+            if not suspend and not (jobset.get("spec") or {}).get("suspend"):
+                return
+            runtime = self.get_runtime(trainjob)
+            patch: JsonDict = {"spec": {"suspend": suspend}}
+            if runtime is not None:
+                patch = reapplied_jobset(jobset_defaults(build_jobset(trainjob, runtime)))
+            resp = self.custom.patch_namespaced_custom_object(
+                JOBSET_GROUP,
+                JOBSET_VERSION,
+                meta["namespace"],
+                JOBSETS,
+                meta["name"],
+                patch,
+                _content_type=PATCH_MERGE,
+                _preload_content=False,
+            )
+            self.jobsets.put(json.loads(resp.data))
             return
         runtime = self.get_runtime(trainjob)
         if runtime is None:
@@ -1142,7 +1273,10 @@ class Controllers:
                 raise
             self.jobs.put(json.loads(resp.data))
         for job_name_, suspend in plan.suspend.items():
-            patch = {"spec": {"suspend": suspend}, "metadata": {"annotations": {ANN_SUSPEND: str(suspend).lower()}}}
+            annotations = {ANN_SUSPEND: str(suspend).lower()}
+            if job_name_ in plan.resume:
+                annotations[ANN_POD_TEMPLATE] = json.dumps(plan.resume[job_name_], sort_keys=True)
+            patch = {"spec": {"suspend": suspend}, "metadata": {"annotations": annotations}}
             resp = self.batch.patch_namespaced_job(
                 job_name_, namespace, patch, _content_type=PATCH_MERGE, _preload_content=False
             )

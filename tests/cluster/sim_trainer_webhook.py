@@ -12,21 +12,31 @@ plugins' ``Validate``) does not run here either. :func:`validate_trainjob` gives
   (``self == oldSelf``) is checked only on UPDATE and only where the field is in the old and the new object; list
   items are paired by their list-map key (``manager`` for ``runtimePatches``, ``name`` for ``replicatedJobs``).
   Messages have the API server's form ``<path>: Invalid value: "<type>": <message>``.
-* the webhook's rules: the torch plugin refuses the reserved ``PET_*`` names in ``trainer.env``
-  (``torch.go`` ``Validate``, ``constants.TorchRunReservedEnvNames``); a ContainerPatch may not set ``env`` on
-  containers ``node``, ``dataset-initializer`` and ``model-initializer`` (their env comes through the Trainer and
-  Initializer APIs); with the runtime given, a patched replicated job and container must exist in it, and a
-  ``runtimeRef`` to a runtime that does not exist is refused (upstream: ``not found ClusterTrainingRuntime specified
-  in TrainJob``, a denial the client sees as 403 Forbidden, hence :data:`DENIED_STATUS`).
+* the webhook's rules (v2.3.0 ``pkg/webhooks/trainjob_webhook.go:108-119``), in upstream's order and words: a
+  ``runtimeRef`` whose group/kind is no runtime kind is ``unsupported runtime: <Kind>.<group>``; the runtime is
+  then looked up (``ClusterTrainingRuntime.ValidateObjects``, ``pkg/runtime/core/clustertrainingruntime.go:99-108``;
+  ``TrainingRuntime.ValidateObjects``, ``trainingruntime.go:304-314``), and one that cannot be read refuses the
+  TrainJob at submit with ``spec.RuntimeRef: Invalid value: {...}: <the API error>: specified
+  clusterTrainingRuntime must be created before the TrainJob is created`` (``spec.runtimeRef`` and
+  ``trainingRuntime`` for the namespaced kind): a denial the client sees as 403 Forbidden, hence
+  :data:`DENIED_STATUS`; with the runtime, its plugins' ``Validate``: the torch plugin (only under a runtime with
+  ``mlPolicy.torch``) refuses the reserved ``PET_*`` names in ``trainer.env`` (``torch.go:56-87``), the jobset
+  plugin (``pkg/runtime/framework/plugins/jobset/jobset.go:172-208``) a patched replicated job, container or init
+  container the runtime lacks, ``env`` patched into ``node``, ``dataset-initializer`` or ``model-initializer``, and
+  a change of ``runtimePatches`` while the TrainJob stays unsuspended (``checkRuntimePatchesImmutability``; its
+  look at an active JobSet is left out). Field errors print as apimachinery's (``<path>: Invalid value: <JSON>:
+  <detail>``) and aggregate as ``ToAggregate`` does (duplicates dropped). The initializer checks are left out.
 
-The messages of the webhook's rules are this module's wording of what upstream checks (the CEL ones are the CRD's).
+The API server runs the CRD's schema and CEL rules before any validating webhook, so a TrainJob with CEL errors is
+refused with those alone (upstream a 422 ``Invalid``; here the simulated webhook's 403).
 """
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import Any, Final
 
 JsonDict = dict[str, Any]
 
@@ -157,69 +167,141 @@ def cel_errors(obj: Mapping[str, Any], old: Mapping[str, Any] | None = None) -> 
     return errors
 
 
-def _runtime_pod_specs(runtime: Mapping[str, Any]) -> dict[str, JsonDict]:
-    rjobs = (((runtime.get("spec") or {}).get("template") or {}).get("spec") or {}).get("replicatedJobs") or []
+RUNTIME_PLURALS = {"ClusterTrainingRuntime": "clustertrainingruntimes", "TrainingRuntime": "trainingruntimes"}
+TRAINER_GROUP = "trainer.kubeflow.org"
+
+
+def go_json(value: Any) -> str:
+    """``json.Marshal``'s compact form, as apimachinery prints a field error's structured bad value."""
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
+def runtime_ref(obj: Mapping[str, Any]) -> JsonDict:
+    """The ``runtimeRef`` with the CRD's defaults, its members in the Go struct's order (name, apiGroup, kind)."""
+    ref = (obj.get("spec") or {}).get("runtimeRef") or {}
     return {
-        r.get("name"): (((r.get("template") or {}).get("spec") or {}).get("template") or {}).get("spec") or {}
-        for r in rjobs
+        "name": ref.get("name", ""),
+        "apiGroup": ref.get("apiGroup") or TRAINER_GROUP,
+        "kind": ref.get("kind") or "ClusterTrainingRuntime",
     }
 
 
-def webhook_errors(obj: Mapping[str, Any], runtime: Mapping[str, Any] | None = None) -> list[str]:
-    """The Trainer webhook's rules (module docstring); ``runtime`` is the referenced runtime object, when known."""
+def runtime_registry_key(obj: Mapping[str, Any]) -> str:
+    """``RuntimeRefToRuntimeRegistryKey``: ``<Kind>.<group>``."""
+    ref = runtime_ref(obj)
+    return f"{ref['kind']}.{ref['apiGroup']}"
+
+
+def runtime_path(obj: Mapping[str, Any]) -> str | None:
+    """The API path the webhook reads the referenced runtime from; ``None`` for a kind that is no runtime."""
+    ref = runtime_ref(obj)
+    plural = RUNTIME_PLURALS.get(ref["kind"])
+    if plural is None or ref["apiGroup"] != TRAINER_GROUP:
+        return None
+    if plural == "trainingruntimes":
+        namespace = (obj.get("metadata") or {}).get("namespace", "")
+        return f"/apis/{TRAINER_GROUP}/v1alpha1/namespaces/{namespace}/{plural}/{ref['name']}"
+    return f"/apis/{TRAINER_GROUP}/v1alpha1/{plural}/{ref['name']}"
+
+
+def runtime_not_found_error(obj: Mapping[str, Any]) -> str:
+    """What controller-runtime's ``client.Get`` error says for a runtime that does not exist (the API's 404)."""
+    ref = runtime_ref(obj)
+    return f'{RUNTIME_PLURALS.get(ref["kind"], "")}.{TRAINER_GROUP} "{ref["name"]}" not found'
+
+
+def runtime_missing_message(obj: Mapping[str, Any], error: str | None = None) -> str:
+    """The denial of a TrainJob whose runtime cannot be read (``ValidateObjects``); ``error`` is the lookup's
+    (default: not found)."""
+    ref = runtime_ref(obj)
+    cluster = ref["kind"] == "ClusterTrainingRuntime"
+    path = "spec.RuntimeRef" if cluster else "spec.runtimeRef"  # sic: upstream's cluster variant
+    what = "clusterTrainingRuntime" if cluster else "trainingRuntime"
+    detail = f"{error or runtime_not_found_error(obj)}: specified {what} must be created before the TrainJob is created"
+    return f"{path}: Invalid value: {go_json(ref)}: {detail}"
+
+
+def _runtime_containers(runtime: Mapping[str, Any]) -> dict[str, set[str]]:
+    """Replicated job name -> the names of its containers and init containers."""
+    rjobs = (((runtime.get("spec") or {}).get("template") or {}).get("spec") or {}).get("replicatedJobs") or []
+    out: dict[str, set[str]] = {}
+    for rjob in rjobs:
+        pod_spec = (((rjob.get("template") or {}).get("spec") or {}).get("template") or {}).get("spec") or {}
+        names = {c.get("name") for key in ("initContainers", "containers") for c in pod_spec.get(key) or []}
+        out[rjob.get("name")] = {n for n in names if isinstance(n, str)}
+    return out
+
+
+def webhook_errors(
+    obj: Mapping[str, Any], runtime: Mapping[str, Any], old: Mapping[str, Any] | None = None
+) -> list[str]:
+    """The runtime's plugins' ``Validate`` (module docstring) on a TrainJob whose runtime was found."""
     spec = obj.get("spec") or {}
     errors: list[str] = []
-    env = ((spec.get("trainer") or {}).get("env")) or []
-    reserved = sorted({e.get("name") for e in env if e.get("name") in RESERVED_ENV})
-    if reserved:
-        errors.append(
-            "spec.trainer.env: Invalid value: "
-            f"{reserved}: must not have reserved envs, invalid envs configured: [{' '.join(reserved)}]"
-        )
-    pod_specs = _runtime_pod_specs(runtime) if runtime is not None else None
-    for i, patch in enumerate(spec.get("runtimePatches") or []):
+    if "torch" in ((runtime.get("spec") or {}).get("mlPolicy") or {}):
+        env = ((spec.get("trainer") or {}).get("env")) or []
+        reserved = sorted({e.get("name") for e in env if e.get("name") in RESERVED_ENV})
+        if reserved:
+            errors.append(
+                f"spec.trainer.env: Invalid value: {go_json(env)}: must not have reserved envs, invalid envs "
+                f"configured: [{' '.join(reserved)}]"
+            )
+    patches = spec.get("runtimePatches") or []
+    if old is not None:
+        old_spec = old.get("spec") or {}
+        if (old_spec.get("runtimePatches") or []) != patches and not (old_spec.get("suspend") or spec.get("suspend")):
+            errors.append(
+                "spec.runtimePatches: Forbidden: RuntimePatches can only be modified when the TrainJob is suspended "
+                "before or after the update"
+            )
+    containers = _runtime_containers(runtime)
+
+    def invalid(detail: str) -> None:
+        errors.append(f"spec.runtimePatches: Invalid value: {go_json(patches)}: {detail}")
+
+    for patch in patches:
         template = ((patch.get("trainingRuntimeSpec") or {}).get("template") or {}).get("spec") or {}
-        for j, rjob in enumerate(template.get("replicatedJobs") or []):
-            base = f"spec.runtimePatches[{i}].trainingRuntimeSpec.template.spec.replicatedJobs[{j}]"
+        for rjob in template.get("replicatedJobs") or []:
+            known = containers.get(rjob.get("name"))
+            if known is None:
+                invalid("must not have replicated job that doesn't exist in the runtime job template")
+                continue
             pod_patch = ((((rjob.get("template") or {}).get("spec") or {}).get("template") or {}).get("spec")) or {}
-            runtime_spec = None if pod_specs is None else pod_specs.get(rjob.get("name"))
-            if pod_specs is not None and runtime_spec is None:
-                errors.append(f"{base}.name: Invalid value: {rjob.get('name')!r}: must exist in the runtime")
-            for key in ("containers", "initContainers"):
-                known = {c.get("name") for c in (runtime_spec or {}).get(key) or []}
-                for k, container in enumerate(pod_patch.get(key) or []):
-                    cpath = f"{base}.template.spec.template.spec.{key}[{k}]"
-                    name = container.get("name")
-                    if container.get("env") and name in ENV_THROUGH_API:
-                        errors.append(
-                            f"{cpath}.env: Invalid value: {name!r}: env can't be set for container with the name: "
-                            f"{name}; use the trainer (or initializer) API"
-                        )
-                    if runtime_spec is not None and name not in known:
-                        errors.append(f"{cpath}.name: Invalid value: {name!r}: must exist in the runtime")
+            for container in pod_patch.get("initContainers") or []:
+                if container.get("name") not in known:
+                    invalid(f"must not have initContainer that doesn't exist in the runtime job {rjob.get('name')}")
+            for container in pod_patch.get("containers") or []:
+                if container.get("name") not in known:
+                    invalid(f"must not have container that doesn't exist in the runtime job {rjob.get('name')}")
+                elif container.get("env") and container.get("name") in ENV_THROUGH_API:
+                    invalid(
+                        f"must not have envs for the {', '.join(ENV_THROUGH_API[1:] + ENV_THROUGH_API[:1])} containers"
+                    )
     return errors
 
 
-def runtime_missing_message(obj: Mapping[str, Any]) -> str:
-    """The denial for a ``runtimeRef`` whose runtime does not exist (``NewObjects``/``ValidateObjects``)."""
-    ref = (obj.get("spec") or {}).get("runtimeRef") or {}
-    kind = ref.get("kind") or "ClusterTrainingRuntime"
-    plural = "clustertrainingruntimes" if kind == "ClusterTrainingRuntime" else "trainingruntimes"
-    return f'not found {kind} specified in TrainJob: {plural}.trainer.kubeflow.org "{ref.get("name", "")}" not found'
+#: What :func:`validate_trainjob`'s ``runtime`` says when the webhook did not look the runtime up (no API access).
+NOT_LOOKED_UP: Final[Mapping[str, Any]] = {}
 
 
 def validate_trainjob(
     obj: Mapping[str, Any],
     old: Mapping[str, Any] | None = None,
     *,
-    runtime: Mapping[str, Any] | None = None,
-    runtime_exists: bool | None = None,
+    runtime: Mapping[str, Any] | None = NOT_LOOKED_UP,
+    runtime_error: str | None = None,
 ) -> list[str]:
-    """Every error of ``obj`` (an UPDATE when ``old`` is given): the CEL rules, then the webhook's. Pass the
-    referenced runtime as ``runtime`` to check the patched containers against it, or ``runtime_exists=False`` when
-    it is missing. An empty list admits the object."""
+    """Every error of ``obj`` (an UPDATE when ``old`` is given), deduplicated as ``ToAggregate`` does: the CRD's CEL
+    rules and, only where they pass, the webhook's. ``runtime`` is the referenced runtime as the webhook read it,
+    ``None`` where the read failed (``runtime_error``: the API's message; default not found), or
+    :data:`NOT_LOOKED_UP` (the default) to check the CEL rules and the runtime kind only. An empty list admits."""
     errors = cel_errors(obj, old)
-    if runtime_exists is False:
-        errors.append(runtime_missing_message(obj))
-    errors += webhook_errors(obj, runtime)
-    return errors
+    if errors:
+        return list(dict.fromkeys(errors))
+    if runtime_path(obj) is None:
+        return [f"unsupported runtime: {runtime_registry_key(obj)}"]
+    if runtime is NOT_LOOKED_UP:
+        return []
+    if runtime is None:
+        return [runtime_missing_message(obj, runtime_error)]
+    return list(dict.fromkeys(webhook_errors(obj, runtime, old)))

@@ -63,7 +63,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.cluster.sim_operator import WebhookPanic, aggregate_message, validate_job, validation_warnings
-from tests.cluster.sim_trainer_webhook import validate_trainjob
+from tests.cluster.sim_trainer_webhook import RUNTIME_PLURALS, runtime_path, runtime_ref, validate_trainjob
 
 log = logging.getLogger("sim-webhook")
 
@@ -106,8 +106,13 @@ def errored(code: int, message: str) -> dict[str, Any]:
     return {"allowed": False, "status": {"metadata": {}, "code": code, "message": message}}
 
 
-def admission_response(request: dict[str, Any]) -> dict[str, Any]:
-    """The ``response`` (without ``uid``) for one AdmissionReview ``request`` on pytorchjobs."""
+#: Reads a TrainJob's runtime for the webhook: (the runtime, None), (None, the API's error) where it cannot be read.
+RuntimeLookup = Callable[[dict[str, Any]], tuple[dict[str, Any] | None, str | None]]
+
+
+def admission_response(request: dict[str, Any], lookup: RuntimeLookup | None = None) -> dict[str, Any]:
+    """The ``response`` (without ``uid``) for one AdmissionReview ``request`` on pytorchjobs or trainjobs; a TrainJob's
+    runtime is read with ``lookup`` (without one, only the CEL rules and the runtime kind are checked)."""
     operation = request.get("operation")
     if operation in ("DELETE", "CONNECT"):
         return allowed()
@@ -118,7 +123,11 @@ def admission_response(request: dict[str, Any]) -> dict[str, Any]:
         return errored(400, "there is no content to decode")
     old = request.get("oldObject") if operation == "UPDATE" else None
     if (request.get("resource") or {}).get("resource") == "trainjobs":
-        errors = validate_trainjob(obj, old)
+        if lookup is None or runtime_path(obj) is None:
+            errors = validate_trainjob(obj, old)
+        else:
+            runtime, error = lookup(obj)
+            errors = validate_trainjob(obj, old, runtime=runtime, runtime_error=error)
         return denied(aggregate_message(errors)) if errors else allowed()
     try:
         errors = validate_job(obj, old)
@@ -130,14 +139,46 @@ def admission_response(request: dict[str, Any]) -> dict[str, Any]:
     return allowed(warnings)
 
 
-def review(body: dict[str, Any]) -> dict[str, Any]:
+def review(body: dict[str, Any], lookup: RuntimeLookup | None = None) -> dict[str, Any]:
     """An AdmissionReview v1 answer to an AdmissionReview v1 request."""
     request = body.get("request") or {}
     return {
         "apiVersion": "admission.k8s.io/v1",
         "kind": "AdmissionReview",
-        "response": {"uid": request.get("uid", ""), **admission_response(request)},
+        "response": {"uid": request.get("uid", ""), **admission_response(request, lookup)},
     }
+
+
+def api_runtime_lookup(kubeconfig: Path) -> RuntimeLookup:
+    """Reads runtimes through the API with ``kubeconfig``'s identity, as the Trainer's webhook reads them through
+    its manager's client (``client.Get``): a runtime made a moment ago is seen, a deleted one is not."""
+    from kubernetes import client, config
+    from kubernetes.client.rest import ApiException
+
+    custom = client.CustomObjectsApi(config.new_client_from_config(config_file=str(kubeconfig)))
+
+    def lookup(obj: dict[str, Any]) -> tuple[dict[str, Any] | None, str | None]:
+        ref = runtime_ref(obj)  # admission_response asks only for runtime kinds
+        group, plural, name = ref["apiGroup"], RUNTIME_PLURALS[ref["kind"]], ref["name"]
+        try:
+            if plural == "clustertrainingruntimes":
+                resp = custom.get_cluster_custom_object(
+                    group, "v1alpha1", plural, name, _preload_content=False, _request_timeout=5
+                )
+            else:
+                namespace = (obj.get("metadata") or {}).get("namespace", "")
+                resp = custom.get_namespaced_custom_object(
+                    group, "v1alpha1", namespace, plural, name, _preload_content=False, _request_timeout=5
+                )
+        except ApiException as err:
+            try:
+                message = str(json.loads(err.body or b"{}").get("message") or err.reason)
+            except ValueError:
+                message = str(err.reason)
+            return None, message
+        return dict(json.loads(resp.data)), None
+
+    return lookup
 
 
 def webhook_configuration(url: str, ca_pem: bytes) -> dict[str, Any]:
@@ -284,7 +325,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
         except ValueError as err:
             self._send(200, {"response": errored(400, f"couldn't decode the AdmissionReview: {err}")})
             return
-        answer = review(body)
+        answer = review(body, getattr(self.server, "runtime_lookup", None))
         request = body.get("request") or {}
         response = answer["response"]
         log.info(
@@ -312,11 +353,12 @@ class Handler(http.server.BaseHTTPRequestHandler):
 class WebhookServer:
     """The HTTPS server on 127.0.0.1; ``port`` 0 picks a free one."""
 
-    def __init__(self, cert_dir: Path, port: int = 0) -> None:
+    def __init__(self, cert_dir: Path, port: int = 0, runtime_lookup: RuntimeLookup | None = None) -> None:
         self.cert_dir = Path(cert_dir)
         self.ca_file, cert_file, key_file = generate_certificates(self.cert_dir)
         self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", port), Handler)
         self.httpd.daemon_threads = True
+        self.httpd.runtime_lookup = runtime_lookup  # type: ignore[attr-defined]  # read by Handler
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         context.minimum_version = ssl.TLSVersion.TLSv1_2
         context.load_cert_chain(str(cert_file), str(key_file))
@@ -456,11 +498,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cert-dir", required=True, type=Path)
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--log-level", default="INFO")
+    parser.add_argument(
+        "--kubeconfig", type=Path, default=None, help="read TrainJobs' runtimes with this identity (upstream does)"
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=args.log_level.upper(), stream=sys.stderr, format="%(asctime)s sim-webhook %(levelname)s %(message)s"
     )
-    server = WebhookServer(args.cert_dir, args.port)
+    lookup = api_runtime_lookup(args.kubeconfig) if args.kubeconfig is not None else None
+    server = WebhookServer(args.cert_dir, args.port, runtime_lookup=lookup)
 
     def on_signal(signum: int, _frame: Any) -> None:
         log.info("signal %d: stopping", signum)

@@ -1019,6 +1019,38 @@ def test_oom_killed(pods: Pods) -> None:
     validate_pod(pods.get(name))
 
 
+#: A main process that starts a worker and exits with 3 once the worker is gone (as the runner reports a killed rank).
+SUPERVISOR = (
+    "import subprocess, sys; "
+    "worker = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
+    "print('worker up', flush=True); worker.wait(); print(f'worker ended {worker.returncode}', flush=True); exit(3)"
+)
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize(
+    ("oom_kills", "code", "last_line"),
+    [("worker", 3, "worker ended -9"), ("whole-container", 137, "worker up")],
+)
+def test_an_oom_kills_one_worker_or_the_whole_container(pods: Pods, oom_kills: str, code: int, last_line: str) -> None:
+    """cgroup v1's kernel kills the largest process, a worker: its supervisor lives on, says so and exits with its own
+    code. cgroup v2's group kill (kubelet >= 1.28) takes the whole container: 137. Either way containerd says
+    OOMKilled."""
+    name = unique("oom-shape")
+    annotations = {
+        sk.ANN_FAIL: "OOMKilled",
+        sk.ANN_FAIL_AFTER: "0.5",
+        sk.ANN_FAIL_AFTER_LOG_LINE: "worker up",
+        sk.ANN_OOM_KILLS: oom_kills,
+    }
+    pods.create(pod_manifest(name, [container([PY, "-c", SUPERVISOR])], annotations=annotations))
+    status = pods.wait_phase(name, ("Succeeded", "Failed"), timeout=30)
+    term = status["containerStatuses"][0]["state"]["terminated"]
+    assert (status["phase"], term["exitCode"], term["reason"]) == ("Failed", code, "OOMKilled")
+    log = pods.log(name)
+    assert log.strip().splitlines()[-1].endswith(last_line), log
+
+
 @pytest.mark.cluster
 def test_oom_killed_after_a_log_line_counts_from_that_line(pods: Pods) -> None:
     name = unique("oom-line")

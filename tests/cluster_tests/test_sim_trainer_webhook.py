@@ -90,11 +90,17 @@ def test_managed_by() -> None:
 
 
 def test_reserved_env() -> None:
+    """torch.go:65-77: the reserved names, with the env as the bad value (apimachinery prints it as JSON)."""
     obj = trainjob()
     obj["spec"]["trainer"]["env"] = [{"name": "PET_NNODES", "value": "2:4"}, {"name": "OK", "value": "1"}]
-    errors = wh.validate_trainjob(obj)
-    assert len(errors) == 1 and errors[0].startswith("spec.trainer.env: Invalid value")
-    assert "reserved envs" in errors[0] and "PET_NNODES" in errors[0]
+    assert wh.validate_trainjob(obj, runtime=RUNTIME) == [
+        'spec.trainer.env: Invalid value: [{"name":"PET_NNODES","value":"2:4"},{"name":"OK","value":"1"}]: '
+        "must not have reserved envs, invalid envs configured: [PET_NNODES]"
+    ]
+    # Only a runtime with mlPolicy.torch runs the torch plugin's Validate.
+    no_torch = copy.deepcopy(RUNTIME)
+    no_torch["spec"]["mlPolicy"].pop("torch")
+    assert wh.validate_trainjob(obj, runtime=no_torch) == []
 
 
 def test_immutable_fields_on_update() -> None:
@@ -133,35 +139,86 @@ def test_runtime_patch_immutability_pairs_items_by_manager() -> None:
     ]
 
 
-@pytest.mark.parametrize("container", ["node", "dataset-initializer", "model-initializer"])
-def test_container_patch_env_is_refused_on_api_containers(container: str) -> None:
-    obj = trainjob(runtimePatches=[patch({"name": container, "env": [{"name": "X", "value": "1"}]})])
-    errors = wh.validate_trainjob(obj)
-    assert len(errors) == 1
-    assert errors[0].startswith(
-        "spec.runtimePatches[0].trainingRuntimeSpec.template.spec.replicatedJobs[0].template.spec.template.spec"
-        f".containers[0].env: Invalid value: '{container}': env can't be set for container with the name: {container}"
-    )
+def test_container_patch_env_is_refused_on_node() -> None:
+    """jobset.go:203-206: env only through the Trainer/Initializer APIs; the bad value is the whole runtimePatches."""
+    patches = [patch({"name": "node", "env": [{"name": "X", "value": "1"}]})]
+    assert wh.validate_trainjob(trainjob(runtimePatches=patches), runtime=RUNTIME) == [
+        f"spec.runtimePatches: Invalid value: {wh.go_json(patches)}: must not have envs for the dataset-initializer, "
+        "model-initializer, node containers"
+    ]
     # volumeMounts and securityContext are fine on node.
     ok = trainjob(runtimePatches=[patch({"name": "node", "securityContext": {"runAsNonRoot": True}})])
     assert wh.validate_trainjob(ok, runtime=RUNTIME) == []
 
 
 def test_patched_containers_and_jobs_must_exist_in_the_runtime() -> None:
-    obj = trainjob(runtimePatches=[patch({"name": "sidecar"}), patch({"name": "node"}, rjob="launcher", manager="b/c")])
-    errors = wh.validate_trainjob(obj, runtime=RUNTIME)
-    assert any(".containers[0].name: Invalid value: 'sidecar': must exist in the runtime" in e for e in errors)
-    assert any("replicatedJobs[0].name: Invalid value: 'launcher': must exist in the runtime" in e for e in errors)
-    assert wh.validate_trainjob(obj) == []  # without the runtime, nothing to compare with
-
-
-def test_missing_runtime_is_denied() -> None:
-    errors = wh.validate_trainjob(trainjob(), runtime_exists=False)
-    assert errors == [
-        "not found ClusterTrainingRuntime specified in TrainJob: clustertrainingruntimes.trainer.kubeflow.org "
-        '"torch-distributed" not found'
+    """jobset.go:181-201, one error each (the identical ones once: ``ToAggregate`` drops duplicates)."""
+    obj = trainjob(
+        runtimePatches=[
+            patch({"name": "sidecar"}),
+            patch({"name": "other"}, manager="a.io/b"),
+            patch({"name": "node"}, rjob="launcher", manager="b/c"),
+        ]
+    )
+    bad = f"spec.runtimePatches: Invalid value: {wh.go_json(obj['spec']['runtimePatches'])}: "
+    assert wh.validate_trainjob(obj, runtime=RUNTIME) == [
+        bad + "must not have container that doesn't exist in the runtime job node",
+        bad + "must not have replicated job that doesn't exist in the runtime job template",
     ]
+    assert wh.validate_trainjob(obj) == []  # not looked up: nothing to compare with
+
+
+def test_runtime_patches_change_only_around_a_suspension() -> None:
+    """jobset.go:214-232 (its look at an active JobSet aside): Kueue may change runtimePatches where the TrainJob is
+    suspended before or after the update."""
+    old = trainjob(runtimePatches=[patch({"name": "node"})])
+    new = trainjob(runtimePatches=[patch({"name": "node"}), patch({"name": "node"}, manager="kueue.x-k8s.io/m")])
+    assert wh.validate_trainjob(new, old, runtime=RUNTIME) == [
+        "spec.runtimePatches: Forbidden: RuntimePatches can only be modified when the TrainJob is suspended before "
+        "or after the update"
+    ]
+    old["spec"]["suspend"] = True
+    assert wh.validate_trainjob(new, old, runtime=RUNTIME) == []
+
+
+@pytest.mark.parametrize(
+    ("ref", "expected"),
+    [
+        (
+            {"name": "torch-distributed"},
+            'spec.RuntimeRef: Invalid value: {"name":"torch-distributed","apiGroup":"trainer.kubeflow.org",'
+            '"kind":"ClusterTrainingRuntime"}: clustertrainingruntimes.trainer.kubeflow.org "torch-distributed" not '
+            "found: specified clusterTrainingRuntime must be created before the TrainJob is created",
+        ),
+        (
+            {"name": "mine", "kind": "TrainingRuntime"},
+            'spec.runtimeRef: Invalid value: {"name":"mine","apiGroup":"trainer.kubeflow.org","kind":"TrainingRuntime"}'
+            ': trainingruntimes.trainer.kubeflow.org "mine" not found: specified trainingRuntime must be created '
+            "before the TrainJob is created",
+        ),
+    ],
+)
+def test_missing_runtime_is_denied(ref: dict[str, str], expected: str) -> None:
+    """clustertrainingruntime.go:99-108 (``spec.RuntimeRef``, sic) and trainingruntime.go:304-314."""
+    obj = trainjob(runtimeRef=ref)
+    assert wh.runtime_path(obj) is not None
+    assert wh.validate_trainjob(obj, runtime=None) == [expected]
     assert wh.DENIED_STATUS == 403
+
+
+def test_unsupported_runtime_kind_is_denied_without_a_lookup() -> None:
+    """trainjob_webhook.go:112-116: a kind outside the runtime registry is refused before any lookup."""
+    obj = trainjob(runtimeRef={"name": "x", "apiGroup": "example.com", "kind": "Runtime"})
+    assert wh.runtime_path(obj) is None
+    assert wh.validate_trainjob(obj) == ["unsupported runtime: Runtime.example.com"]
+
+
+def test_cel_errors_come_alone() -> None:
+    """The API server's schema and CEL rules run before any validating webhook: their errors come alone."""
+    obj = trainjob("1bad", runtimeRef={"name": "nope"})
+    assert wh.validate_trainjob(obj, runtime=None) == [
+        '<nil>: Invalid value: "object": metadata.name must match RFC 1035 DNS label format'
+    ]
 
 
 def test_storage_uri_rule() -> None:

@@ -15,8 +15,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from tests.cluster import sim_operator as so
+from tests.cluster import sim_trainer_webhook as twh
 from tests.cluster import sim_webhook as sw
 from tests.cluster_tests import test_sim_operator as base
 from tests.cluster_tests.test_sim_operator import Cluster, job, replica, unique
@@ -392,11 +394,29 @@ def test_trainjobs_get_the_trainer_webhooks_rules_that_a_1_20_api_server_drops()
 
     trainjob = render(Elastic(nnodes=2))[1]
     request = {"operation": "CREATE", "resource": {"resource": "trainjobs"}, "object": trainjob}
-    assert sw.admission_response(request)["allowed"], sw.admission_response(request)
+    runtime = yaml.safe_load(
+        (Path(__file__).parents[1] / "crds" / "torch-distributed.runtime.derived.yaml").read_text()
+    )
+    looked_up: list[str | None] = []
+
+    def found(obj: dict[str, Any]) -> tuple[dict[str, Any] | None, str | None]:
+        looked_up.append(twh.runtime_path(obj))
+        return runtime, None
+
+    assert sw.admission_response(request, found)["allowed"], sw.admission_response(request, found)
+    assert looked_up == ["/apis/trainer.kubeflow.org/v1alpha1/clustertrainingruntimes/torch-distributed"]
     reserved = json.loads(json.dumps(trainjob))
     reserved["spec"]["trainer"].setdefault("env", []).append({"name": "PET_NNODES", "value": "4"})
-    denied = sw.admission_response({**request, "object": reserved})
+    denied = sw.admission_response({**request, "object": reserved}, found)
     assert not denied["allowed"] and "PET_NNODES" in denied["status"]["message"]
+    # A runtime the API does not have: refused at submit with the API's error in upstream's sentence.
+    missing = sw.admission_response(request, lambda _obj: (None, 'clustertrainingruntimes... "x" not found'))
+    assert (missing["allowed"], missing["status"]["code"]) == (False, 403)
+    assert missing["status"]["message"].startswith("spec.RuntimeRef: Invalid value: ")
+    assert missing["status"]["message"].endswith(
+        'clustertrainingruntimes... "x" not found: specified clusterTrainingRuntime must be created before the '
+        "TrainJob is created"
+    )
     changed = json.loads(json.dumps(trainjob))
     changed["spec"]["trainer"]["numNodes"] = 3
     update = {"operation": "UPDATE", "resource": {"resource": "trainjobs"}, "object": changed, "oldObject": trainjob}

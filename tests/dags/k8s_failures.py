@@ -74,9 +74,14 @@ def fail_on_one_pod(pod_suffix: str) -> dict:
     return {"rank": rank}
 
 
+#: What each rank says once its function runs: a worker process exists from then on (see the OOM DAG below).
+TRAINING = "training started"
+
+
 def sleep_and_report(seconds: float) -> dict:
     import time
 
+    print(f"rank {os.environ['RANK']}: {TRAINING}", flush=True)
     time.sleep(seconds)
     return {"rank": int(os.environ["RANK"]), "pod": os.environ.get("HOSTNAME", "")}
 
@@ -97,16 +102,22 @@ with _dag("k8s_fail_worker_exception", retries=2):
     )
 
 # --- (b) one worker of an elastic job OOMKilled on try 1: recoverable, the retry succeeds ---------------------------
+# Killed once its function runs, so that the kill takes the training worker as the kernel would (cgroup v1), not the
+# runner before it started one: the runner reports the rank's SIGKILL.
 with _dag("k8s_fail_oom_worker", retries=1):
     TorchElasticOperator(
         task_id="train",
         python_callable=sleep_and_report,
-        op_kwargs={"seconds": 1},
+        op_kwargs={"seconds": 2},
         task_config=small(nnodes="2:2"),
         deferrable=False,
         pod_options=PodOptions(
             annotations=_one_worker_fault(
-                **{"sim.torchelastic.dev/fail": "OOMKilled", "sim.torchelastic.dev/fail-after-seconds": "1"}
+                **{
+                    "sim.torchelastic.dev/fail": "OOMKilled",
+                    "sim.torchelastic.dev/fail-after-log-line": TRAINING,
+                    "sim.torchelastic.dev/fail-after-seconds": "0.3",
+                }
             )
         ),
         **FAST,

@@ -1,6 +1,8 @@
-"""DAGs for tests/e2e/test_trainjob.py: tasks run as Kubeflow Trainer v2 TrainJobs on the local cluster, whose
-simulated Trainer controller (tests/cluster/sim_trainer.py) goes TrainJob -> JobSet -> indexed Job -> pods, and whose
-simulated kubelet runs each node's pod as local processes (see tests/dags/k8s_e2e.py)."""
+"""DAGs for tests/e2e/test_trainjob.py (the simulated kubelet) and tests/e2e/test_trainjob_on_node.py (the real node):
+tasks run as Kubeflow Trainer v2 TrainJobs on the local cluster, whose simulated Trainer controller
+(tests/cluster/sim_trainer.py) goes TrainJob -> JobSet -> indexed Job -> pods. The simulated kubelet runs each node's
+pod as local processes; the real node runs the runner image (tests/dag_support.pod_image), and the rendezvous at
+``<tj>-node-0-0.<tj>`` goes through the cluster DNS to a pod IP."""
 
 from __future__ import annotations
 
@@ -10,9 +12,9 @@ from airflow.sdk import DAG
 
 from airflow_provider_torchelastic import Elastic, TorchElasticOperator
 from airflow_provider_torchelastic.pod import JobOptions, PodOptions
-from tests.dag_support import fail_on_rank_1, recording_dag
+from tests.dag_support import fail_on_rank_1, pod_image, recording_dag
 
-IMAGE = "local/torchelastic-runner:test"
+IMAGE = pod_image()
 FAST = {"image": IMAGE, "execution": "kubernetes", "poll_interval": 1, "pending_grace_seconds": 5}
 
 
@@ -53,9 +55,16 @@ with _dag("k8s_two_node_training"):
     TorchElasticOperator(task_id="train", python_callable=train_ddp, op_args=[40], task_config=two_nodes(), **FAST)
 
 # Node 1's function raises: the task fails at once (the runtime would restart the node in place), naming the pod.
+# Node 0's rank returns at once, and its agent then waits in torch elastic's exit barrier for node 1's, which never
+# comes (300 s): deleted with the TrainJob, a real node's pod ends only when its grace period does, so keep it short.
 with _dag("k8s_trainjob_node_fails", retries=1):
     TorchElasticOperator(
-        task_id="train", python_callable=fail_on_rank_1, task_config=two_nodes(), job_kind="trainjob", **FAST
+        task_id="train",
+        python_callable=fail_on_rank_1,
+        task_config=two_nodes(),
+        job_kind="trainjob",
+        termination_grace_period=5,
+        **FAST,
     )
 
 # One node OOM-killed on the first try (the fault counts per DAG run): recoverable, the retry's new TrainJob succeeds.
@@ -73,6 +82,9 @@ with _dag("k8s_trainjob_oom_retried", retries=1):
         pod_options=PodOptions(
             annotations={
                 "sim.torchelastic.dev/fail": "OOMKilled",
+                # The whole container, as cgroup v2's group kill does: 0.5 s in, before or after the runner started
+                # its worker, the same shape (a kernel's kill of one worker is tests/e2e/test_root_cause_on_node.py's).
+                "sim.torchelastic.dev/oom-kills": "whole-container",
                 "sim.torchelastic.dev/fail-after-seconds": "0.5",
                 "sim.torchelastic.dev/fail-times": "2",
                 "sim.torchelastic.dev/fail-times-scope": "torchelastic.airflow.apache.org/run-id",

@@ -4,7 +4,7 @@ containerd), not the simulated kubelet. Every pod runs the runner image built fr
 What the test sets before the folder is parsed (the defaults only let the folder parse elsewhere):
 
 - ``TORCHELASTIC_TEST_RUNNER_IMAGE``: the runner image's reference (tests/cluster/image.py), imported into the node's
-  containerd at ``up``; ``imagePullPolicy: Never``, so a pod that does not find it there fails instead of pulling;
+  local registry at ``up`` (tests/cluster/registry.py), from which the first pod that needs it pulls it;
 - ``TORCHELASTIC_TEST_SHARED_DIR``: a folder of this machine that the pods mount by hostPath at the same path, the
   storage they really share with each other and with the Airflow side (checkpoints, large results, markers).
 
@@ -40,14 +40,17 @@ MISSING_IMAGE = "localhost/torchelastic-no-such-image:0"
 MISSING_SECRET = "no-such-secret"
 #: Small enough that a worker filling memory is killed soon, large enough for the agent and a worker importing torch.
 MEMORY_LIMIT = "768Mi"
-#: The deleted pod's grace period: its worker ignores SIGTERM, so the kubelet's SIGKILL after it ends the pod.
-GRACE_SECONDS = 5
+#: The deleted pod's grace period, as a preemption or a drain gives it: the function saves after stop_requested().
+GRACE_SECONDS = 60
+#: How long the function's "save" takes after the stop request: at least 45 s of the 60 must be the function's.
+SAVE_SECONDS = 46
 UNSHARED_CHECKPOINTS = "file:///tmp/checkpoints"  # the container's own file system: gone with the pod
 STEPS, FAIL_AFTER = 5, 2
 
-#: The imported image, never pulled; the shared folder mounted where it is on this machine.
+#: The runner image, pulled from the local cluster's registry the first time a pod needs it (tests/cluster/registry.py)
+#: and then found on the node; the shared folder mounted where it is on this machine.
 SHARED = PodOptions(
-    image_pull_policy="Never",
+    image_pull_policy="IfNotPresent",
     volumes=[{"name": "shared", "hostPath": {"path": SHARED_DIR, "type": "Directory"}}],
     volume_mounts=[{"name": "shared", "mountPath": SHARED_DIR}],
 )
@@ -120,21 +123,30 @@ def never_runs() -> None:
     raise AssertionError("this pod was not expected to start")
 
 
-def outlive_sigterm(marker_dir: str) -> None:
-    """Note SIGTERM in the shared folder and keep running: only the kubelet's SIGKILL after the grace period ends it."""
-    import signal
+def save_when_stopped(marker_dir: str, save_seconds: float) -> dict | None:
+    """Train until the pod is deleted, then take ``save_seconds`` to save a checkpoint of the step reached, and
+    return: the try fails as preempted, and the next one resumes from that step."""
     import time
     from pathlib import Path
 
+    from airflow_provider_torchelastic import checkpoint, context
+
+    ctx = context.current()
+    loaded = checkpoint.load_latest()
+    if ctx.try_number > 1:
+        return {"resumed_from": loaded.step if loaded else None, "try_number": ctx.try_number}
     folder = Path(marker_dir)
     folder.mkdir(parents=True, exist_ok=True)
-
-    def note(signum: int, frame: object) -> None:
-        (folder / "sigterm").write_text(f"{time.time()}\n")
-
-    signal.signal(signal.SIGTERM, note)
     (folder / "started").write_text(f"{time.time()}\n")
-    time.sleep(600)
+    step = 0
+    while not ctx.stop_requested():
+        step += 1
+        time.sleep(0.1)
+    (folder / "stop_seen").write_text(f"{time.time()}\n")
+    time.sleep(save_seconds)  # a slow save of a large model
+    checkpoint.save({"step": step}, step=step)
+    (folder / "saved").write_text(f"{step} {time.time()}\n")
+    return None
 
 
 def checkpoint_then_fail() -> dict:
@@ -298,14 +310,16 @@ with _dag("real_node_programs", retries=1):
 
 # --- deletion: the real grace period, and the payload Secret collected with its pod ----------------------------------
 
-with _dag("real_node_deleted_pod"):
+with _dag("real_node_deleted_pod", retries=1):
     TorchElasticOperator(
         task_id="train",
-        python_callable=outlive_sigterm,
-        op_kwargs={"marker_dir": f"{SHARED_DIR}/deleted-pod"},
+        python_callable=save_when_stopped,
+        op_kwargs={"marker_dir": f"{SHARED_DIR}/deleted-pod", "save_seconds": SAVE_SECONDS},
         task_config=small(),
         deferrable=True,
-        pod_options=options(pod_template={"spec": {"terminationGracePeriodSeconds": GRACE_SECONDS}}),
+        termination_grace_period=GRACE_SECONDS,
+        checkpoint_uri=f"file://{SHARED_DIR}/deleted-pod-checkpoints",
+        pod_options=options(),
         **FAST,
     )
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from airflow_provider_torchelastic.errors import EXIT_RECOVERABLE
 from tests.e2e import test_kubernetes as k8s
 from tests.e2e.test_kubernetes import Cluster, DagRunResult, run_dag, training_container_status, wait_for
 
@@ -99,11 +100,13 @@ def test_oom_killed_worker_is_named_and_retried(cluster: Cluster, failure_dir: P
     assert error.startswith(OUT_OF_MEMORY), error
     assert f"{first}-worker-1" in error and "OOMKilled" in error, error
     assert f"{first}-worker-0" not in error, error
+    # The kill took the training worker, as cgroup v1's kernel does: the runner reported its rank's SIGKILL.
+    assert "SIGKILL" in error and "its container ended OOMKilled (out of memory" in error, error
     # Try 1's job was kept (it failed); its worker-1 is the one the kubelet killed, and only that one.
     killed = cluster.get_pod(f"{first}-worker-1")
     assert killed is not None and killed.status.phase == "Failed", killed
     terminated = training_container_status(killed).state.terminated
-    assert (terminated.exit_code, terminated.reason) == (137, "OOMKilled")
+    assert (terminated.exit_code, terminated.reason) == (EXIT_RECOVERABLE, "OOMKilled")  # the runner's own code
     spared = cluster.get_pod(f"{first}-worker-0")
     assert spared is not None and (spared.status.phase != "Failed"), spared.status
 

@@ -56,3 +56,33 @@ def test_a_webhook_denial_is_an_admission_refusal_and_rbac_is_a_permission_refus
     webhook_error, rbac_error = str(_submit_error(ref, denied.value)), str(_submit_error(ref, forbidden.value))
     assert "admission webhook refused the object" in webhook_error and "permission" not in webhook_error
     assert "lacks permission" in rbac_error and "admission" not in rbac_error
+
+
+def test_a_trainjob_naming_a_missing_runtime_is_refused_at_submit_with_the_hint(kube_cluster: Any) -> None:
+    """As on a Trainer v2.3.0 cluster: its webhook reads the runtime the TrainJob names, and one the cluster lacks is
+    a 403 at submit (``...must be created before the TrainJob is created``), not a TrainJob that never gets pods."""
+    from kubernetes import config
+
+    from airflow_provider_torchelastic import Elastic
+    from airflow_provider_torchelastic.errors import KubeError
+    from airflow_provider_torchelastic.kubernetes.client import SyncKube
+    from airflow_provider_torchelastic.kubernetes.kinds import trainjob
+    from airflow_provider_torchelastic.kubernetes.status import JobRef
+    from airflow_provider_torchelastic.operators.exceptions import ConfigurationError
+    from airflow_provider_torchelastic.operators.on_kubernetes import _submit_error
+    from tests.contract.test_trainjob_render import render
+
+    namespace = kube_cluster.namespace
+    job = render(Elastic(nnodes=2), runtime=trainjob.Runtime(name="no-such-runtime"))[1]
+    job["metadata"]["namespace"] = namespace
+    with config.new_client_from_config(config_file=str(kube_cluster.kubeconfig)) as admin:
+        with pytest.raises(KubeError) as denied:
+            SyncKube(admin).create(job)
+        assert SyncKube(admin).get("TrainJob", job["metadata"]["name"], namespace) is None, "refused: never created"
+    assert (denied.value.status, denied.value.reason) == (403, "Forbidden") and denied.value.denied_by_admission
+    error = _submit_error(JobRef(kind="TrainJob", name=job["metadata"]["name"], namespace=namespace), denied.value)
+    assert isinstance(error, ConfigurationError)
+    message = str(error)
+    assert 'clustertrainingruntimes.trainer.kubeflow.org "no-such-runtime" not found: specified ' in message
+    assert "clusterTrainingRuntime must be created before the TrainJob is created" in message
+    assert "kubectl get clustertrainingruntimes" in message and "(a retry will not help)" in message

@@ -1,8 +1,11 @@
 """Tasks as Kubeflow Trainer v2 TrainJobs on the local cluster (issue 21): ``dag.test()`` against the real API server,
 the derived TrainJob/JobSet CRDs and the simulated Trainer controller (TrainJob -> JobSet -> indexed Job -> pods).
 
-The same DAG file runs as a PyTorchJob and as a TrainJob by changing ``[torch_elastic] job_kind`` alone; ``auto``
-picks the TrainJob here because the cluster serves it (API discovery).
+What runs here is what a node cannot produce on demand (issue 33, item 1): an OOM kill of a chosen node, once per DAG
+run, at a chosen moment (an injected fault: the kernel's own OOM is tests/e2e/test_root_cause_on_node.py's), and a
+TrainJob held suspended until the test plays Kueue's resume. The same DAG as a PyTorchJob and as a TrainJob
+(``[torch_elastic] job_kind`` alone changed) and a failing node run on the real node, through the cluster DNS:
+tests/e2e/test_trainjob_on_node.py.
 """
 
 from __future__ import annotations
@@ -84,46 +87,6 @@ def failure_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     out.mkdir()
     monkeypatch.setenv("TORCHELASTIC_E2E_OUT", str(out))
     return out
-
-
-def test_the_same_dag_runs_as_a_pytorchjob_and_as_a_trainjob_by_changing_one_option(
-    trainer: Trainer, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture
-) -> None:
-    results = {}
-    for option in ("pytorchjob", "auto"):
-        monkeypatch.setenv("AIRFLOW__TORCH_ELASTIC__JOB_KIND", option)
-        result = run_dag("k8s_two_node_training")
-        assert result.state == "success", result
-        results[option] = result
-    pytorchjob, trainjob = results["pytorchjob"], results["auto"]
-    assert pytorchjob.xcom(key="job_kind") == "PyTorchJob"
-    # auto: this cluster serves TrainJob (API discovery), and two fixed nodes fit one.
-    assert trainjob.xcom(key="job_kind") == "TrainJob"
-    log = "".join(capfd.readouterr())
-    assert "Job kind: TrainJob (job_kind='auto': the cluster serves TrainJob" in log
-    for result in (pytorchjob, trainjob):
-        value = result.xcom()
-        assert value["world_size"] == 2 and value["rank"] == 0 and value["node_rank"] == 0, value
-        assert value["loss"] < 1.0, value
-    assert trainjob.xcom()["loss"] == pytest.approx(pytorchjob.xcom()["loss"]), "the same training, the same result"
-    manifest = trainjob.xcom(key="manifests")[1]
-    assert manifest["kind"] == "TrainJob" and manifest["spec"]["trainer"]["numNodes"] == 2
-    name = trainjob.xcom(key="job_name")
-    # Succeeded: deleted with its JobSet, Jobs and pods (on_finish_action's default).
-    wait_for(lambda: trainer.get(name) is None, 30, f"TrainJob {name} to be deleted")
-
-
-def test_a_failing_node_fails_the_task_at_once_naming_its_pod_and_rank(trainer: Trainer, failure_dir: Path) -> None:
-    result = run_dag("k8s_trainjob_node_fails")
-    assert result.state == "failed", result
-    assert result.tasks == {("train", -1): ("failed", 1)}, "an exception of the function is not retried"
-    error = (failure_dir / "k8s_trainjob_node_fails.train.try1.txt").read_text()
-    assert error.startswith("airflow_provider_torchelastic.operators.UserCodeFailedError: "), error
-    assert "rank 1" in error and "ValueError: shard 3 has a corrupt header" in error, error
-    name = result.xcom(key="job_name")
-    assert f"{name}-node-0-1-" in error, "the failing node's pod is named"
-    # Stopped rather than left restarting in place up to the Job's backoff limit.
-    wait_for(lambda: trainer.get(name) is None, 30, f"TrainJob {name} to be deleted")
 
 
 def test_an_oom_killed_node_is_retried_with_a_new_trainjob(trainer: Trainer, failure_dir: Path) -> None:

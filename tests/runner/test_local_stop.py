@@ -33,7 +33,7 @@ def test_a_stopped_local_run_leaves_no_worker_and_nothing_they_started(start_met
         min_nodes=1, max_nodes=1, nproc_per_node=2, start_method=start_method,
         monitor_interval=0.3, max_restarts=0, rdzv_configs={},
     )  # fmt: skip
-    run = LocalRun()
+    run = LocalRun(grace_period=5)  # the workers ignore the stop request: killed 5 s after it
     pids: list[int] = []
     lines: list[str] = []
 

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from airflow_provider_torchelastic import RecoverableError
-from airflow_provider_torchelastic.core.outcome import encode_success
+from airflow_provider_torchelastic.core.outcome import decode_outcome, encode_success
 from airflow_provider_torchelastic.core.payload import MAGIC, dump_payload
 from airflow_provider_torchelastic.errors import EXIT_FAILED, EXIT_OK, EXIT_RECOVERABLE, EXIT_USAGE
 from tests.runner.support import gone, run_runner, runner_command, runner_env, write_payload
@@ -252,12 +252,12 @@ def _kill(proc: subprocess.Popen[str], workers: dict[int, int]) -> None:
 
 
 def _start_sleeping_workers(
-    tmp_path: Path, start_method: str
+    tmp_path: Path, start_method: str, extra: tuple[str, ...] = ()
 ) -> tuple[subprocess.Popen[str], dict[int, int], list[str], queue.Queue[str]]:
     """A runner whose 2 workers sleep; returns it, each worker's pid -> session id, and the output so far."""
     payload = write_payload(tmp_path, sleep_long)
     proc = subprocess.Popen(
-        runner_command(payload, tmp_path / "result.json", nproc=2, start_method=start_method),
+        runner_command(payload, tmp_path / "result.json", nproc=2, start_method=start_method, extra=extra),
         cwd=tmp_path,
         env=runner_env(),
         stdout=subprocess.PIPE,
@@ -300,8 +300,12 @@ def test_each_worker_has_its_own_session_and_dies_with_a_killed_agent(tmp_path: 
         _kill(proc, workers)
 
 
-def test_sigterm_while_training_exits_143_without_a_failure_report(tmp_path: Path) -> None:
-    proc, workers, seen, lines = _start_sleeping_workers(tmp_path, "fork")
+def test_sigterm_while_training_asks_the_workers_to_stop_then_stops_them_and_reports_a_preemption(
+    tmp_path: Path,
+) -> None:
+    # Workers that never look at stop_requested(): after the grace period less the runner's margin (4 - 1 s) the
+    # runner stops them itself, and reports the stop (recoverable) rather than dying of the signal.
+    proc, workers, seen, lines = _start_sleeping_workers(tmp_path, "fork", ("--grace-period", "4"))
     result_file = tmp_path / "result.json"
     try:
         proc.send_signal(signal.SIGTERM)
@@ -310,9 +314,12 @@ def test_sigterm_while_training_exits_143_without_a_failure_report(tmp_path: Pat
         while not lines.empty():
             seen.append(lines.get())
         output = "\n".join(seen)
-        assert returncode == 128 + signal.SIGTERM == 143, output
-        assert not result_file.exists() or result_file.read_text() == "", result_file.read_text()
-        assert "stopped by SIGTERM" in output
+        assert returncode == EXIT_RECOVERABLE, output
+        outcome = decode_outcome(result_file.read_text())
+        assert outcome is not None and outcome.failure is not None, output
+        assert outcome.failure.exception == "StopRequested" and outcome.failure.recoverable, outcome
+        assert "did not finish within 3 s" in outcome.failure.message, outcome
+        assert "SIGTERM: asking the workers to stop" in output
         # The workers went with the runner: it stopped them itself (they are not in its process group).
         assert [pid for pid in workers if not gone(pid)] == [], output
     finally:

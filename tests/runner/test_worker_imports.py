@@ -64,7 +64,9 @@ def loaded_provider_modules() -> list[str]:
 @pytest.mark.slow
 def test_a_spawned_worker_imports_the_entrypoint_and_the_payload_loader_only(tmp_path: Path) -> None:
     # What the payload loader needs of the provider is the loader's business; nothing beyond it and the entrypoint.
-    expected = sorted({*ENTRYPOINT_MODULES, *provider_modules_after(f"import {OWN}.core.payload")})
+    # And the rank's heartbeat (worker.liveness, standard library only): every worker of a runner beats.
+    liveness = [f"{OWN}.worker", f"{OWN}.worker.liveness"]
+    expected = sorted({*ENTRYPOINT_MODULES, *liveness, *provider_modules_after(f"import {OWN}.core.payload")})
     run = run_runner(tmp_path, loaded_provider_modules, start_method="spawn")
     assert run.returncode == EXIT_OK, run.describe()
     assert run.outcome is not None

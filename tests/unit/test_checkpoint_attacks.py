@@ -45,7 +45,7 @@ def committed_sharded(root: Path, state: dict[str, Any], step: int = 1) -> Path:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # DCP warns that no process group exists: one process is the point
         save(state, storage_writer=FileSystemWriter(str(root / folder)))
-    checkpoint._commit(checkpoint._Store(str(root)), folder, step=step, kind=checkpoint.KIND_SHARDED)
+    checkpoint._commit(checkpoint.Store(str(root)), folder, step=step, kind=checkpoint.KIND_SHARDED)
     return root / folder
 
 

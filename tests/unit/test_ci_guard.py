@@ -308,7 +308,10 @@ def stub_checkout(tmp_path: Path, *, failing: str = "") -> Path:
         shutil.copy(REPO / "scripts" / script, root / "scripts" / script)
     stubs = {
         root / "scripts" / "setup.sh": "exit 0",
-        **{root / ".venv" / "bin" / tool: f"exit {int(tool == failing)}" for tool in ("ruff", "mypy", "lint-imports")},
+        **{
+            root / ".venv" / "bin" / tool: f"exit {int(tool == failing)}"
+            for tool in ("ruff", "mypy", "lint-imports", "sphinx-build")
+        },
         root / ".venv" / "bin" / "python": f'exec "{sys.executable}" "$@"',
     }
     for path, body in stubs.items():

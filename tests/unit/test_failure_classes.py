@@ -15,11 +15,13 @@ from airflow_provider_torchelastic.operators import (
     CapacityTimeoutError,
     ConfigurationError,
     DeadlineExceededError,
+    ImageTransientlyUnavailableError,
     ImageUnavailableError,
     InfrastructureError,
     NodeLostError,
     OutOfMemoryError,
     PreemptedError,
+    StalledError,
     TrainingError,
     TrainingFailedError,
     TrainingRecoverableError,
@@ -81,7 +83,15 @@ def test_the_cause_not_its_victim_decides_the_class() -> None:
 
 
 def test_every_cause_has_a_class_with_its_default() -> None:
-    recoverable = {OutOfMemoryError, PreemptedError, CapacityTimeoutError, NodeLostError, InfrastructureError}
+    recoverable = {
+        OutOfMemoryError,
+        PreemptedError,
+        CapacityTimeoutError,
+        NodeLostError,
+        InfrastructureError,
+        ImageTransientlyUnavailableError,
+        StalledError,
+    }
     permanent = {ImageUnavailableError, ConfigurationError, DeadlineExceededError}
     for cause in causes.CAUSES:
         for flag in (True, False):
@@ -89,6 +99,7 @@ def test_every_cause_has_a_class_with_its_default() -> None:
             assert issubclass(cls, TrainingError) and cls.cause == cause
             if cls in recoverable:
                 assert issubclass(cls, TrainingRecoverableError) and cls.recoverable
+            assert cls in recoverable | permanent or cls.__name__.startswith(("Training", "UserCode")), cls
             if cls in permanent:
                 assert issubclass(cls, TrainingFailedError) and not cls.recoverable
     assert issubclass(UserCodeRecoverableError, UserCodeError) and issubclass(UserCodeFailedError, UserCodeError)

@@ -132,13 +132,17 @@ def test_non_finite_values_travel_as_strings_and_come_back() -> None:
     assert math.isnan(line.last["loss"]) and line.last["grad"] == math.inf
 
 
+def forget_the_reporter(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As a fresh worker process: the next report() sets the module's reporter up again (restored after the test)."""
+    monkeypatch.setattr(metrics, "_reporter", None)
+
+
 @pytest.fixture
 def fresh_module(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    metrics._reset_for_tests()
+    forget_the_reporter(monkeypatch)
     for name in ("RANK", "TORCHELASTIC_RUN_ID", metrics.INTERVAL_ENV):
         monkeypatch.delenv(name, raising=False)
     yield
-    metrics._reset_for_tests()
 
 
 @pytest.mark.usefixtures("fresh_module")
@@ -159,7 +163,7 @@ def test_only_rank_0_prints(monkeypatch: pytest.MonkeyPatch, capsys: pytest.Capt
         warnings.simplefilter("error")
         metrics.report(1, loss=1.0)
     assert capsys.readouterr().out == ""
-    metrics._reset_for_tests()
+    forget_the_reporter(monkeypatch)
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv(metrics.INTERVAL_ENV, "3600")
     metrics.report(1, loss=1.0)

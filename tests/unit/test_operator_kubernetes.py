@@ -129,14 +129,16 @@ def test_trigger_for_an_unreachable_cluster_ends_in_a_recoverable_failure_not_a_
             return dict(event.payload)
         raise AssertionError("no event")
 
-    import airflow_provider_torchelastic.kubernetes.client as kube
+    # The retry loop reads its limit from kubernetes.retry (client only re-exports it): patched there, or the
+    # refused connection is retried with back-off for minutes.
+    import airflow_provider_torchelastic.kubernetes.retry as retry
 
-    original = kube.MAX_RECOVERABLE_FAILURES
-    kube.MAX_RECOVERABLE_FAILURES = 0  # connection refused is recoverable; do not back off in a unit test
+    original = retry.MAX_RECOVERABLE_FAILURES
+    retry.MAX_RECOVERABLE_FAILURES = 0  # connection refused is recoverable; do not back off in a unit test
     try:
         event = asyncio.run(first_event())
     finally:
-        kube.MAX_RECOVERABLE_FAILURES = original
+        retry.MAX_RECOVERABLE_FAILURES = original
     # The wait core turns "cannot observe the job" into a recoverable failure (and tries to delete the job).
     ended = event_from_payload(event)
     assert isinstance(ended, JobEnded) and event == ended.to_payload()

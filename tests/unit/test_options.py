@@ -1,12 +1,11 @@
 """The ``[torch_elastic]`` options are declared once (options.py) and that table is the truth everywhere: every option
 the package reads is declared and every declared option is read (read from the source, so a new read cannot slip in
-beside the table), Airflow's provider info is the table, each default parses as its type, and the README's table
-lists exactly the declared options with their defaults."""
+beside the table), Airflow's provider info is the table, and each default parses as its type. The docs'
+configuration reference is generated from the table (tests/unit/test_docs.py checks it lists every option)."""
 
 from __future__ import annotations
 
 import ast
-import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,7 +16,6 @@ import airflow_provider_torchelastic
 from airflow_provider_torchelastic import options, settings
 from airflow_provider_torchelastic.core.metrics_format import DEFAULT_INTERVAL
 from airflow_provider_torchelastic.kubernetes.kinds import JOB_KIND_CHOICES
-from tests.conftest import REPO_ROOT
 
 PACKAGE_DIR = Path(airflow_provider_torchelastic.__file__).parent
 SETTINGS = PACKAGE_DIR / "settings.py"
@@ -205,7 +203,7 @@ def test_the_provider_info_config_is_the_table() -> None:
         "execution", "image", "job_kind", "checkpoint_root", "result_storage", "result_storage_conn_id",
         "result_storage_keep", "result_storage_max_bytes", "artifact_storage", "artifact_storage_conn_id",
         "report_interval", "deferrable", "early_event_hold", "job_lease", "dashboard_url_template",
-        "logs_url_template", "ui_kubernetes_conn_id",
+        "logs_url_template", "ui_kubernetes_conn_id", "retry_memory_max",
     } == DECLARED  # fmt: skip
     assert section["options"]["result_storage_keep"] == {
         "description": "Keep result files in result_storage after they were read (by default they are deleted once "
@@ -306,25 +304,3 @@ def test_a_boolean_option_of_another_spelling_fails_naming_its_env_var(monkeypat
         settings.Settings.read(execution="kubernetes")
     monkeypatch.delenv(f"{ENV}DEFERRABLE")
     assert settings.Settings.read(execution="kubernetes").deferrable is True  # the declared default
-
-
-# --- the README -----------------------------------------------------------------------------------------------------
-
-
-def _readme_options() -> dict[str, str]:
-    """The README's configuration table: option -> its default column."""
-    text = (REPO_ROOT / "README.md").read_text()
-    _, found, rest = text.partition("Airflow options, section `[torch_elastic]`:")
-    assert found, "the README's configuration table moved: update this test"
-    rows = re.findall(r"^\| `([a-z_]+)` \| ([^|]+?) \|", rest.split("\n\n", 2)[1], flags=re.MULTILINE)
-    return dict(rows)
-
-
-def test_the_readme_lists_exactly_the_declared_options_with_their_defaults() -> None:
-    listed = _readme_options()
-    declared = {option.name: f"`{option.default}`" if option.default else "empty" for option in options.OPTIONS}
-    assert listed.keys() == declared.keys(), (
-        f"missing from the README: {sorted(declared.keys() - listed.keys())}; "
-        f"not declared: {sorted(listed.keys() - declared.keys())}"
-    )
-    assert listed == declared

@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from airflow_provider_torchelastic.core import causes
 from airflow_provider_torchelastic.core.outcome import (
     CONSEQUENCE_SIGNS,
     SCHEMA,
@@ -201,6 +202,17 @@ def test_node_killed_from_outside_without_report_is_recoverable(code: int, reaso
     assert verdict.node == "node 1"
     assert f"exited with code {code}" in verdict.detail and "without a failure report" in verdict.detail
     assert (reason in verdict.detail) if reason else True
+
+
+@pytest.mark.parametrize("reason", ["StartError", "ContainerCannotRun"])
+def test_a_command_the_runtime_could_not_start_is_the_images_fault_not_a_kill(reason: str) -> None:
+    """Exit code 128 with containerd's StartError (Docker's ContainerCannotRun): the image has no such executable
+    (seen on the real node with an image without Python, issue 33 item 3), which no retry mends."""
+    verdict = decide_run([report("smoke", 128, None, reason)])
+    assert not verdict.succeeded and verdict.recoverable is False
+    assert (verdict.cause, verdict.reason, verdict.exit_code) == (causes.CONFIGURATION, reason, 128)
+    assert f"smoke exited with code 128 ({reason}) without a failure report" in verdict.detail, verdict.detail
+    assert "could not start its command" in verdict.detail and "killed from outside" not in verdict.detail
 
 
 def test_exit_1_without_report_is_not_recoverable() -> None:

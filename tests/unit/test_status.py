@@ -361,7 +361,7 @@ def test_wait_protocol_logs_progress_streams_logs_cleans_up_and_returns() -> Non
     request = flow.send(None)
     assert isinstance(request, ReadLog) and request.since_seconds is not None
     # The same line again is not re-printed; the job succeeded, so on_finish_action=delete_succeeded deletes it.
-    assert flow.send("2027-01-15T08:00:01Z [rank0]:epoch 1\n") == DeleteJob(POD)
+    assert flow.send("2027-01-15T08:00:01Z [rank0]:epoch 1\n") == DeleteJob(POD, background=True)
     request = flow.send(True)
     assert isinstance(request, EmitLog) and request.line.startswith("Deleted Pod ml/train-abc")
     with pytest.raises(StopIteration) as stop:

@@ -101,6 +101,19 @@ def test_pods_of_a_master_worker_job_with_static_ranks() -> None:
     assert worker.message == "rank 3 failed with ValueError: bad shard"
 
 
+def test_ranks_follow_the_runners_own_nproc_not_the_trainers_env() -> None:
+    """A Trainer v2.3.0 sets ``PET_NPROC_PER_NODE`` from the CPU request (or "1"), while the runner runs its own
+    ``--nproc-per-node``: the ranks are the runner's; a symbolic count is resolved on the node, so unknown here."""
+    worker = pod(
+        "job-node-0-1-abcde", "Running", replica=("worker", 1), env={"PET_NODE_RANK": "1", "PET_NPROC_PER_NODE": "4"}
+    )
+    assert pod_summaries([worker])[0].ranks == (2, 3)  # RUNNER says --nproc-per-node 2
+    worker["spec"]["containers"][0]["command"] = [*RUNNER[:-1], "auto"]
+    assert pod_summaries([worker])[0].ranks == ()
+    worker["spec"]["containers"][0]["command"] = RUNNER[:3]  # not our runner's flag: the env is all there is
+    assert pod_summaries([worker])[0].ranks == (4, 5, 6, 7)
+
+
 def test_elastic_pods_know_ranks_only_where_an_outcome_names_them() -> None:
     pods = [
         pod(

@@ -15,12 +15,8 @@ from airflow.sdk.module_loading import import_string
 from airflow_provider_torchelastic import TorchElasticOperator
 from airflow_provider_torchelastic.core.summary import XCOM_KEY
 from airflow_provider_torchelastic.kubernetes.status import JobRef, Phase, WaitDecision
-from airflow_provider_torchelastic.operators import (
-    XCOM_JOB_KIND,
-    XCOM_JOB_NAME,
-    XCOM_JOB_NAMESPACE,
-    InfrastructureError,
-)
+from airflow_provider_torchelastic.operators import InfrastructureError
+from airflow_provider_torchelastic.operators.links import XCOM_JOB_KIND, XCOM_JOB_NAME, XCOM_JOB_NAMESPACE
 from airflow_provider_torchelastic.triggers import (
     EVENT_DONE,
     EVENT_ERROR,
@@ -102,8 +98,9 @@ def test_typed_events_are_sent_in_the_same_format_as_before() -> None:
     ended = event_from_payload(OLD_DONE_EVENT)
     assert isinstance(ended, JobEnded)
     payload = ended.to_payload()
-    # Keys added since, which older readers ignore: the wait's state, and the verdict's cause, exit code and reason.
-    added = {"cause": "", "exit_code": None, "reason": ""}
+    # Keys added since, which older readers ignore: the wait's state, and the verdict's cause, exit code, reason and
+    # preemptions seen.
+    added = {"cause": "", "exit_code": None, "reason": "", "preemptions": 0}
     assert payload == {**OLD_DONE_EVENT, "state": None, "verdict": {**OLD_DONE_EVENT["verdict"], **added}}
     assert WaitFailed("ValueError: no usable connection").to_payload() == OLD_ERROR_EVENT
     assert (payload["status"], OLD_ERROR_EVENT["status"]) == (EVENT_DONE, EVENT_ERROR)
@@ -261,7 +258,10 @@ def test_a_trigger_row_written_before_typed_events_inflates_as_the_triggerer_inf
         deadline=1_900_000_000.0,
         scheduling_timeout=600.0,
     )
-    assert trigger.serialize() == (OLD_CLASSPATH, OLD_KWARGS)
+    # ... and serializes back as it was, less ``extra``: a field nothing read, since removed (an older provider
+    # reading the row takes its default).
+    assert trigger.serialize() == (OLD_CLASSPATH, {k: v for k, v in OLD_KWARGS.items() if k != "extra"})
+    assert TorchElasticJobTrigger(**{**OLD_KWARGS, "extra": {"ignored": True}}).args == trigger.args
 
 
 def test_the_operators_trigger_is_its_arguments() -> None:

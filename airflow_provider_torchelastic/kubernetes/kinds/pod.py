@@ -105,7 +105,7 @@ def _decide_pod(ref: JobRef, snapshot: Snapshot, policy: WaitPolicy) -> WaitDeci
     job = snapshot.job
     if job is None:
         return job_gone(ref)
-    seen = Observed(ref=ref, job=job, pods=[job], total=1, now=snapshot.now)
+    seen = Observed(ref=ref, job=job, pods=[job], total=1, now=snapshot.now, pull_errors=snapshot.pull_errors)
     stuck = stuck_decision(seen, policy)
     if stuck is not None:
         return stuck

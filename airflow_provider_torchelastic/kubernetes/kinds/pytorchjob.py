@@ -179,7 +179,14 @@ def _decide_pytorchjob(ref: JobRef, snapshot: Snapshot, policy: WaitPolicy) -> W
     job = snapshot.job
     if job is None:
         return _vanished(ref, snapshot)
-    seen = Observed(ref=ref, job=job, pods=list(snapshot.pods), total=_total_replicas(job), now=snapshot.now)
+    seen = Observed(
+        ref=ref,
+        job=job,
+        pods=list(snapshot.pods),
+        total=_total_replicas(job),
+        now=snapshot.now,
+        pull_errors=snapshot.pull_errors,
+    )
     stuck = stuck_decision(seen, policy)
     if stuck is not None:
         return stuck

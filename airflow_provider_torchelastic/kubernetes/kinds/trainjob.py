@@ -337,7 +337,14 @@ def _decide(ref: JobRef, snapshot: Snapshot, policy: WaitPolicy) -> WaitDecision
     job = snapshot.job
     if job is None:
         return status.job_gone(ref)
-    seen = Observed(ref=ref, job=job, pods=list(snapshot.pods), total=_num_nodes(job) or 1, now=snapshot.now)
+    seen = Observed(
+        ref=ref,
+        job=job,
+        pods=list(snapshot.pods),
+        total=_num_nodes(job) or 1,
+        now=snapshot.now,
+        pull_errors=snapshot.pull_errors,
+    )
     stuck = status.stuck_decision(seen, policy)
     if stuck is not None:
         return stuck

@@ -1,0 +1,97 @@
+"""The worker's event-driven wait without a cluster: which deletions nobody waits for, how they are carried out, and
+what a private stream watches (tests/e2e/test_worker_watch.py drives it against the local cluster)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from airflow_provider_torchelastic.core.outcome import encode_success
+from airflow_provider_torchelastic.errors import KubeError
+from airflow_provider_torchelastic.kubernetes import kinds
+from airflow_provider_torchelastic.kubernetes.requests import DeleteJob
+from airflow_provider_torchelastic.kubernetes.status import JobRef, Phase, WaitPolicy
+from airflow_provider_torchelastic.kubernetes.wait import drive_sync, wait_for_job
+from airflow_provider_torchelastic.kubernetes.watch_scope import SELECTOR, intermediate_key, job_scope, namespace_scope
+from airflow_provider_torchelastic.kubernetes.worker_wait import BackgroundDeletes
+from tests.unit.test_wait import POD, FakeSource, pod
+
+
+@pytest.mark.parametrize(
+    ("action", "succeeded", "detached", "waited"),
+    [("delete_succeeded", True, True, False), ("delete", False, False, True), ("keep", True, False, False)],
+)
+def test_only_a_succeeded_jobs_deletion_is_left_unwaited(
+    action: str, succeeded: bool, detached: bool, waited: bool
+) -> None:
+    ended = pod("Succeeded", exit_code=0, message=encode_success("1")) if succeeded else pod("Failed", exit_code=1)
+    source = FakeSource([ended])
+    started: list[DeleteJob] = []
+    lines: list[str] = []
+    policy = WaitPolicy(finish_action=action)
+    decision = drive_sync(wait_for_job(POD, policy), source, lines.append, sleep=source.sleep, detach=started.append)
+    assert decision.phase is (Phase.SUCCEEDED if succeeded else Phase.FAILED)
+    assert started == ([DeleteJob(POD, background=True)] if detached else [])
+    assert source.deleted == ([POD] if waited else [])
+    assert any("in the background" in line for line in lines) is detached
+
+
+def test_without_a_way_to_detach_the_deletion_is_carried_out_as_before() -> None:
+    """The triggerer's driver: the shared stream's client may close with the trigger, so it waits."""
+    source = FakeSource([pod("Succeeded", exit_code=0, message=encode_success("1"))])
+    lines: list[str] = []
+    drive_sync(wait_for_job(POD, WaitPolicy()), source, lines.append, sleep=source.sleep)
+    assert source.deleted == [POD]
+    assert any(line.startswith("Deleted Pod ml/train-abc (it ended") for line in lines), lines
+
+
+def test_background_deletes_run_in_threads_and_report() -> None:
+    source, lines = FakeSource([None]), []
+    deletes = BackgroundDeletes(source, lines.append)
+    deletes(DeleteJob(POD, background=True))
+    assert deletes.join(10)
+    assert source.deleted == [POD]
+    assert lines == ["Deleted Pod ml/train-abc (existed: True)"]
+
+    failing = FakeSource([None], delete_error=KubeError(403, "Forbidden", "no"))
+    deletes = BackgroundDeletes(failing, lines.append)
+    deletes(DeleteJob(POD, background=True))
+    assert deletes.join(10)
+    assert lines[-1].startswith("Could not delete Pod ml/train-abc")
+
+
+def test_a_private_stream_watches_one_job_its_pods_and_what_is_between() -> None:
+    def scope(kind: str) -> dict[str, tuple[Any, ...]]:
+        ref = JobRef(kind=kind, name="train-abc", namespace="ml")
+        return {w.key: (w.resource, w.label_selector, w.field_selector) for w in job_scope(ref)}
+
+    by_name = (None, "metadata.name=train-abc")
+    assert scope("Pod") == {"Pod": ("Pod", *by_name)}
+    pytorchjob = kinds.get("PyTorchJob")
+    assert scope("PyTorchJob") == {
+        "PyTorchJob": ("PyTorchJob", *by_name),
+        "Pod": ("Pod", pytorchjob.pod_selector("train-abc"), None),
+    }
+    trainjob = kinds.get("TrainJob")
+    watched = scope("TrainJob")
+    assert watched["Pod"] == ("Pod", trainjob.pod_selector("train-abc"), None)
+    for query in trainjob.intermediates:
+        selectors = (query.label_selector("train-abc"), query.field_selector("train-abc"))
+        assert watched[intermediate_key(query)] == (query, *selectors)
+    # The triggerer's stream: every kind without objects in between, and the pods, by the provider's label.
+    shared = {w.key: w for w in namespace_scope()}
+    assert "Pod" in shared and "PyTorchJob" in shared and "TrainJob" not in shared
+    assert {w.label_selector for w in shared.values()} == {SELECTOR}
+
+
+def test_the_polls_of_the_fall_back_take_what_the_driver_passes() -> None:
+    import inspect
+
+    from airflow_provider_torchelastic.kubernetes import worker_wait
+    from airflow_provider_torchelastic.kubernetes.requests import AsyncJobSource
+
+    for name in ("snapshot", "read_log", "pod_events", "delete_job", "label_job", "workloads"):
+        wanted = inspect.signature(getattr(AsyncJobSource, name)).parameters
+        given = inspect.signature(getattr(worker_wait._ThreadedPolls, name)).parameters
+        assert list(given) == list(wanted), name
