@@ -31,7 +31,9 @@ __all__ = [
     "Stall",
     "check_grace_period",
     "check_stall_timeout",
+    "FORENSICS_PHRASE",
     "collective_timeout_message",
+    "forensics_location",
     "is_collective_timeout",
     "grace_period_seconds",
     "judge",
@@ -173,6 +175,17 @@ _COLLECTIVE_TIMEOUT: Final = re.compile(
 )
 #: gloo names the peer it waited for: ``[127.0.0.1]:43567`` style addresses after "for"/"from".
 _PEER: Final = re.compile(r"\[([0-9a-fA-F.:]+)\]:(\d+)")
+
+
+#: How a failure says where its forensics went (runner/stops.py writes it; the job summary lists the location).
+FORENSICS_PHRASE: Final = "stacks and traces kept at "
+_FORENSICS: Final = re.compile(re.escape(FORENSICS_PHRASE) + r"([^\s,;)\"\\]+)")
+
+
+def forensics_location(text: str) -> str | None:
+    """Where a stalled or stopped try's stacks and traces were kept, as its failure message says; None if nowhere."""
+    found = _FORENSICS.search(text)
+    return found.group(1) if found else None
 
 
 def is_collective_timeout(message: str) -> bool:

@@ -31,6 +31,7 @@ from airflow_provider_torchelastic.core.naming import (
     RunIdentity,
     is_job_name_of,
 )
+from airflow_provider_torchelastic.core.stall import forensics_location
 from airflow_provider_torchelastic.core.summary import XCOM_KEY, JobSummary, pod_summaries
 from airflow_provider_torchelastic.kubernetes import kinds
 from airflow_provider_torchelastic.kubernetes.status import JobRef, Phase, Snapshot, WaitPolicy, parse_time
@@ -348,6 +349,9 @@ def job_detail_from_summary(summary: Mapping[str, Any], identity: Identity, *, b
         # Rank 0's tensors, state dicts and Modules: the try's outputs, kept in artifact storage.
         "artifacts": [dict(entry) for entry in summary.get("artifacts") or [] if isinstance(entry, Mapping)],
         "artifacts_omitted": summary.get("artifacts_omitted") or 0,
+        # Where a stalled or stopped try's stacks and traces were kept (a URL in the try's storage), as its root
+        # cause says, or None.
+        "forensics": forensics_location(row["root_cause"] or ""),
     }
 
 

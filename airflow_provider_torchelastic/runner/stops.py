@@ -18,6 +18,7 @@ from typing import Any
 
 from airflow_provider_torchelastic.core.outcome import WorkerFailure
 from airflow_provider_torchelastic.core.stall import (
+    FORENSICS_PHRASE,
     STALLED_EXCEPTION,
     STOPPED_EXCEPTION,
     collective_timeout_message,
@@ -165,4 +166,4 @@ def _kept_forensics(forensics: Forensics | None, what: str) -> str:
     except Exception as e:  # forensics are a bonus: the failure is reported whatever the store says
         print(f"torchelastic runner: could not keep the {what} workers' stacks: {e}", file=sys.stderr)
         return ""
-    return f"; stacks and traces kept at {url}"
+    return f"; {FORENSICS_PHRASE}{url}"

@@ -76,3 +76,12 @@ def test_the_settings_are_checked_and_rendered() -> None:
     assert stall.grace_period_seconds(59.2) == 60
     # The workers get most of the grace period; the runner keeps at most 10 s (a quarter of a short one).
     assert stall.shutdown_timeout(60.0) == 50.0 and stall.shutdown_timeout(8.0) == 6.0
+
+
+def test_the_forensics_location_is_read_back_from_a_failure_message_even_inside_json() -> None:
+    message = "no progress …; stacks and traces kept at s3://b/ckpt/forensics/try-1/pod-0 (recoverable)"
+    assert stall.forensics_location(message) == "s3://b/ckpt/forensics/try-1/pod-0"
+    import json
+
+    assert stall.forensics_location(json.dumps({"m": message + "; x"})) == "s3://b/ckpt/forensics/try-1/pod-0"
+    assert stall.forensics_location("rank 0 failed with ValueError: bad") is None

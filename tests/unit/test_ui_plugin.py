@@ -121,6 +121,16 @@ def test_a_summary_row_and_detail_come_from_the_xcom_value_as_stored() -> None:
     assert views.summary_from_xcom("not json") is None
 
 
+def test_a_stalled_trys_forensics_location_reaches_the_job_tab() -> None:
+    identity = views.Identity(dag_id="d", task_id="t", run_id="r", try_number=1)
+    cause = "rank 1 failed with TrainingStalled: …; stacks and traces kept at s3://b/ckpt/forensics/try-1/pod-0"
+    summary = views.summary_from_xcom({**_summary("job-a"), "root_cause": cause})
+    assert summary is not None
+    assert views.job_detail_from_summary(summary, identity)["forensics"] == "s3://b/ckpt/forensics/try-1/pod-0"
+    plain = views.summary_from_xcom(_summary("job-b")) or {}
+    assert views.job_detail_from_summary(plain, identity)["forensics"] is None
+
+
 def test_local_runs_get_a_namespace_that_is_no_kubernetes_namespace() -> None:
     local = {**_summary("local-run"), "kind": "local", "namespace": None}
     row = views.job_row_from_summary(local, views.Identity(dag_id="d", task_id="t", run_id="r"))

@@ -134,6 +134,12 @@ export default function JobTab(props) {
           <span style={{ whiteSpace: "pre-wrap" }}>{job.root_cause}</span>
         </div>
       )}
+      {job.forensics && (
+        <div data-testid="forensics" style={{ marginBottom: 12 }}>
+          <strong>Stacks and traces: </strong>
+          <code style={{ wordBreak: "break-all" }}>{job.forensics}</code>
+        </div>
+      )}
       <h3 style={{ fontSize: 16, fontWeight: 600, margin: "8px 0" }}>Metrics</h3>
       <Charts metrics={job.metrics} />
       <h3 style={{ fontSize: 16, fontWeight: 600, margin: "16px 0 8px" }}>Pods</h3>
