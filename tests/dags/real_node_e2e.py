@@ -35,8 +35,16 @@ from tests.dag_support import IMAGE_ENV, SHARED_DIR_ENV, recording_dag
 
 IMAGE = os.environ.get(IMAGE_ENV) or runner_image_ref()
 SHARED_DIR = os.environ.get(SHARED_DIR_ENV) or "/tmp/torchelastic-real-node-shared"
-#: An image no registry serves: the pull goes to a registry named localhost, which refuses at once.
-MISSING_IMAGE = "localhost/torchelastic-no-such-image:0"
+
+
+def _missing_tag(image: str) -> str:
+    name, _, tag = image.rpartition(":")
+    return f"{name if name and '/' not in tag else image}:no-such-tag"
+
+
+#: A tag the local cluster's registry does not have: it answers "not found", a failure no retry can mend (a registry
+#: that refuses the connection may come back, so that waits for image_pull_timeout instead).
+MISSING_IMAGE = _missing_tag(IMAGE)
 MISSING_SECRET = "no-such-secret"
 #: Small enough that a worker filling memory is killed soon, large enough for the agent and a worker importing torch.
 MEMORY_LIMIT = "768Mi"

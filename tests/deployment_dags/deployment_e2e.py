@@ -65,6 +65,9 @@ with DAG("deploy_mark_failed", schedule=None, start_date=START, catchup=False, d
         python_callable=sleep_then_return,
         op_kwargs={"seconds": 300, "value": "never"},
         task_config=one_worker("2:2"),
+        # The deletion is what is tested, not the graceful stop: a function that never checks stop_requested()
+        # would otherwise keep its pods for the default 120 s grace period.
+        termination_grace_period=10,
         **FAST,
     )
 

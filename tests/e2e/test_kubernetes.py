@@ -206,9 +206,9 @@ class Cluster:
     def delete_everything(self) -> None:
         from kubernetes.client.exceptions import ApiException
 
-        def quietly(fn: Callable[..., Any], *args: Any) -> None:
+        def quietly(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
             try:
-                fn(*args, body={"propagationPolicy": "Background"})
+                fn(*args, body={"propagationPolicy": "Background"}, **kwargs)
             except ApiException as e:
                 if e.status != 404:
                     raise
@@ -223,7 +223,9 @@ class Cluster:
                 job["metadata"]["name"],
             )
         for pod in self.pods():
-            quietly(self.core.delete_namespaced_pod, pod.metadata.name, self.namespace)
+            # A test's leftovers, not a preemption: no grace period (the runner would give its workers most of the
+            # pod's 120 s to save a checkpoint first).
+            quietly(self.core.delete_namespaced_pod, pod.metadata.name, self.namespace, grace_period_seconds=0)
         for payload in self.payloads():
             quietly(self.core.delete_namespaced_secret, payload.metadata.name, self.namespace)
 

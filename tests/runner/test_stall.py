@@ -104,7 +104,7 @@ def test_a_rank_gone_without_a_result_ends_the_job_within_the_limit_naming_it(tm
     assert failure is not None and "rank(s) 1 left without a result" in failure.message, run.describe()
 
 
-def quiet_but_stepping(seconds: float) -> int:
+def quiet_but_stepping(steps: int) -> int:
     import time
 
     import torch
@@ -113,25 +113,24 @@ def quiet_but_stepping(seconds: float) -> int:
     dist.init_process_group("gloo")
     model = torch.nn.Linear(2, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    steps = 0
-    end = time.monotonic() + seconds
-    while time.monotonic() < end:  # prints nothing, reports nothing: only its optimizer steps show progress
+    # A fixed number of steps, the same on every rank (a loop on each rank's own clock would leave one rank in an
+    # all_reduce its peer never enters: a real hang, which the watchdog rightly reports).
+    for _ in range(steps):  # prints nothing, reports nothing: only its optimizer steps show progress
         loss = model(torch.ones(1, 2)).sum()
         loss.backward()
         for p in model.parameters():
             dist.all_reduce(p.grad)
         optimizer.step()
         optimizer.zero_grad()
-        steps += 1
         time.sleep(0.5)
     return steps
 
 
 def test_a_quiet_rank_that_steps_its_optimizer_is_not_stalled(tmp_path: Path) -> None:
     # The first optimizer step imports much of torch (dynamo, sympy): slow on a busy machine, hence 10 s, not less.
-    run = run_runner(tmp_path, quiet_but_stepping, args=(18.0,), extra=["--stall-timeout", "10"], timeout=120)
+    run = run_runner(tmp_path, quiet_but_stepping, args=(30,), extra=["--stall-timeout", "10"], timeout=120)
     assert run.returncode == 0, run.describe()
-    assert run.outcome.result > 10  # type: ignore[union-attr]
+    assert run.outcome.result == 30  # type: ignore[union-attr]
 
 
 def silent_for(seconds: float) -> str:
