@@ -145,6 +145,9 @@ with _dag("k8s_killed_worker"):
         op_kwargs={"seconds": 300, "value": "never"},
         task_config=small(nnodes="2:2"),
         deferrable=False,
+        # The deletion is what is tested, not the graceful stop: a function that never checks stop_requested()
+        # would keep its pods for the default 120 s grace period.
+        termination_grace_period=10,
         **FAST,
     )
 
@@ -156,6 +159,9 @@ with _dag("k8s_killed_trigger"):
         op_kwargs={"seconds": 300, "value": "never"},
         task_config=small(),
         deferrable=True,
+        # The deletion is what is tested, not the graceful stop: a function that never checks stop_requested()
+        # would keep its pods for the default 120 s grace period.
+        termination_grace_period=10,
         **FAST,
     )
 

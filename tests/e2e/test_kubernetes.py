@@ -208,7 +208,7 @@ class Cluster:
 
         def quietly(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
             try:
-                fn(*args, body={"propagationPolicy": "Background"}, **kwargs)
+                fn(*args, body={"propagationPolicy": "Background", **kwargs})
             except ApiException as e:
                 if e.status != 404:
                     raise
@@ -225,7 +225,7 @@ class Cluster:
         for pod in self.pods():
             # A test's leftovers, not a preemption: no grace period (the runner would give its workers most of the
             # pod's 120 s to save a checkpoint first).
-            quietly(self.core.delete_namespaced_pod, pod.metadata.name, self.namespace, grace_period_seconds=0)
+            quietly(self.core.delete_namespaced_pod, pod.metadata.name, self.namespace, gracePeriodSeconds=0)
         for payload in self.payloads():
             quietly(self.core.delete_namespaced_secret, payload.metadata.name, self.namespace)
 
