@@ -9,8 +9,13 @@ training operator injects (the same defaults torchrun takes); failing both, a st
 
 Exit codes (see :mod:`airflow_provider_torchelastic.errors`): 0 success; 1 a worker (or the agent itself) failed
 permanently; 2 the runner could not start (arguments, payload, Python version); 200 a worker raised
-``RecoverableError`` (>= 128, so the PyTorchJob ``ExitCode`` policy restarts it); 128 + N when the runner itself got
-signal N, in which case it writes no failure report, because it is not the root cause.
+``RecoverableError``, or a stall or a stop stopped the workers (>= 128, so the PyTorchJob ``ExitCode`` policy
+restarts it); 128 + N when the runner itself got signal N other than SIGTERM (SIGINT: a sibling node failed), in
+which case it writes no failure report, because it is not the root cause.
+
+SIGTERM (a deleted, preempted or drained pod, a killed task) is a stop request, not an end: the workers see
+``stop_requested()`` and get the grace period (``--grace-period``) less the runner's margin to save and return; the
+runner then reports a recoverable preemption. ``--stall-timeout``: see :mod:`airflow_provider_torchelastic.core.stall`.
 
 When several workers fail together (one raises, its peers then lose their connections to it), the failure reported
 is the cause, not a victim: see :func:`failure_from_child_failed` and
