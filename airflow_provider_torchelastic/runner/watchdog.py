@@ -172,9 +172,10 @@ class Watchdog(threading.Thread):
                     if not self._done.wait(_AGENT_WAIT) and self.on_expired is not None:
                         self.on_expired()
                 continue
-            beats = self.beats()
-            stall = judge(list(beats.values()), now, self.stall_timeout)
-            if stall is not None and self.stall is None:
+            if self.stall_timeout is None or self.stall is not None:
+                continue  # no detection, or a stall already handled: no folder to read
+            stall = judge(list(self.beats().values()), now, self.stall_timeout)
+            if stall is not None:
                 self.stall = stall
                 self.log(f"torchelastic runner: stalled: {stall.message()}")
                 self._stop_workers()
@@ -199,10 +200,13 @@ class Watchdog(threading.Thread):
         return found
 
     def _pids(self) -> dict[int, int]:
+        """Each started rank's worker pid, as its heartbeat file holds it (one read per file)."""
         pids = {}
-        for rank in self.beats():
-            with contextlib.suppress(OSError, ValueError):
-                pids[rank] = int(self.folder.joinpath(f"{HEARTBEAT_PREFIX}{rank}").read_text())
+        for path in self.folder.glob(f"{HEARTBEAT_PREFIX}*"):
+            rank = path.name[len(HEARTBEAT_PREFIX) :]
+            if rank.isdigit():
+                with contextlib.suppress(OSError, ValueError):
+                    pids[int(rank)] = int(path.read_text())
         return pids
 
     def _stop_workers(self) -> None:
