@@ -432,61 +432,10 @@ def decide_run(reports: list[NodeReport]) -> Verdict:
     if standings:
         (tier, _), _, node = min(standings, key=lambda item: (item[0], item[1]))
         failure = node.outcome.failure if node.outcome is not None else None
-        if failure is not None:
-            kind = "recoverable" if failure.recoverable else "non-recoverable"
-            detail = f"{node.name}: {failure.summary()} ({kind})"
-            if node.reason in INFRASTRUCTURE_REASONS:
-                # The runner saw a worker die of a signal; only the container's status says who sent it (on a real
-                # node the kernel's OOM killer picks a worker, not the runner, and the container ends OOMKilled).
-                detail += f"; its container ended {node.reason}" + (
-                    " (out of memory: raise its memory limit or use less)" if node.reason == "OOMKilled" else ""
-                )
-            if tier == _CONSEQUENCE:
-                silent = [_ended(r) for (t, _), _, r in standings if t == _UNEXPLAINED]
-                detail += (
-                    f"; this looks like a consequence of a peer's failure ({failure.consequence_sign}), not its "
-                    "cause, but no node reported a cause"
-                    + (f" ({'; '.join(silent)}: see their logs)" if silent else "")
-                )
-            return Verdict(
-                succeeded=False,
-                recoverable=failure.recoverable,
-                node=node.name,
-                failure=failure,
-                detail=detail,
-                cause=_cause_of_report(failure, node.reason),
-                exit_code=node.exit_code,
-                reason=node.reason,
-            )
-        # A node that ended badly without a report: its exit code, or (evicted before exiting) only a reason.
-        if node.reason in NEVER_STARTED_REASONS:
-            # Exit code 128 here is the runtime's, not a signal's: the image, not the platform, is at fault.
-            return Verdict(
-                succeeded=False,
-                recoverable=False,
-                node=node.name,
-                cause=causes.CONFIGURATION,
-                exit_code=node.exit_code,
-                reason=node.reason,
-                detail=f"{_ended(node)}; the container runtime could not start its command (the image lacks it, or "
-                "cannot run it: see the pod's events), so a retry will not help",
-            )
-        killed = (node.exit_code or 0) >= _SIGNAL_EXIT or node.reason in INFRASTRUCTURE_REASONS
-        return Verdict(
-            succeeded=False,
-            recoverable=killed,
-            node=node.name,
-            # Killed from outside with no reason given (a bare 137 or 143): the platform's doing, not the code's.
-            cause=causes.cause_of_reason(node.reason) or (causes.INFRASTRUCTURE if killed else causes.UNKNOWN),
-            exit_code=node.exit_code,
-            reason=node.reason,
-            detail=f"{_ended(node)}; "
-            + (
-                "it was killed from outside (out of memory, eviction, preemption), so a retry may help"
-                if killed
-                else "see its log"
-            ),
-        )
+        if failure is None:
+            return _verdict_of_silent_node(node)
+        silent = [_ended(r) for (t, _), _, r in standings if t == _UNEXPLAINED]
+        return _verdict_of_report(node, failure, consequence=tier == _CONSEQUENCE, silent=silent)
     holders = [(r.name, o) for r in reports if (o := r.outcome) is not None and o.holds_rank0]
     if holders:
         name, outcome = holders[0]
@@ -494,4 +443,65 @@ def decide_run(reports: list[NodeReport]) -> Verdict:
     return Verdict(
         succeeded=False,
         detail="the run ended but no node reported rank 0's result (was the result file written?)",
+    )
+
+
+def _verdict_of_report(node: NodeReport, failure: WorkerFailure, *, consequence: bool, silent: list[str]) -> Verdict:
+    """The verdict when the root cause is ``node``'s own failure report; ``silent``: the nodes that ended badly
+    without one (named when the report looks like a consequence, since one of them may be the cause)."""
+    kind = "recoverable" if failure.recoverable else "non-recoverable"
+    detail = f"{node.name}: {failure.summary()} ({kind})"
+    if node.reason in INFRASTRUCTURE_REASONS:
+        # The runner saw a worker die of a signal; only the container's status says who sent it (on a real
+        # node the kernel's OOM killer picks a worker, not the runner, and the container ends OOMKilled).
+        detail += f"; its container ended {node.reason}" + (
+            " (out of memory: raise its memory limit or use less)" if node.reason == "OOMKilled" else ""
+        )
+    if consequence:
+        detail += (
+            f"; this looks like a consequence of a peer's failure ({failure.consequence_sign}), not its "
+            "cause, but no node reported a cause" + (f" ({'; '.join(silent)}: see their logs)" if silent else "")
+        )
+    return Verdict(
+        succeeded=False,
+        recoverable=failure.recoverable,
+        node=node.name,
+        failure=failure,
+        detail=detail,
+        cause=_cause_of_report(failure, node.reason),
+        exit_code=node.exit_code,
+        reason=node.reason,
+    )
+
+
+def _verdict_of_silent_node(node: NodeReport) -> Verdict:
+    """The verdict when the root cause is a node that ended badly without a report: its exit code, or (evicted
+    before exiting) only a reason."""
+    if node.reason in NEVER_STARTED_REASONS:
+        # Exit code 128 here is the runtime's, not a signal's: the image, not the platform, is at fault.
+        return Verdict(
+            succeeded=False,
+            recoverable=False,
+            node=node.name,
+            cause=causes.CONFIGURATION,
+            exit_code=node.exit_code,
+            reason=node.reason,
+            detail=f"{_ended(node)}; the container runtime could not start its command (the image lacks it, or "
+            "cannot run it: see the pod's events), so a retry will not help",
+        )
+    killed = (node.exit_code or 0) >= _SIGNAL_EXIT or node.reason in INFRASTRUCTURE_REASONS
+    return Verdict(
+        succeeded=False,
+        recoverable=killed,
+        node=node.name,
+        # Killed from outside with no reason given (a bare 137 or 143): the platform's doing, not the code's.
+        cause=causes.cause_of_reason(node.reason) or (causes.INFRASTRUCTURE if killed else causes.UNKNOWN),
+        exit_code=node.exit_code,
+        reason=node.reason,
+        detail=f"{_ended(node)}; "
+        + (
+            "it was killed from outside (out of memory, eviction, preemption), so a retry may help"
+            if killed
+            else "see its log"
+        ),
     )

@@ -319,7 +319,7 @@ def refusal(ref: JobRef, error: KubeError) -> Refusal:
             + (f" ({descriptor.refusal_hint})" if descriptor.refusal_hint else "")
         )
     elif error.status in (401, 403):
-        hint = "; the connection's identity lacks permission (see the Role in the README)"
+        hint = "; the connection's identity lacks permission (deploy/rbac.yaml has the Role it needs)"
     elif error.status == 404:
         if not descriptor.is_core:
             hint = (
