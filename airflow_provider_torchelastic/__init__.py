@@ -3,6 +3,9 @@
 The public surface is defined here once. A DAG file imports this package at every parse, so it stays light: the
 configuration types are plain dataclasses, and the operator (which needs Airflow) is imported on first use. Nothing
 here imports torch or the kubernetes client.
+
+Each export reports this package (the operator: ``operators``) as its ``__module__`` (``core.public.publish``), so
+that tracebacks, reprs, docs and by-reference pickles name a path that stays where the code behind it moves.
 """
 
 from __future__ import annotations

@@ -193,7 +193,7 @@ OPTIONS: Final = (
         version_added="0.1.0",
         description="Seconds the Kubernetes job of a task without execution_timeout outlives its "
         "waiter's last renewal: the worker or trigger that waits renews it, and the sweep run at "
-        "every submission (or python -m airflow_provider_torchelastic.kubernetes.sweep) deletes a "
+        "every submission (or the torchelastic-sweep command) deletes a "
         "job whose lease ran out. At least 300.",
         example="7200",
     ),

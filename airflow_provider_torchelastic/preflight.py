@@ -2,11 +2,11 @@
 
     python -m airflow_provider_torchelastic.preflight --conn-id kubernetes_default --namespace ml [--smoke] [--json]
 
-or :func:`run_preflight` from a DAG task or a test. It asks the API, through the connection the tasks use (a
-cncf.kubernetes ``KubernetesHook``, as the operator builds it), which job kinds are served, whether the identity may do
-each thing the provider does (SelfSubjectAccessReviews of the rules in ``deploy/rbac.yaml``, and, as optional rows,
-``deploy/rbac-ui.yaml``), whether a Kueue LocalQueue exists (``--queue``), the server version, and with ``--smoke``
-whether the image runs a one-pod job of this provider's payload format. What each answer means is decided in
+or :func:`run_preflight` from a DAG task or a test. It asks the API, through the connection the tasks use (opened by
+:func:`~airflow_provider_torchelastic.hooks.connect`, as the operator opens it), which job kinds are served, whether the
+identity may do each thing the provider does (SelfSubjectAccessReviews of the rules in ``deploy/rbac.yaml``, and, as
+optional rows, ``deploy/rbac-ui.yaml``), whether a Kueue LocalQueue exists (``--queue``), the server version, and with
+``--smoke`` whether the image runs a one-pod job of this provider's payload format. What each answer means is decided in
 :mod:`airflow_provider_torchelastic.kubernetes.preflight` (pure); this module is the Airflow side and the I/O.
 
 Exit status: 0 when everything the provider needs is there, 1 when something it needs is missing or could not be
@@ -27,7 +27,8 @@ from airflow_provider_torchelastic.core.config import Elastic
 from airflow_provider_torchelastic.core.naming import RunIdentity
 from airflow_provider_torchelastic.core.payload import dump_payload
 from airflow_provider_torchelastic.errors import KubeError
-from airflow_provider_torchelastic.kubernetes import kinds
+from airflow_provider_torchelastic.hooks import connect
+from airflow_provider_torchelastic.kubernetes import discovery, kinds
 from airflow_provider_torchelastic.kubernetes import preflight as decide
 from airflow_provider_torchelastic.kubernetes.client import SyncKube
 from airflow_provider_torchelastic.kubernetes.preflight import Check, Report, Rule
@@ -68,11 +69,8 @@ def run_preflight(
     ``default``). ``image`` (default ``[torch_elastic] image``) is what ``smoke`` runs. Raises
     :class:`PreflightError` when the connection cannot be used at all."""
     try:
-        from airflow.providers.cncf.kubernetes.hooks.kubernetes import KubernetesHook
-
-        hook = KubernetesHook(conn_id=conn_id)
-        namespace = namespace or hook.get_namespace() or "default"
-        kube = SyncKube(hook.api_client)
+        cluster = connect(conn_id, namespace=namespace)
+        namespace, kube = cluster.namespace, cluster.sync_kube()
     except Exception as e:  # the hook raises AirflowException, config errors, OSError: all mean the same here
         raise PreflightError(f"connection {conn_id!r} cannot be used: {type(e).__name__}: {e}") from e
     if smoke and image is None:
@@ -132,7 +130,7 @@ def check_cluster(
 
 def _version(kube: SyncKube) -> Check:
     try:
-        return decide.version_check(kube.server_version())
+        return decide.version_check(kube.send(discovery.server_version()))
     except KubeError as e:
         return decide.version_check(None, str(e))
 
@@ -146,7 +144,7 @@ def _api(kube: SyncKube, kind: kinds.JobKind) -> Check:
 
 def _crd(kube: SyncKube, kind: kinds.JobKind) -> Check:
     try:
-        return decide.crd_check(kind, kube.get_crd(f"{kind.plural}.{kind.group}"))
+        return decide.crd_check(kind, kube.send(discovery.crd(f"{kind.plural}.{kind.group}")))
     except KubeError as e:
         return decide.crd_check(kind, None, e.status, str(e))
 
@@ -156,7 +154,8 @@ def _access(kube: SyncKube, rule: Rule, namespace: str, *, required: bool) -> Ch
     errors: dict[str, str] = {}
     for verb in rule.verbs:
         try:
-            answers[verb] = kube.access_review(verb, rule.plain_resource, rule.group, namespace, rule.subresource)
+            review = discovery.access_review(verb, rule.plain_resource, rule.group, namespace, rule.subresource)
+            answers[verb] = kube.send(review)
         except KubeError as e:
             answers[verb] = None
             errors[verb] = f"SelfSubjectAccessReview failed: {e}"
@@ -172,7 +171,7 @@ def _queue(kube: SyncKube, queue: str, namespace: str) -> Check:
     if resources is None or plural not in resources:
         return decide.queue_check(queue, namespace, served=False, found=None)
     try:
-        found = kube.get_custom(group, version, plural, queue, namespace) is not None
+        found = kube.send(discovery.custom_object(group, version, plural, queue, namespace)) is not None
     except KubeError as e:
         return decide.queue_check(queue, namespace, served=True, found=None, error=str(e))
     return decide.queue_check(queue, namespace, served=True, found=found)

@@ -22,7 +22,7 @@ from airflow.sdk.exceptions import AirflowFailException
 
 # From the core, not from kubernetes.kinds (which re-exports it): the kinds' table imports every kind's renderer and
 # decisions, and the operator imports this module at every parse.
-from airflow_provider_torchelastic.core.choices import JOB_KIND_CHOICES
+from airflow_provider_torchelastic.core.choices import EXECUTIONS, JOB_KIND_CHOICES
 from airflow_provider_torchelastic.core.validation import check_image
 from airflow_provider_torchelastic.options import DECLARED, Option
 from airflow_provider_torchelastic.options import SECTION as SECTION
@@ -46,7 +46,6 @@ __all__ = [
     "url_template",
 ]
 
-EXECUTIONS: Final = ("kubernetes", "local")
 #: ``[torch_elastic] result_storage_max_bytes`` when unset: 1 GiB, a bound on what one read may hold in memory.
 DEFAULT_RESULT_MAX_BYTES: Final = int(DECLARED["result_storage_max_bytes"].default)
 #: ``[torch_elastic] early_event_hold`` when unset: seconds after the deferral before the trigger may fire (see

@@ -27,6 +27,8 @@ from airflow.triggers.base import BaseEventTrigger, TriggerEvent
 
 from airflow_provider_torchelastic.core.redaction import redact_value, redacting
 from airflow_provider_torchelastic.core.validation import short_repr
+from airflow_provider_torchelastic.hooks import async_hook
+from airflow_provider_torchelastic.kubernetes.connection import ClusterConnection
 from airflow_provider_torchelastic.kubernetes.queue_limits import QueueLimits
 from airflow_provider_torchelastic.kubernetes.status import JobRef, WaitDecision, WaitPolicy
 
@@ -148,50 +150,67 @@ class WatchArgs:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "mask", tuple(self.mask))  # a list once read back from a trigger row
-        # One source of cluster settings. The cncf.kubernetes hook reads a connection (kubernetes_conn_id) *and* an
-        # explicit config_dict, then refuses the pair only when the wait starts ("mutually exclusive"): say so when
-        # the trigger is built (at submit), naming what to drop.
-        kube_config = [
-            key for key in ("kube_config", "kube_config_path", "in_cluster") if (self.connection_extras or {}).get(key)
-        ]
-        if self.config_dict and self.kubernetes_conn_id:
-            raise ValueError(
-                f"TorchElasticJobTrigger: kubernetes_conn_id={self.kubernetes_conn_id!r} and config_dict are both "
-                "set; expected one source of cluster settings: pass kubernetes_conn_id=None to use config_dict, or "
-                "drop config_dict to use the connection"
-            )
-        if self.config_dict and self.in_cluster:
-            raise ValueError(
-                "TorchElasticJobTrigger: in_cluster=True and config_dict are both set; expected one of them"
-            )
-        if self.in_cluster and any(key != "in_cluster" for key in kube_config):
-            raise ValueError(
-                f"TorchElasticJobTrigger: in_cluster=True, but connection {self.kubernetes_conn_id!r} sets "
-                f"{', '.join(key for key in kube_config if key != 'in_cluster')}; expected one source of cluster "
-                "settings"
-            )
+        # One source of cluster settings, refused when the trigger is built (at submit), not when the wait starts.
+        try:
+            _ = self.connection
+        except ValueError as e:
+            raise ValueError(f"TorchElasticJobTrigger: {e}") from e
+
+    @property
+    def connection(self) -> ClusterConnection:
+        """The cluster's settings, as the worker resolved them (the row keeps them as flat fields)."""
+        return ClusterConnection(**{theirs: getattr(self, ours) for ours, theirs in _CONNECTION_FIELDS.items()})
+
+    @property
+    def policy(self) -> WaitPolicy:
+        return WaitPolicy(**{name: getattr(self, name) for name in _POLICY_FIELDS})
+
+    @property
+    def limits(self) -> QueueLimits:
+        return QueueLimits(**{name: getattr(self, name) for name in _LIMITS_FIELDS})
 
     @property
     def ref(self) -> JobRef:
         return JobRef(kind=self.kind, name=self.name, namespace=self.namespace)
 
-    @property
-    def policy(self) -> WaitPolicy:
-        return WaitPolicy(
-            poll_interval=self.poll_interval,
-            pending_grace_seconds=self.pending_grace_seconds,
-            image_pull_timeout=self.image_pull_timeout,
-            log_pods=self.log_pods,
-            deadline=self.deadline,
-            finish_action=self.finish_action,
-            scheduling_timeout=self.scheduling_timeout,
-            lease_seconds=self.lease_seconds,
+    @classmethod
+    def for_wait(
+        cls, ref: JobRef, connection: ClusterConnection, policy: WaitPolicy, limits: QueueLimits, **rest: Any
+    ) -> WatchArgs:
+        """The arguments that wait for ``ref`` as the worker would: the inverse of :attr:`connection`,
+        :attr:`policy` and :attr:`limits` (``progress_interval`` stays the trigger's default). ``rest``: the other
+        fields (``deferred_at``, ``early_event_hold``, ``mask``)."""
+        return cls(
+            kind=ref.kind,
+            name=ref.name,
+            namespace=ref.namespace,
+            **{ours: getattr(connection, theirs) for ours, theirs in _CONNECTION_FIELDS.items()},
+            **{name: getattr(policy, name) for name in _POLICY_FIELDS},
+            **{name: getattr(limits, name) for name in _LIMITS_FIELDS},
+            **rest,
         )
 
-    @property
-    def limits(self) -> QueueLimits:
-        return QueueLimits(max_preemptions=self.max_preemptions, preemptions_before=self.preemptions_before)
 
+#: Which fields of :class:`WatchArgs` are the cluster's settings (by their name in :class:`ClusterConnection`), the
+#: wait's policy and its Kueue limits: a row keeps them flat, the wait reads them as those objects.
+_CONNECTION_FIELDS: Final = {
+    "kubernetes_conn_id": "conn_id",
+    "connection_extras": "extras",
+    "config_dict": "config_dict",
+    "cluster_context": "context",
+    "in_cluster": "in_cluster",
+}
+_POLICY_FIELDS: Final = (
+    "poll_interval",
+    "pending_grace_seconds",
+    "image_pull_timeout",
+    "log_pods",
+    "deadline",
+    "finish_action",
+    "scheduling_timeout",
+    "lease_seconds",
+)
+_LIMITS_FIELDS: Final = ("max_preemptions", "preemptions_before")
 
 #: The trigger's arguments: the fields of :class:`WatchArgs`, which is what a trigger row holds (``serialize()``).
 _KNOWN_ARGS: Final = frozenset(f.name for f in fields(WatchArgs))
@@ -249,21 +268,6 @@ def _watch_args(kwargs: Mapping[str, Any]) -> WatchArgs:
     return WatchArgs(**{name: value for name, value in kwargs.items() if name not in _REMOVED})
 
 
-def _hook(args: WatchArgs) -> Any:
-    from airflow.providers.cncf.kubernetes.hooks.kubernetes import AsyncKubernetesHook
-
-    return AsyncKubernetesHook(
-        conn_id=args.kubernetes_conn_id,
-        # Also this one: the hook falls back to ``kubernetes_default`` when it is left out, so that without it a
-        # trigger built with config_dict alone would read the default connection beside it.
-        kubernetes_conn_id=args.kubernetes_conn_id,
-        connection_extras=dict(args.connection_extras) if args.connection_extras is not None else None,
-        config_dict=dict(args.config_dict) if args.config_dict else None,
-        cluster_context=args.cluster_context,
-        in_cluster=args.in_cluster,
-    )
-
-
 class TorchElasticJobTrigger(BaseEventTrigger):
     """Fires once, when the job ended (or waiting for it failed).
 
@@ -296,7 +300,7 @@ class TorchElasticJobTrigger(BaseEventTrigger):
         return f"{type(self).__module__}.{type(self).__qualname__}", kwargs
 
     def _hook(self) -> Any:
-        return _hook(self.args)
+        return async_hook(self.args.connection)
 
     def _emit(self, line: str) -> None:
         """The one place where the trigger writes to the task log (progress, pods' log lines, fallbacks)."""
@@ -322,7 +326,7 @@ class TorchElasticJobTrigger(BaseEventTrigger):
         from airflow_provider_torchelastic.kubernetes.watch import watch_namespace
 
         args = _watch_args(kwargs)
-        async with _hook(args).get_conn() as api:
+        async with async_hook(args.connection).get_conn() as api:
             async for update in watch_namespace(AsyncKube(api), args.namespace):
                 yield update
 

@@ -11,22 +11,18 @@ import enum
 from collections.abc import Mapping
 from typing import Final
 
+from airflow_provider_torchelastic.core.public import publish
+
 __all__ = [
     "EXECUTIONS",
     "FINISH_ACTIONS",
     "FINISH_ACTION_ALIASES",
     "JOB_KIND_CHOICES",
-    "PUBLIC_MODULE",
     "Execution",
     "TrainingJobKind",
     "OnFinishAction",
     "finish_action_of",
 ]
-
-#: Where users import the package's names from: the root. A name exported there says so as its ``__module__``, which
-#: tracebacks, reprs, docs and payloads (cloudpickle pickles a class by its module and name) then show instead of an
-#: internal module that may move.
-PUBLIC_MODULE: Final = "airflow_provider_torchelastic"
 
 
 class Execution(enum.StrEnum):
@@ -76,5 +72,5 @@ def finish_action_of(value: object) -> str | None:
     return text if text in FINISH_ACTIONS else None
 
 
-for _exported in (Execution, TrainingJobKind, OnFinishAction):
-    _exported.__module__ = PUBLIC_MODULE
+# Exported at the package root, and shown (and pickled by reference) by that path.
+publish(Execution, TrainingJobKind, OnFinishAction)

@@ -15,8 +15,8 @@ from enum import Enum
 from types import MappingProxyType
 from typing import Any, Final, TypeAlias, cast
 
-from airflow_provider_torchelastic.core.choices import PUBLIC_MODULE
 from airflow_provider_torchelastic.core.pod_options import PodOptions
+from airflow_provider_torchelastic.core.public import publish
 from airflow_provider_torchelastic.core.validation import (
     check_image,
     check_int,
@@ -352,6 +352,5 @@ def check_task_config(value: object) -> TaskConfig:
     raise TypeError(f"task_config: expected Elastic(...) or PyTorch(...), got {value!r}")
 
 
-# Exported at the package root, and shown by that path (core/choices.py's PUBLIC_MODULE).
-for _exported in (RestartPolicy, CleanPodPolicy, RunPolicy, Master, Worker, Elastic, PyTorch):
-    _exported.__module__ = PUBLIC_MODULE
+# Exported at the package root, and shown (and pickled by reference) by that path.
+publish(RestartPolicy, CleanPodPolicy, RunPolicy, Master, Worker, Elastic, PyTorch)

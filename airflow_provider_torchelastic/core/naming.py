@@ -48,6 +48,8 @@ LABEL_TRY_NUMBER: Final = f"{LABEL_PREFIX}/try-number"
 LABEL_IDENTITY: Final = f"{LABEL_PREFIX}/identity"
 LABEL_MANAGED_BY: Final = "app.kubernetes.io/managed-by"
 MANAGED_BY: Final = "airflow-provider-torchelastic"
+#: The label selector of every object the provider creates (what the UI, the shared watch and the sweep list).
+MANAGED_SELECTOR: Final = f"{LABEL_MANAGED_BY}={MANAGED_BY}"
 
 #: The container that runs the runner in every pod (its status holds the outcome; its log, the training's output).
 TRAINING_CONTAINER: Final = "pytorch"
@@ -64,7 +66,10 @@ ANNOTATION_RUN_ID: Final = f"{LABEL_PREFIX}/run-id"
 MAX_JOB_NAME_LENGTH: Final = 50
 _HASH_LENGTH: Final = 10  # 40 bits: collisions need ~10^6 live jobs with the same readable prefix
 _MAX_LABEL_VALUE: Final = 63
-_LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-_.A-Za-z0-9]{0,61}[A-Za-z0-9])?)?\Z")
+#: A label value (empty, or at most 63 of ``[-_.A-Za-z0-9]`` with alphanumeric ends), and the name part of a label
+#: key (the same, not empty).
+LABEL_VALUE: Final = re.compile(r"^([A-Za-z0-9]([-_.A-Za-z0-9]{0,61}[A-Za-z0-9])?)?\Z")
+QUALIFIED_NAME: Final = re.compile(r"^[A-Za-z0-9]([-_.A-Za-z0-9]{0,61}[A-Za-z0-9])?\Z")
 _DNS_1035 = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?\Z")
 #: Kubernetes' names, defined here once: a DNS-1123 label (a namespace, a container or volume name, at most 63
 #: characters) and a DNS-1123 subdomain (a pod, Secret or job name, at most 253).
@@ -180,7 +185,7 @@ def is_job_name_of(name: object, identity: RunIdentity) -> bool:
 
 def safe_label_value(value: str) -> str:
     """``value`` if it is a valid label value, else a deterministic valid one: sanitized, truncated, hash-suffixed."""
-    if len(value) <= _MAX_LABEL_VALUE and _LABEL_VALUE.match(value):
+    if len(value) <= _MAX_LABEL_VALUE and LABEL_VALUE.match(value):
         return value
     suffix = _hash(value, 8)
     cleaned = re.sub(r"[^-_.A-Za-z0-9]", "-", value)[: _MAX_LABEL_VALUE - len(suffix) - 1]

@@ -15,7 +15,13 @@ from enum import Enum
 from types import MappingProxyType
 from typing import Any, Final, TypeAlias, cast
 
-from airflow_provider_torchelastic.core.naming import DNS_1123_LABEL, DNS_1123_SUBDOMAIN, is_reserved_key
+from airflow_provider_torchelastic.core.naming import (
+    DNS_1123_LABEL,
+    DNS_1123_SUBDOMAIN,
+    LABEL_VALUE,
+    QUALIFIED_NAME,
+    is_reserved_key,
+)
 from airflow_provider_torchelastic.core.validation import QUANTITY, check_image, check_resources, fail, is_int
 
 JsonDict: TypeAlias = dict[str, Any]
@@ -41,12 +47,6 @@ RESERVED_ENV: Final = frozenset({"MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RA
 
 
 RESERVED_ENV_PREFIX: Final = "PET_"
-
-
-_QUALIFIED_NAME = re.compile(r"^[A-Za-z0-9]([-_.A-Za-z0-9]{0,61}[A-Za-z0-9])?\Z")
-
-
-_LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-_.A-Za-z0-9]{0,61}[A-Za-z0-9])?)?\Z")
 
 
 # The rule of Kubernetes < 1.34 (newer versions accept any printable character but '='); we support 1.25.
@@ -143,7 +143,7 @@ def check_label_key(owner: str, name: str, key: object) -> str:
     if not isinstance(key, str):
         raise fail(owner, name, key, expected, TypeError)
     prefix, _, local = key.rpartition("/")
-    if (prefix and not DNS_1123_SUBDOMAIN.match(prefix)) or not _QUALIFIED_NAME.match(local):
+    if (prefix and not DNS_1123_SUBDOMAIN.match(prefix)) or not QUALIFIED_NAME.match(local):
         raise fail(owner, name, key, expected)
     return key
 
@@ -154,7 +154,7 @@ def check_labels(owner: str, name: str, value: object, *, reserved_ok: bool = Fa
         check_label_key(owner, name, key)
         if not reserved_ok and is_reserved_key(key):
             raise fail(owner, f"{name}[{key!r}]", key, "a key the provider and the training operator do not set")
-        _check_str(owner, f"{name}[{key!r}]", label, _LABEL_VALUE, "a label value: <= 63 of [-_.A-Za-z0-9], alnum ends")
+        _check_str(owner, f"{name}[{key!r}]", label, LABEL_VALUE, "a label value: <= 63 of [-_.A-Za-z0-9], alnum ends")
     return MappingProxyType(labels)
 
 

@@ -25,7 +25,6 @@ from dataclasses import dataclass, field, fields, replace
 from types import MappingProxyType
 from typing import Any, Final, Literal, TypeAlias, cast
 
-from airflow_provider_torchelastic.core.choices import PUBLIC_MODULE
 from airflow_provider_torchelastic.core.pod_fields import (
     AFFINITY_KEYS,
     IMAGE_PULL_POLICIES,
@@ -46,6 +45,7 @@ from airflow_provider_torchelastic.core.pod_fields import (
     check_volume_mounts,
     check_volumes,
 )
+from airflow_provider_torchelastic.core.public import publish
 from airflow_provider_torchelastic.core.validation import check_resources, fail, is_int
 
 __all__ = [
@@ -254,5 +254,5 @@ class JobOptions:
         object.__setattr__(self, "scheduling_policy", MappingProxyType(policy))
 
 
-# Exported at the package root, and shown by that path (core/choices.py's PUBLIC_MODULE).
-PodOptions.__module__ = JobOptions.__module__ = PUBLIC_MODULE
+# Exported at the package root, and shown (and pickled by reference) by that path.
+publish(PodOptions, JobOptions)

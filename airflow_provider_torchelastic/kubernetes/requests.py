@@ -51,7 +51,10 @@ LOG_READ_LIMIT_BYTES: Final = 1 << 20
 @dataclass(frozen=True)
 class ReadLog:
     """Read the training container's log of ``pod`` with timestamps, from ``since_seconds`` ago (None: all), or only
-    its last ``tail_lines`` lines. Answered with the text, ``""`` when it is not available (yet)."""
+    its last ``tail_lines`` lines. Answered with the text, ``""`` when it is not available (yet).
+
+    The one description of a log read: the wait core yields it, every source takes it whole, and
+    :func:`~.calls.read_log` makes it the API's query."""
 
     pod: str
     namespace: str
@@ -64,6 +67,9 @@ class ReadLog:
     #: The most bytes the read brings (the API's ``limitBytes``): a pod that prints one line of gigabytes must not
     #: cost the worker or the triggerer, which every deferred task shares, more than this per read.
     limit_bytes: int = LOG_READ_LIMIT_BYTES
+    #: Each line prefixed with its time (what the wait's log cursors need); False leaves the lines as the container
+    #: wrote them (what a person reads in the UI).
+    timestamps: bool = True
 
 
 @dataclass(frozen=True)
@@ -120,17 +126,7 @@ class JobSource(Protocol):
 
     def snapshot(self, ref: JobRef) -> Snapshot: ...
 
-    def read_log(
-        self,
-        pod: str,
-        namespace: str,
-        since_seconds: int | None,
-        tail_lines: int | None = None,
-        *,
-        container: str = TRAINING_CONTAINER,
-        previous: bool = False,
-        limit_bytes: int | None = None,
-    ) -> str: ...
+    def read_log(self, request: ReadLog) -> str: ...
 
     def pod_events(self, pod: str, namespace: str) -> list[dict[str, Any]]: ...
 
@@ -146,17 +142,7 @@ class AsyncJobSource(Protocol):
 
     async def snapshot(self, ref: JobRef) -> Snapshot: ...
 
-    async def read_log(
-        self,
-        pod: str,
-        namespace: str,
-        since_seconds: int | None,
-        tail_lines: int | None = None,
-        *,
-        container: str = TRAINING_CONTAINER,
-        previous: bool = False,
-        limit_bytes: int | None = None,
-    ) -> str: ...
+    async def read_log(self, request: ReadLog) -> str: ...
 
     async def pod_events(self, pod: str, namespace: str) -> list[dict[str, Any]]: ...
 

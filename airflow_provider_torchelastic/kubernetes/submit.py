@@ -24,12 +24,10 @@ if TYPE_CHECKING:
     from airflow_provider_torchelastic.kubernetes.client import SyncKube
 
 __all__ = [
-    "CLUSTER_SOURCES",
     "TOKEN_ANNOTATION",
     "EarlierTry",
     "Refusal",
     "RememberedTry",
-    "chosen_cluster_sources",
     "create_or_reattach",
     "earlier_try",
     "new_token",
@@ -45,15 +43,8 @@ __all__ = [
 
 #: The annotation on the payload Secret and the job that carries the token of the try that created them.
 TOKEN_ANNOTATION: Final = f"{LABEL_PREFIX}/try-token"
-#: The connection's ways to reach a cluster; the cncf.kubernetes hook accepts exactly one of them.
-CLUSTER_SOURCES: Final = ("in_cluster", "kube_config_path", "kube_config")
 
 Log = Callable[..., None]
-
-
-def chosen_cluster_sources(extras: Mapping[str, Any]) -> list[str]:
-    """The ways to reach a cluster a connection's extras name (either spelling of each key)."""
-    return [key for key in CLUSTER_SOURCES if extras.get(key) or extras.get(f"extra__kubernetes__{key}")]
 
 
 def new_token() -> str:

@@ -35,9 +35,10 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
-from airflow_provider_torchelastic.core.naming import LABEL_MANAGED_BY, MANAGED_BY
+from airflow_provider_torchelastic.core.naming import LABEL_MANAGED_BY, MANAGED_BY, MANAGED_SELECTOR
 from airflow_provider_torchelastic.errors import KubeError
 from airflow_provider_torchelastic.kubernetes import kinds
+from airflow_provider_torchelastic.kubernetes.connection import ClusterConnection
 
 # The label and its reading live below the waiters (the wait core renews leases): re-exported here, where they are
 # used most.
@@ -66,7 +67,7 @@ __all__ = [
 ]
 
 #: What the sweep lists: the provider's objects that carry a deadline.
-SELECTOR: Final = f"{LABEL_MANAGED_BY}={MANAGED_BY},{NOT_AFTER_LABEL}"
+SELECTOR: Final = f"{MANAGED_SELECTOR},{NOT_AFTER_LABEL}"
 #: How long past its deadline a job may still run before the sweep deletes it: the waiter itself deletes it at the
 #: deadline, so the sweep only acts once that has clearly not happened.
 GRACE_SECONDS: Final = 300.0
@@ -128,8 +129,6 @@ def sweep_namespace(
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m airflow_provider_torchelastic.kubernetes.sweep --namespace NS [--kubeconfig PATH]``."""
-    from airflow_provider_torchelastic.kubernetes.client import sync_kube_from_config
-
     parser = argparse.ArgumentParser(
         prog="python -m airflow_provider_torchelastic.kubernetes.sweep",
         description="Delete the provider's jobs that still run past their task's deadline (execution_timeout), or "
@@ -144,7 +143,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     def say(message: str, *values: object) -> None:
         print(message % values if values else message, flush=True)
 
-    kube = sync_kube_from_config(args.kubeconfig, args.context)
+    kube = ClusterConnection(kubeconfig=args.kubeconfig, context=args.context).sync_kube()
     swept = [
         ref
         for namespace in args.namespace

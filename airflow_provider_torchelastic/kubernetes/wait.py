@@ -368,29 +368,82 @@ def _previous_tails(
 # --- the drivers: I/O only ------------------------------------------------------------------------------------------
 
 
-def _no_log_text(error: KubeError, log: Callable[[str], None]) -> str:
+def _no_log_text(error: KubeError, *, log: Callable[[str], None]) -> str:
     # Logs are best effort: a pod being created or deleted answers 400/404; the next poll tries again.
     if error.status not in (400, 404) and not error.recoverable:
         log(f"could not read logs: {error}")
     return ""
 
 
-def _no_events(error: KubeError, log: Callable[[str], None]) -> list[dict[str, Any]]:
+def _no_events(error: KubeError, *, log: Callable[[str], None]) -> list[dict[str, Any]]:
     # Events only add detail to a decision already taken (a role without "list events" still gets the back-off).
     log(f"could not read the pod's events: {error}")
     return []
 
 
-def _no_workloads(error: KubeError, log: Callable[[str], None]) -> list[dict[str, Any]]:
+def _no_workloads(error: KubeError, *, log: Callable[[str], None]) -> list[dict[str, Any]]:
     # Kueue not installed (404) or no right to list Workloads (403): the check is skipped, the wait goes on.
     if not error.not_found:
         log(f"could not read the job's Kueue Workloads: {error}")
     return []
 
 
-def _tail(request: ReadLog) -> tuple[int, ...]:
-    # Passed only when asked for: the API's default is the whole log.
-    return () if request.tail_lines is None else (request.tail_lines,)
+@dataclass(frozen=True)
+class _Step:
+    """One request of a flow as a call of the source: ``call`` (the source's method, bound to the request's
+    arguments), whether it is retried, and the answer when it fails for good."""
+
+    call: Callable[[], Any]
+    retried: bool
+    on_error: Callable[[KubeError], Any]
+
+
+def _steps(
+    flow: Generator[Request, Any, Any],
+    source: JobSource | AsyncJobSource,
+    log: Callable[[str], None],
+    detach: Callable[[DeleteJob], None] | None,
+) -> Generator[_Step | Sleep, Any, Any]:
+    """``flow`` with what needs no I/O done (log lines, detached deletions): what is left for a driver is a
+    :class:`_Step` (answered with its result) or a :class:`Sleep`. Both drivers run this, so they differ only in
+    whether they await."""
+    answer: Any = None
+    while True:
+        try:
+            request = flow.send(answer)
+        except StopIteration as stop:
+            return stop.value
+        answer = None
+        if isinstance(request, EmitLog):
+            log(request.line)
+        elif isinstance(request, DeleteJob) and request.background and detach is not None:
+            detach(request)
+        elif isinstance(request, Sleep):
+            yield request
+        else:
+            answer = yield _step(request, source, log)
+
+
+def _step(
+    request: FetchJob | ReadLog | ReadEvents | ReadWorkloads | DeleteJob | RenewLease,
+    source: JobSource | AsyncJobSource,
+    log: Callable[[str], None],
+) -> _Step:
+    if isinstance(request, FetchJob):
+        return _Step(functools.partial(source.snapshot, request.ref), True, lambda e: FetchFailed(str(e)))
+    if isinstance(request, ReadLog):
+        return _Step(functools.partial(source.read_log, request), False, functools.partial(_no_log_text, log=log))
+    if isinstance(request, ReadEvents):
+        events = functools.partial(source.pod_events, request.pod, request.namespace)
+        return _Step(events, False, functools.partial(_no_events, log=log))
+    if isinstance(request, DeleteJob):
+        return _Step(functools.partial(source.delete_job, request.ref), True, str)
+    if isinstance(request, RenewLease):
+        # Not retried here: the lease stays due, and the next poll tries again.
+        renew = functools.partial(source.label_job, request.ref, deadline.lease_labels(request.until))
+        return _Step(renew, False, str)
+    found = functools.partial(source.workloads, request.namespace, request.job_uid)
+    return _Step(found, False, functools.partial(_no_workloads, log=log))
 
 
 def drive_sync(
@@ -406,57 +459,21 @@ def drive_sync(
     ``detach``: starts a deletion that nobody waits for (:attr:`DeleteJob.background`) and returns at once."""
     from airflow_provider_torchelastic.kubernetes.client import retry_sync
 
+    steps = _steps(flow, source, log, detach)
     answer: Any = None
     while True:
         try:
-            request = flow.send(answer)
+            step = steps.send(answer)
         except StopIteration as stop:
             return stop.value
         answer = None
-        if isinstance(request, FetchJob):
-            try:
-                answer = retry_sync(functools.partial(source.snapshot, request.ref), log, sleep)
-            except KubeError as e:
-                answer = FetchFailed(str(e))
-        elif isinstance(request, ReadLog):
-            try:
-                answer = source.read_log(
-                    request.pod,
-                    request.namespace,
-                    request.since_seconds,
-                    *_tail(request),
-                    container=request.container,
-                    previous=request.previous,
-                    limit_bytes=request.limit_bytes,
-                )
-            except KubeError as e:
-                answer = _no_log_text(e, log)
-        elif isinstance(request, ReadEvents):
-            try:
-                answer = source.pod_events(request.pod, request.namespace)
-            except KubeError as e:
-                answer = _no_events(e, log)
-        elif isinstance(request, DeleteJob) and request.background and detach is not None:
-            detach(request)
-        elif isinstance(request, DeleteJob):
-            try:
-                answer = retry_sync(functools.partial(source.delete_job, request.ref), log, sleep)
-            except KubeError as e:
-                answer = str(e)
-        elif isinstance(request, RenewLease):
-            try:
-                source.label_job(request.ref, deadline.lease_labels(request.until))
-            except KubeError as e:  # not retried here: the lease stays due, and the next poll tries again
-                answer = str(e)
-        elif isinstance(request, ReadWorkloads):
-            try:
-                answer = source.workloads(request.namespace, request.job_uid)
-            except KubeError as e:
-                answer = _no_workloads(e, log)
-        elif isinstance(request, Sleep):
-            sleep(request.seconds)
-        elif isinstance(request, EmitLog):
-            log(request.line)
+        if isinstance(step, Sleep):
+            sleep(step.seconds)
+            continue
+        try:
+            answer = retry_sync(step.call, log, sleep) if step.retried else step.call()
+        except KubeError as e:
+            answer = step.on_error(e)
 
 
 async def drive_async(
@@ -472,54 +489,18 @@ async def drive_async(
     deletion started on the shared stream's client could outlive it (the stream closes with its last trigger)."""
     from airflow_provider_torchelastic.kubernetes.client import retry_async
 
+    steps = _steps(flow, source, log, detach)
     answer: Any = None
     while True:
         try:
-            request = flow.send(answer)
+            step = steps.send(answer)
         except StopIteration as stop:
             return stop.value
         answer = None
-        if isinstance(request, FetchJob):
-            try:
-                answer = await retry_async(functools.partial(source.snapshot, request.ref), log)
-            except KubeError as e:
-                answer = FetchFailed(str(e))
-        elif isinstance(request, ReadLog):
-            try:
-                answer = await source.read_log(
-                    request.pod,
-                    request.namespace,
-                    request.since_seconds,
-                    *_tail(request),
-                    container=request.container,
-                    previous=request.previous,
-                    limit_bytes=request.limit_bytes,
-                )
-            except KubeError as e:
-                answer = _no_log_text(e, log)
-        elif isinstance(request, ReadEvents):
-            try:
-                answer = await source.pod_events(request.pod, request.namespace)
-            except KubeError as e:
-                answer = _no_events(e, log)
-        elif isinstance(request, DeleteJob) and request.background and detach is not None:
-            detach(request)
-        elif isinstance(request, DeleteJob):
-            try:
-                answer = await retry_async(functools.partial(source.delete_job, request.ref), log)
-            except KubeError as e:
-                answer = str(e)
-        elif isinstance(request, RenewLease):
-            try:
-                await source.label_job(request.ref, deadline.lease_labels(request.until))
-            except KubeError as e:
-                answer = str(e)
-        elif isinstance(request, ReadWorkloads):
-            try:
-                answer = await source.workloads(request.namespace, request.job_uid)
-            except KubeError as e:
-                answer = _no_workloads(e, log)
-        elif isinstance(request, Sleep):
-            await sleep(request.seconds)
-        elif isinstance(request, EmitLog):
-            log(request.line)
+        if isinstance(step, Sleep):
+            await sleep(step.seconds)
+            continue
+        try:
+            answer = await (retry_async(step.call, log) if step.retried else step.call())
+        except KubeError as e:
+            answer = step.on_error(e)

@@ -35,11 +35,12 @@ import random
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
-from airflow_provider_torchelastic.core.naming import LABEL_MANAGED_BY, MANAGED_BY, TRAINING_CONTAINER
+from airflow_provider_torchelastic.core.naming import LABEL_MANAGED_BY, MANAGED_BY
 from airflow_provider_torchelastic.errors import KubeError
-from airflow_provider_torchelastic.kubernetes import kinds
+from airflow_provider_torchelastic.kubernetes import calls, kinds
+from airflow_provider_torchelastic.kubernetes.requests import ReadLog
 from airflow_provider_torchelastic.kubernetes.status import JobRef, Snapshot
 from airflow_provider_torchelastic.kubernetes.watch_scope import (
     SELECTOR,
@@ -59,6 +60,8 @@ __all__ = [
     "stream_key",
     "watch_namespace",
 ]
+
+T = TypeVar("T")
 
 #: Updates are broadcast at least this often, so that a late joiner and a deadline need no change to wake up.
 TICK_SECONDS: Final = 1.0
@@ -169,17 +172,11 @@ class JobCache:
         descriptor = kinds.get(ref.kind)
         pods: Sequence[Mapping[str, Any]] = ()
         if job is not None and descriptor.pod_owner_label is not None:
-            label = descriptor.pod_owner_label
-            labelled = [
-                p
-                for p in self.objects.get("Pod", {}).values()
-                if (p.get("metadata", {}).get("labels") or {}).get(label) == ref.name
-            ]
-            # The label files a pod under a job; only the job's controller ownerReference makes it the job's (through
+            # The kind's one answer over the cache: the pods its selector would list, that the job controls (through
             # the objects in between, which only a private stream of a kind that has them watches).
             keys = [intermediate_key(query) for query in descriptor.intermediates]
             owners = [owner for key in keys for owner in self.objects.get(key, {}).values()]
-            pods = descriptor.controlled_pods(job, labelled, owners)
+            pods = descriptor.pods_of(ref.name).pick(job, self.objects.get("Pod", {}).values(), owners)
         return Snapshot(job=job, pods=pods, now=time.time())
 
     def want(self, ref: JobRef) -> None:
@@ -211,11 +208,8 @@ class JobCache:
             return self.job
         if kind != "Pod":
             return str(meta.get("name", ""))
-        labels = meta.get("labels") or {}
-        for descriptor in kinds.registered():
-            if descriptor.pod_owner_label and descriptor.pod_owner_label in labels:
-                return str(labels[descriptor.pod_owner_label])
-        return str(meta.get("name", ""))
+        owner = kinds.owner_of_pod(obj)
+        return owner[1] if owner is not None else str(meta.get("name", ""))
 
     def replace(self, kind: str, items: list[dict[str, Any]]) -> None:
         """A (re)list: the whole set of objects of ``kind`` as of the list's version."""
@@ -272,12 +266,12 @@ async def _list_and_watch(cache: JobCache, watched: Watched) -> None:
     while True:
         try:
             if version is None:
-                doc = await cache.kube.list_objects(watched.resource, cache.namespace, **selectors)
+                doc = await cache.kube.send(calls.list_objects(watched.resource, cache.namespace, **selectors))
                 cache.replace(kind, list(doc.get("items") or []))
                 version = str(doc.get("metadata", {}).get("resourceVersion", ""))
             timeout = int(WATCH_SECONDS * random.uniform(0.9, 1.1))
-            watch = cache.kube.watch_objects(watched.resource, cache.namespace, version, timeout, **selectors)
-            async for event in watch:
+            watch = calls.watch_objects(watched.resource, cache.namespace, version, timeout, **selectors)
+            async for event in cache.kube.stream(watch):
                 event_type, obj = event.get("type"), event.get("object") or {}
                 if event_type == "ERROR":
                     if obj.get("code") == 410:
@@ -312,7 +306,7 @@ async def _fetch_wanted(cache: JobCache) -> None:
             cache.wanted.discard((kind, name))
             continue
         try:
-            obj = await cache.request(functools.partial(cache.kube.get, kind, name, cache.namespace))
+            obj = await cache.request(functools.partial(cache.kube.send, calls.get(kind, name, cache.namespace)))
         except KubeError:
             continue  # asked again on the next tick
         cache.wanted.discard((kind, name))
@@ -457,59 +451,27 @@ class SharedSource:
         if self._direct is not None and (left := deadline - time.monotonic()) > 0:
             await asyncio.sleep(left)
 
-    async def read_log(
-        self,
-        pod: str,
-        namespace: str,
-        since_seconds: int | None,
-        tail_lines: int | None = None,
-        *,
-        container: str = TRAINING_CONTAINER,
-        previous: bool = False,
-        limit_bytes: int | None = None,
-    ) -> str:
-        options: dict[str, Any] = {"container": container, "previous": previous, "limit_bytes": limit_bytes}
-        cache = self._cache
+    async def _through(self, call: Callable[[Any], Awaitable[T]], ref: JobRef | None = None) -> T:
+        """``call`` on the stream's client while the stream lives (at most :data:`MAX_CONCURRENT_REQUESTS` at once),
+        else on this trigger's own. With ``ref``: only while the stream watches that job."""
+        cache = self._cache if ref is None else self._usable(ref)
         if self._direct is None and cache is not None and not cache.closed:
-            text: str = await cache.request(
-                lambda: cache.kube.read_log(pod, namespace, since_seconds, tail_lines, **options)
-            )
-            return text
+            kube = cache.kube
+            return await cache.request(lambda: call(kube))  # type: ignore[no-any-return]
         direct = self._direct or await self._fall_back("the shared watch ended")
-        text = await direct.read_log(pod, namespace, since_seconds, tail_lines, **options)
-        return text
+        return await call(direct)
+
+    async def read_log(self, request: ReadLog) -> str:
+        return await self._through(lambda kube: kube.read_log(request))
 
     async def delete_job(self, ref: JobRef) -> bool:
-        cache = self._usable(ref)
-        if self._direct is None and cache is not None:
-            deleted: bool = await cache.request(lambda: cache.kube.delete_job(ref))
-            return deleted
-        direct = self._direct or await self._fall_back("the shared watch ended")
-        deleted = await direct.delete_job(ref)
-        return deleted
+        return await self._through(lambda kube: kube.delete_job(ref), ref)
 
     async def pod_events(self, pod: str, namespace: str) -> list[dict[str, Any]]:
-        cache = self._cache
-        if self._direct is None and cache is not None and not cache.closed:
-            events: list[dict[str, Any]] = await cache.request(lambda: cache.kube.pod_events(pod, namespace))
-            return events
-        direct = self._direct or await self._fall_back("the shared watch ended")
-        events = await direct.pod_events(pod, namespace)
-        return events
+        return await self._through(lambda kube: kube.pod_events(pod, namespace))
 
     async def label_job(self, ref: JobRef, labels: Mapping[str, str]) -> None:
-        cache = self._usable(ref)
-        if self._direct is None and cache is not None:
-            await cache.request(lambda: cache.kube.label_job(ref, labels))
-            return
-        direct = self._direct or await self._fall_back("the shared watch ended")
-        await direct.label_job(ref, labels)
+        await self._through(lambda kube: kube.label_job(ref, labels), ref)
 
     async def workloads(self, namespace: str, job_uid: str) -> list[dict[str, Any]]:
-        cache = self._cache
-        if self._direct is None and cache is not None and not cache.closed:
-            found: list[dict[str, Any]] = await cache.request(lambda: cache.kube.workloads(namespace, job_uid))
-            return found
-        direct = self._direct or await self._fall_back("the shared watch ended")
-        found = await direct.workloads(namespace, job_uid)
-        return found
+        return await self._through(lambda kube: kube.workloads(namespace, job_uid))

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Final
 
-from airflow_provider_torchelastic.core.naming import LABEL_MANAGED_BY, MANAGED_BY
+from airflow_provider_torchelastic.core.naming import MANAGED_SELECTOR
 from airflow_provider_torchelastic.kubernetes import kinds
 from airflow_provider_torchelastic.kubernetes.kinds import OwnerQuery
 from airflow_provider_torchelastic.kubernetes.status import JobRef
@@ -18,7 +18,7 @@ from airflow_provider_torchelastic.kubernetes.status import JobRef
 __all__ = ["SELECTOR", "Watched", "intermediate_key", "job_scope", "namespace_scope"]
 
 #: Every object the provider creates carries this label; the shared watch sees nothing else.
-SELECTOR: Final = f"{LABEL_MANAGED_BY}={MANAGED_BY}"
+SELECTOR: Final = MANAGED_SELECTOR
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -55,7 +55,7 @@ def job_scope(ref: JobRef) -> tuple[Watched, ...]:
     job re-attached to is watched like one just created."""
     kind = kinds.get(ref.kind)
     scope = [Watched(key=ref.kind, resource=ref.kind, label_selector=None, field_selector=f"metadata.name={ref.name}")]
-    pods = kind.pod_selector(ref.name)
+    pods = kind.pods_of(ref.name).selector
     if pods is not None:  # else the job is its own only pod
         scope.append(Watched(key="Pod", resource="Pod", label_selector=pods))
     for query in kind.intermediates:

@@ -27,9 +27,8 @@ from collections.abc import AsyncIterator, Callable, Generator, Mapping
 from contextlib import AbstractAsyncContextManager
 from typing import Any
 
-from airflow_provider_torchelastic.core.naming import TRAINING_CONTAINER
 from airflow_provider_torchelastic.errors import KubeError
-from airflow_provider_torchelastic.kubernetes.requests import DeleteJob, JobSource, Request
+from airflow_provider_torchelastic.kubernetes.requests import DeleteJob, JobSource, ReadLog, Request
 from airflow_provider_torchelastic.kubernetes.retry import retry_sync
 from airflow_provider_torchelastic.kubernetes.status import JobRef, Snapshot
 from airflow_provider_torchelastic.kubernetes.wait import drive_async
@@ -120,20 +119,8 @@ class _ThreadedPolls:
     async def snapshot(self, ref: JobRef) -> Snapshot:
         return await asyncio.to_thread(self._source.snapshot, ref)
 
-    async def read_log(
-        self,
-        pod: str,
-        namespace: str,
-        since_seconds: int | None,
-        tail_lines: int | None = None,
-        *,
-        container: str = TRAINING_CONTAINER,
-        previous: bool = False,
-        limit_bytes: int | None = None,
-    ) -> str:
-        options: dict[str, Any] = {"container": container, "previous": previous, "limit_bytes": limit_bytes}
-        read = functools.partial(self._source.read_log, pod, namespace, since_seconds, tail_lines, **options)
-        return await asyncio.to_thread(read)
+    async def read_log(self, request: ReadLog) -> str:
+        return await asyncio.to_thread(self._source.read_log, request)
 
     async def pod_events(self, pod: str, namespace: str) -> list[dict[str, Any]]:
         return await asyncio.to_thread(self._source.pod_events, pod, namespace)

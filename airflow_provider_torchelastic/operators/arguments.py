@@ -19,6 +19,7 @@ from airflow_provider_torchelastic.core.choices import (
     FINISH_ACTION_ALIASES,
     FINISH_ACTIONS,
     Execution,
+    OnFinishAction,
     TrainingJobKind,
     finish_action_of,
 )
@@ -243,7 +244,7 @@ class OperatorArguments:
     poll_interval: float = 10.0
     pending_grace_seconds: float = 120.0
     image_pull_timeout: float = 600.0
-    on_finish_action: str = "delete_succeeded"
+    on_finish_action: str = OnFinishAction.DELETE_SUCCEEDED.value
     scheduling_timeout: float | None = None
     stall_timeout: float | timedelta | None = DEFAULT_STALL_TIMEOUT
     termination_grace_period: float | timedelta = DEFAULT_GRACE_PERIOD

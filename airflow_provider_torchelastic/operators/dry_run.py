@@ -126,8 +126,7 @@ def render_objects(
     with several nodes, which only the cluster decides) a PyTorchJob.
     """
     if kind is None:
-        fixed = kinds.fixed_choice(op.task_config, settings.job_kind)
-        kind = fixed[0] if fixed is not None else kinds.for_config(op.task_config)
+        kind = kinds.choose(op.task_config, settings.job_kind)[0]
     return kubernetes_render.render_manifests(
         op.task_config,
         identity=identity,

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from airflow_provider_torchelastic.core import causes
+from airflow_provider_torchelastic.core.public import OPERATORS_MODULE, publish
 
 if TYPE_CHECKING:
     from airflow_provider_torchelastic.core.outcome import Verdict
@@ -301,5 +302,4 @@ def _has_rule_for(retry_policy: object, error: TrainingError, try_number: int, m
 
 # Task logs and the UI print an exception by its classpath (tests and users match on it): the public one, not this
 # module's, which is an implementation detail.
-for _cls in _PUBLIC.values():
-    _cls.__module__ = "airflow_provider_torchelastic.operators"
+publish(*_PUBLIC.values(), module=OPERATORS_MODULE)

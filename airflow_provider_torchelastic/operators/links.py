@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING, Final
 
 from airflow.sdk import BaseOperator, BaseOperatorLink
 
+from airflow_provider_torchelastic.core.public import OPERATORS_MODULE, publish
 from airflow_provider_torchelastic.settings import url_template
 
 if TYPE_CHECKING:
@@ -52,5 +53,4 @@ class TorchElasticLogsLink(BaseOperatorLink):
 
 # A serialized DAG names its operator's links by classpath, and a DAG serialized before this module existed is read
 # after an upgrade: the written classpath stays the public one (tests/unit/test_public_surface.py pins it).
-TorchElasticJobLink.__module__ = "airflow_provider_torchelastic.operators"
-TorchElasticLogsLink.__module__ = "airflow_provider_torchelastic.operators"
+publish(TorchElasticJobLink, TorchElasticLogsLink, module=OPERATORS_MODULE)

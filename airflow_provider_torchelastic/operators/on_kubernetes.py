@@ -6,6 +6,7 @@ The Airflow side of the backend: the hook, XCom, the task state store, deferral 
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import functools
 import json
@@ -16,7 +17,9 @@ from typing import TYPE_CHECKING, Any, Final, NoReturn
 from airflow_provider_torchelastic.core.outcome import Verdict
 from airflow_provider_torchelastic.core.redaction import redacting
 from airflow_provider_torchelastic.errors import KubeError
+from airflow_provider_torchelastic.hooks import async_hook, connect, connection_of
 from airflow_provider_torchelastic.kubernetes import kinds, submit, sweep
+from airflow_provider_torchelastic.kubernetes.connection import ClusterConnection
 from airflow_provider_torchelastic.kubernetes.queue_limits import QueueLimits
 from airflow_provider_torchelastic.kubernetes.render import elide_payload, summarize_for_ui, task_context_for
 from airflow_provider_torchelastic.kubernetes.status import JobRef, WaitDecision, WaitPolicy
@@ -43,28 +46,20 @@ STATE_KEY: Final = "torchelastic_job"
 XCOM_MANIFESTS: Final = "manifests"
 
 
-def hook(conn_id: str) -> Any:
-    from airflow.providers.cncf.kubernetes.hooks.kubernetes import KubernetesHook
-
-    return KubernetesHook(conn_id=conn_id)
-
-
 def _check_one_cluster_source(conn_id: str, hook: Any) -> None:
     """Refuse a connection that names two ways to reach a cluster, before anything is created.
 
     The hook refuses the pair itself, but only when it first connects and with an AirflowException, which Airflow
     retries although every try fails the same way.
     """
+    _refuse_two_sources(connection_of(conn_id, hook))
+
+
+def _refuse_two_sources(connection: ClusterConnection) -> None:
     try:
-        extras = hook.get_connection(conn_id).extra_dejson
-    except Exception:  # no such connection: the hook's in-cluster / default kubeconfig fallback applies
-        return
-    chosen = submit.chosen_cluster_sources(extras)
-    if len(chosen) > 1:
-        raise ConfigurationError(
-            f"connection {conn_id!r} sets {' and '.join(chosen)}; expected one of {', '.join(submit.CLUSTER_SOURCES)} "
-            "(the Kubernetes hook cannot use more than one); fix the connection (a retry will not help)"
-        )
+        connection.check_one_source()
+    except ValueError as e:  # the same connection fails every try the same way: no retries
+        raise ConfigurationError(str(e)) from e
 
 
 #: What each connection's cluster serves, by kind: ``(time read, served)``; asked again after this many seconds.
@@ -172,13 +167,12 @@ def _submit(
 
 def execute_on_kubernetes(op: TorchElasticOperator, context: Context, payload: bytes, settings: Settings) -> Any:
     """Submit the try's job (or re-attach to it), then defer or wait for it; returns rank 0's result."""
-    from airflow_provider_torchelastic.kubernetes.client import SyncKube
     from airflow_provider_torchelastic.kubernetes.worker_wait import BackgroundDeletes
 
-    kubernetes_hook = hook(op.kubernetes_conn_id)
-    _check_one_cluster_source(op.kubernetes_conn_id, kubernetes_hook)
-    namespace = op.namespace or kubernetes_hook.get_namespace() or "default"
-    kube = SyncKube(kubernetes_hook.api_client)
+    cluster = connect(op.kubernetes_conn_id, namespace=op.namespace)
+    _refuse_two_sources(cluster.connection)
+    namespace = cluster.namespace
+    kube = cluster.sync_kube()
     try:
         identity = identity_of(op, context)
         task_context = task_context_of(identity, context, op.checkpoint_uri, settings)
@@ -188,7 +182,7 @@ def execute_on_kubernetes(op: TorchElasticOperator, context: Context, payload: b
         op.log.info("Job kind: %s (%s)", kind.kind, why)
         manifests = render_objects(op, identity, namespace, payload, settings, task_context=task_context, kind=kind)
         if op.retry_resources is not None:
-            manifests = _with_retry_resources(op, context, manifests, kubernetes_hook, namespace)
+            manifests = _with_retry_resources(op, context, manifests, cluster.hook, namespace)
     except (ValueError, TypeError) as e:
         # A setting only known at run time (templated image, the connection's namespace, the payload's size)
         # is wrong: the same try would fail the same way, so do not spend retries on it.
@@ -224,14 +218,14 @@ def execute_on_kubernetes(op: TorchElasticOperator, context: Context, payload: b
         if settings.deferrable:
             decision = _look_before_deferring(ref, policy, kube, log, _limits(op, context))
         else:
-            decision = _wait_here(op, kubernetes_hook, ref, policy, kube, log, _limits(op, context), deletes)
+            decision = _wait_here(op, cluster.connection, ref, policy, kube, log, _limits(op, context), deletes)
     except BaseException:
         op.log.warning("Waiting for %s %s/%s was interrupted", ref.kind, ref.namespace, ref.name)
         op._stop(ref, kube)
         op._job = None
         raise
     if decision is None:
-        _defer(op, kubernetes_hook, ref, context, settings, secrets)
+        _defer(op, cluster.connection, ref, policy, context, settings, secrets)
     op._job = None
     if settings.deferrable:
         op.log.info("%s %s/%s had ended before the task deferred: finished here", ref.kind, ref.namespace, ref.name)
@@ -252,7 +246,7 @@ _DETACHED_DELETE_SECONDS: Final = 10.0
 
 def _wait_here(
     op: TorchElasticOperator,
-    kubernetes_hook: Any,
+    connection: ClusterConnection,
     ref: JobRef,
     policy: WaitPolicy,
     kube: SyncKube,
@@ -262,22 +256,15 @@ def _wait_here(
 ) -> WaitDecision:
     """``deferrable=False``: the wait core, woken by a watch of the job in a private event loop (the triggerer's
     list+watch, :mod:`..kubernetes.worker_wait`); where that cannot start, polled as before with the same core."""
-    from airflow.providers.cncf.kubernetes.hooks.kubernetes import AsyncKubernetesHook
-
     from airflow_provider_torchelastic.kubernetes.wait import drive_sync, wait_for_job
     from airflow_provider_torchelastic.kubernetes.worker_wait import WatchNotStarted, wait_watching
 
-    try:
-        # Resolved here, as for a deferral: the async hook would otherwise read the connection from inside the loop.
-        extras = kubernetes_hook.get_connection(op.kubernetes_conn_id).extra_dejson
-    except Exception:  # no connection: the hooks' in-cluster / default kubeconfig fallback applies
-        extras = {}
-    async_hook = AsyncKubernetesHook(
-        conn_id=op.kubernetes_conn_id, kubernetes_conn_id=op.kubernetes_conn_id, connection_extras=extras
-    )
+    # The extras as resolved for the submit: the async hook would otherwise read the connection from inside the
+    # loop. No connection: no extras, so that the hook falls back to in-cluster / the default kubeconfig.
+    resolved = dataclasses.replace(connection, extras=connection.extras if connection.extras is not None else {})
     flow = wait_for_job(ref, policy, limits)
     try:
-        decision: WaitDecision = wait_watching(flow, ref, async_hook.get_conn, kube, log, detach=deletes)
+        decision: WaitDecision = wait_watching(flow, ref, async_hook(resolved).get_conn, kube, log, detach=deletes)
     except WatchNotStarted as e:
         op.log.info(
             "Polling %s %s/%s every %g s (no watch: %s)", ref.kind, ref.namespace, ref.name, policy.poll_interval, e
@@ -357,33 +344,22 @@ def _policy(op: TorchElasticOperator, context: Context, settings: Settings) -> W
 
 def _defer(
     op: TorchElasticOperator,
-    kubernetes_hook: Any,
+    connection: ClusterConnection,
     ref: JobRef,
+    policy: WaitPolicy,
     context: Context,
     settings: Settings,
     secrets: Sequence[str],
 ) -> NoReturn:
     from airflow_provider_torchelastic.triggers import TorchElasticJobTrigger, WatchArgs
 
-    try:
-        extras = kubernetes_hook.get_connection(op.kubernetes_conn_id).extra_dejson
-    except Exception:  # no connection: the triggerer resolves in-cluster or default config itself
-        extras = None
-    args = WatchArgs(
-        kind=ref.kind,
-        name=ref.name,
-        namespace=ref.namespace,
-        kubernetes_conn_id=op.kubernetes_conn_id,
-        connection_extras=extras,
-        poll_interval=op.poll_interval,
-        pending_grace_seconds=op.pending_grace_seconds,
-        image_pull_timeout=op.image_pull_timeout,
-        deadline=(deadline := _deadline(op, context)),
-        finish_action=op.on_finish_action,
-        scheduling_timeout=op.scheduling_timeout,
-        lease_seconds=settings.job_lease if deadline is None else None,
-        max_preemptions=(limits := _limits(op, context)).max_preemptions,
-        preemptions_before=limits.preemptions_before,
+    # The connection travels as resolved here (the triggerer needs none); without one, the triggerer resolves
+    # in-cluster or the default kubeconfig itself.
+    args = WatchArgs.for_wait(
+        ref,
+        connection,
+        policy,
+        _limits(op, context),
         deferred_at=time.time(),
         early_event_hold=settings.early_event_hold,
         mask=tuple(secrets),
@@ -457,7 +433,6 @@ def _result_of(
 
 def stop(op: TorchElasticOperator, ref: JobRef, kube: SyncKube | None = None) -> None:
     """Delete the job unless it has finished: the one way the worker ends a job it no longer waits for."""
-    from airflow_provider_torchelastic.kubernetes.client import SyncKube
     from airflow_provider_torchelastic.kubernetes.wait import drive_sync, stop_job
 
-    drive_sync(stop_job(ref), kube or SyncKube(hook(op.kubernetes_conn_id).api_client), op.log.info)
+    drive_sync(stop_job(ref), kube or connect(op.kubernetes_conn_id).sync_kube(), op.log.info)

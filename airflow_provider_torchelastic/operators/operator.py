@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from airflow.sdk import BaseOperator
 
 from airflow_provider_torchelastic.compat import mark_expanded
+from airflow_provider_torchelastic.core.public import OPERATORS_MODULE, publish
 from airflow_provider_torchelastic.operators.arguments import (
     DEFAULTS,
     OperatorArguments,
@@ -407,4 +408,4 @@ class TorchElasticOperator(BaseOperator):
 
 
 # The path users import it from, which a serialized DAG's task module, tracebacks and reprs then show.
-TorchElasticOperator.__module__ = "airflow_provider_torchelastic.operators"
+publish(TorchElasticOperator, module=OPERATORS_MODULE)

@@ -19,10 +19,12 @@ from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Generic, TypeVar
 
-from airflow_provider_torchelastic.core.naming import LABEL_MANAGED_BY, MANAGED_BY, TRAINING_CONTAINER
+from airflow_provider_torchelastic.core.naming import MANAGED_SELECTOR, TRAINING_CONTAINER
 from airflow_provider_torchelastic.errors import KubeError
+from airflow_provider_torchelastic.hooks import connect
 from airflow_provider_torchelastic.kubernetes import kinds
 from airflow_provider_torchelastic.kubernetes.client import SyncKube
+from airflow_provider_torchelastic.kubernetes.requests import ReadLog
 from airflow_provider_torchelastic.kubernetes.status import JobRef
 from airflow_provider_torchelastic.plugin.views import (
     SUMMARY_XCOM_KEY,
@@ -59,7 +61,6 @@ MAX_LOG_TAILS: Final = 1024
 MAX_NAME_MATCHES: Final = 1000
 #: Seconds one API call of a page view may take (a task's calls may take longer).
 _REQUEST_TIMEOUT: Final = 30
-_MANAGED: Final = f"{LABEL_MANAGED_BY}={MANAGED_BY}"
 
 K = TypeVar("K")
 V = TypeVar("V")
@@ -135,11 +136,9 @@ class KubeJobs:
     def _kube(self) -> SyncKube:
         with self._client_lock:
             if self._kube_client is None:
-                from airflow.providers.cncf.kubernetes.hooks.kubernetes import KubernetesHook
-
-                hook = KubernetesHook(conn_id=self.conn_id)
-                self._kube_client = SyncKube(hook.get_conn(), request_timeout=_REQUEST_TIMEOUT)
-                self._default_namespace = hook.get_namespace() or "default"
+                cluster = connect(self.conn_id)
+                self._kube_client = cluster.sync_kube(request_timeout=_REQUEST_TIMEOUT)
+                self._default_namespace = cluster.namespace
             return self._kube_client
 
     @property
@@ -151,7 +150,7 @@ class KubeJobs:
         kube = self._kube()
         with self._guard:
             self.calls += 1
-        return kube.list_kind(kind, check_namespace(namespace), _MANAGED)
+        return kube.list_kind(kind, check_namespace(namespace), MANAGED_SELECTOR)
 
     def _owners(self, kind: str, name: str, namespace: str) -> list[dict[str, Any]]:
         """What is between one job and its pods (a TrainJob's JobSet and Jobs): a list per query, per job."""
@@ -169,9 +168,8 @@ class KubeJobs:
         with self._guard:
             self.calls += 1
         # Without timestamps: the page shows the lines as the container wrote them.
-        return kube.read_log(
-            pod, namespace, None, LOG_TAIL_LINES, container=container, limit_bytes=LOG_TAIL_BYTES, timestamps=False
-        )
+        read = ReadLog(pod, namespace, None, LOG_TAIL_LINES, container, limit_bytes=LOG_TAIL_BYTES, timestamps=False)
+        return kube.read_log(read)
 
     def _lock_of(self, namespace: str) -> threading.Lock:
         with self._guard:
@@ -206,8 +204,7 @@ class KubeJobs:
             for kind in _kinds():
                 if kind == "Pod":
                     # Pods of a kind that owns pods are that job's; the rest are single-pod jobs.
-                    owned = _owned_pod_label_keys()
-                    objects[kind] = [p for p in pods if not owned & set(p.get("metadata", {}).get("labels") or {})]
+                    objects[kind] = [p for p in pods if kinds.owner_of_pod(p) is None]
                     continue
                 try:
                     objects[kind] = self._list(kind, namespace)
@@ -262,16 +259,6 @@ class KubeJobs:
 
 def _kinds() -> Sequence[str]:
     return [kind.kind for kind in kinds.registered()]
-
-
-def _owned_pod_label_keys() -> set[str]:
-    """Label keys by which kinds that own pods select them (a pod with one belongs to such a job)."""
-    keys: set[str] = set()
-    for kind in _kinds():
-        selector = kinds.get(kind).pod_selector("x")
-        if selector is not None:
-            keys.update(term.partition("=")[0] for term in selector.split(","))
-    return keys
 
 
 # --- Airflow's database ----------------------------------------------------------------------------------------

@@ -26,8 +26,6 @@ from airflow_provider_torchelastic.core.naming import (
     DNS_1123_SUBDOMAIN,
     LABEL_MAP_INDEX,
     LABEL_TRY_NUMBER,
-    REPLICA_INDEX_LABEL,
-    REPLICA_TYPE_LABEL,
     RunIdentity,
     is_job_name_of,
 )
@@ -142,47 +140,26 @@ def _int(value: Any, default: Any) -> Any:
         return default
 
 
-def _selector_matches(selector: str, labels: Mapping[str, str]) -> bool:
-    """Whether ``labels`` satisfy an equality selector ``k=v,k2=v2`` (what :class:`kinds.JobKind` gives)."""
-    for term in selector.split(","):
-        key, _, value = term.partition("=")
-        if labels.get(key.strip()) != value.strip():
-            return False
-    return True
-
-
 def group_live_jobs(
     objects: Mapping[str, Sequence[Mapping[str, Any]]],
     pods: Sequence[Mapping[str, Any]],
     owners: Mapping[tuple[str, str], Sequence[Mapping[str, Any]]] | None = None,
 ) -> list[LiveJob]:
-    """Jobs of each kind (``{kind: [objects]}``) with their pods, picked from one pod list of the namespace.
+    """Jobs of each kind (``{kind: [objects]}``) with their pods, picked from one pod list of the namespace by the
+    kind's own answer (:meth:`kinds.JobKind.pods_of`), in the kind's order.
 
-    A kind whose object is its own only pod (``pod_selector`` gives None, e.g. ``Pod``) is its own pod list.
     ``owners``: by ``(kind, name)``, the objects between such a job and its pods (a TrainJob's JobSet and Jobs).
+    A pod with the labels but another controller (or none) is not the job's: its logs and its state stay out of the
+    job's row and of its log view.
     """
     jobs: list[LiveJob] = []
     for kind, items in objects.items():
         descriptor = kinds.get(kind)
         for obj in items:
             name = obj.get("metadata", {}).get("name", "")
-            selector = descriptor.pod_selector(name)
-            if selector is None:
-                jobs.append(LiveJob(kind=kind, obj=obj, pods=(obj,)))
-                continue
-            labelled = [p for p in pods if _selector_matches(selector, p.get("metadata", {}).get("labels") or {})]
-            # A pod with the labels but another controller (or none) is not this job's: its logs and its state stay
-            # out of the job's row and of its log view.
-            mine = descriptor.controlled_pods(obj, labelled, (owners or {}).get((kind, name), ()))
-            jobs.append(LiveJob(kind=kind, obj=obj, pods=tuple(sorted(mine, key=_pod_order))))
+            mine = descriptor.pods_of(name).pick(obj, pods, (owners or {}).get((kind, name), ()))
+            jobs.append(LiveJob(kind=kind, obj=obj, pods=tuple(sorted(mine, key=descriptor.pod_order))))
     return jobs
-
-
-def _pod_order(pod: Mapping[str, Any]) -> tuple[int, int, str]:
-    labels = pod.get("metadata", {}).get("labels") or {}
-    # Master first (it holds rank 0 when there is one), then workers by index.
-    master = 0 if str(labels.get(REPLICA_TYPE_LABEL, "")).lower() == "master" else 1
-    return master, _int(labels.get(REPLICA_INDEX_LABEL), 0), pod.get("metadata", {}).get("name", "")
 
 
 def ti_url(identity: Identity, base_path: str = "") -> str:
@@ -198,10 +175,8 @@ def ti_url(identity: Identity, base_path: str = "") -> str:
 
 def _decide(job: LiveJob, now: float) -> tuple[Phase, str | None]:
     """The job's phase and, when it failed, why: the task's own decision over this snapshot."""
-    descriptor = kinds.get(job.kind)
     ref = JobRef(kind=job.kind, name=job.name, namespace=job.namespace)
-    pods = job.pods if descriptor.pod_selector(job.name) is not None else ()
-    decision = descriptor.decide(ref, Snapshot(job=job.obj, pods=pods, now=now), WaitPolicy())
+    decision = kinds.get(job.kind).decide(ref, Snapshot(job=job.obj, pods=job.pods, now=now), WaitPolicy())
     cause = decision.verdict.detail if decision.verdict is not None and not decision.verdict.succeeded else None
     return decision.phase, cause
 
@@ -383,10 +358,11 @@ def _decimate(points: list[list[float]], count: int) -> list[list[float]]:
 
 
 def sparkline(metrics: Mapping[str, Any], name: str = "loss") -> dict[str, Any] | None:
-    """The list's small chart: ``loss`` if reported, else the first metric; at most ``SPARKLINE_POINTS`` points."""
+    """The list's small chart: ``name`` if reported, else the first metric by name that is a loss (Lightning's
+    ``train_loss``, a tracker's ``train/loss``), else the first by name; at most ``SPARKLINE_POINTS`` points."""
     if not metrics:
         return None
-    chosen = name if name in metrics else sorted(metrics)[0]
+    chosen = name if name in metrics else min(metrics, key=lambda metric: ("loss" not in metric.lower(), metric))
     points = _points(metrics[chosen])
     return {"metric": chosen, "points": _decimate(points, SPARKLINE_POINTS)} if points else None
 

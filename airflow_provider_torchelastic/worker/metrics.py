@@ -16,7 +16,6 @@ import warnings
 from collections.abc import Callable, Mapping
 from typing import Any, Final
 
-from airflow_provider_torchelastic.core.choices import PUBLIC_MODULE
 from airflow_provider_torchelastic.core.metrics_format import (
     DEFAULT_INTERVAL,
     INTERVAL_ENV,
@@ -25,6 +24,7 @@ from airflow_provider_torchelastic.core.metrics_format import (
     MetricSeries,
     MetricsLine,
 )
+from airflow_provider_torchelastic.core.public import publish
 from airflow_provider_torchelastic.worker.liveness import heartbeat
 
 __all__ = ["Reporter", "flush", "report"]
@@ -213,5 +213,5 @@ def flush() -> None:
         reporter.flush()
 
 
-# Exported at the package root, and shown (and pickled by reference) by that path: core/choices.py.
-report.__module__ = PUBLIC_MODULE
+# Exported at the package root, and shown (and pickled by reference) by that path.
+publish(report)

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from airflow_provider_torchelastic.core.choices import PUBLIC_MODULE
+from airflow_provider_torchelastic.core.public import publish
 
 __all__ = ["Program", "ScriptNotFoundError", "set_result"]
 
@@ -80,5 +80,5 @@ class Program:
         return _RESULT[0] if _RESULT else None
 
 
-# Exported at the package root, and shown (and pickled by reference) by that path: core/choices.py.
-set_result.__module__ = PUBLIC_MODULE
+# Exported at the package root, and shown (and pickled by reference) by that path.
+publish(set_result)

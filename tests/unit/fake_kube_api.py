@@ -30,6 +30,8 @@ class Request:
     method: str
     path: str
     query: Mapping[str, str]
+    #: The request's ``Content-Type``: a patch's says which kind of patch it is.
+    content_type: str = ""
 
 
 def json_answer(doc: Mapping[str, Any], status: int = 200, **headers: str) -> Answer:
@@ -82,7 +84,7 @@ def fake_api(answer: Callable[[str, str, Mapping[str, str]], Answer]) -> Iterato
         def _serve(self) -> None:
             parts = urlsplit(self.path)
             query = {key: values[-1] for key, values in parse_qs(parts.query).items()}
-            api.requests.append(Request(self.command, parts.path, query))
+            api.requests.append(Request(self.command, parts.path, query, self.headers.get("Content-Type", "")))
             reply = api.answer(self.command, parts.path, query)
             self.send_response(reply.status)
             for name, value in reply.headers.items():

@@ -14,6 +14,7 @@ import pytest
 
 import airflow_provider_torchelastic
 from airflow_provider_torchelastic import options, settings
+from airflow_provider_torchelastic.core.choices import EXECUTIONS
 from airflow_provider_torchelastic.core.metrics_format import DEFAULT_INTERVAL
 from airflow_provider_torchelastic.kubernetes.kinds import JOB_KIND_CHOICES
 
@@ -184,6 +185,46 @@ def test_every_option_read_is_declared_and_every_declared_option_is_read() -> No
     assert not unread, f"declared in options.OPTIONS but read nowhere (drop it, or read it through settings): {unread}"
 
 
+def _is_environ(node: ast.expr) -> bool:
+    return (isinstance(node, ast.Attribute) and node.attr == "environ") or (
+        isinstance(node, ast.Name) and node.id == "environ"
+    )
+
+
+def _environment_reads(tree: ast.Module) -> Iterator[ast.expr]:
+    """The names that ``os.environ[...]``, ``os.environ.get(...)`` (``pop``, ``setdefault``) and ``os.getenv(...)``
+    read from the process environment."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Subscript) and _is_environ(node.value):
+            yield node.slice
+        elif isinstance(node, ast.Call) and node.args:
+            func = node.func
+            by_method = (
+                isinstance(func, ast.Attribute)
+                and func.attr in ("get", "pop", "setdefault")
+                and _is_environ(func.value)
+            )
+            if by_method or _callee(node) == "getenv":
+                yield node.args[0]
+
+
+def _starts_like_an_option_variable(node: ast.expr) -> bool:
+    first = node.values[0] if isinstance(node, ast.JoinedStr) and node.values else node
+    return isinstance(first, ast.Constant) and isinstance(first.value, str) and first.value.startswith("AIRFLOW__")
+
+
+def test_no_option_is_read_from_the_environment_around_airflow() -> None:
+    # AIRFLOW__TORCH_ELASTIC__* read by hand would skip the table and Airflow's other sources (airflow.cfg, secrets
+    # backends): Airflow's configuration reads the environment for us, through settings._get.
+    found = [
+        f"{path.relative_to(PACKAGE_DIR.parent)}:{getattr(node, 'lineno', '?')}"
+        for path, tree in _sources()
+        for node in _environment_reads(tree)
+        if _starts_like_an_option_variable(node)
+    ]
+    assert not found, f"read the option through settings instead: {found}"
+
+
 def test_reading_an_undeclared_option_fails_naming_it() -> None:
     with pytest.raises(KeyError, match=r"\[torch_elastic\] no_such_template is not a declared option.*options\.py"):
         settings.url_template("no_such_template")
@@ -260,6 +301,10 @@ def test_the_defaults_elsewhere_are_the_tables() -> None:
     assert settings.DEFAULT_JOB_LEASE == float(default["job_lease"]) >= settings.MIN_JOB_LEASE
     # report() falls back to its own interval where none is rendered into the pod: the documented default is that one.
     assert float(default["report_interval"]) == DEFAULT_INTERVAL
+    # The choices live in core.choices; the table (standard library only) spells them in its descriptions.
+    assert default["execution"] in EXECUTIONS
+    description = options.DECLARED["execution"].description
+    assert all(f"'{choice}'" in description for choice in EXECUTIONS), description
     # job_kind's choices live with the kinds; the table (standard library only) spells them in its description.
     assert default["job_kind"] in JOB_KIND_CHOICES
     description = options.DECLARED["job_kind"].description

@@ -133,17 +133,7 @@ class LeasedSource:
             self.job["status"] = {"phase": "Succeeded"}
         return Snapshot(job=self.job, pods=[], now=self.clock[0])
 
-    def read_log(
-        self,
-        pod: str,
-        namespace: str,
-        since_seconds: int | None,
-        tail_lines: int | None = None,
-        *,
-        container: str = "",
-        previous: bool = False,
-        limit_bytes: int | None = None,
-    ) -> str:
+    def read_log(self, request: Any) -> str:
         return ""
 
     def delete_job(self, ref: JobRef) -> bool:

@@ -121,6 +121,20 @@ def test_a_summary_row_and_detail_come_from_the_xcom_value_as_stored() -> None:
     assert views.summary_from_xcom("not json") is None
 
 
+@pytest.mark.parametrize(
+    ("names", "shown"),
+    [
+        (["epoch", "loss", "learning_rate"], "loss"),  # the HF Trainer's
+        (["epoch", "train_loss"], "train_loss"),  # Lightning's: not epoch, the first by name
+        (["accuracy", "train/loss", "val/loss"], "train/loss"),
+        (["accuracy", "lr"], "accuracy"),
+    ],
+)
+def test_the_lists_sparkline_shows_a_frameworks_loss(names: list[str], shown: str) -> None:
+    line = views.sparkline({name: [[0, 1.0], [1, 0.5]] for name in names})
+    assert line is not None and line["metric"] == shown
+
+
 def test_a_stalled_trys_forensics_location_reaches_the_job_tab() -> None:
     identity = views.Identity(dag_id="d", task_id="t", run_id="r", try_number=1)
     cause = "rank 1 failed with TrainingStalled: …; stacks and traces kept at s3://b/ckpt/forensics/try-1/pod-0"

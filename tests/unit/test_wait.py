@@ -22,7 +22,7 @@ from airflow_provider_torchelastic.errors import KubeError
 from airflow_provider_torchelastic.kubernetes import kinds
 from airflow_provider_torchelastic.kubernetes.client import retry_sync
 from airflow_provider_torchelastic.kubernetes.render import render_manifests
-from airflow_provider_torchelastic.kubernetes.requests import LOG_READ_LIMIT_BYTES
+from airflow_provider_torchelastic.kubernetes.requests import LOG_READ_LIMIT_BYTES, ReadLog
 from airflow_provider_torchelastic.kubernetes.status import (
     JobRef,
     Phase,
@@ -83,18 +83,10 @@ class FakeSource:
             raise answer
         return Snapshot(job=answer, pods=[], now=self.clock[0])
 
-    def read_log(
-        self,
-        pod: str,
-        namespace: str,
-        since_seconds: int | None,
-        tail_lines: int | None = None,
-        *,
-        container: str = "",
-        previous: bool = False,
-        limit_bytes: int | None = None,
-    ) -> str:
-        self.log_reads.append({"pod": pod, "tail_lines": tail_lines, "limit_bytes": limit_bytes})
+    def read_log(self, request: ReadLog) -> str:
+        self.log_reads.append(
+            {"pod": request.pod, "tail_lines": request.tail_lines, "limit_bytes": request.limit_bytes}
+        )
         return self.log_text
 
     def delete_job(self, ref: JobRef) -> bool:
@@ -114,18 +106,8 @@ class AsyncFakeSource:
     async def snapshot(self, ref: JobRef) -> Snapshot:
         return self.sync.snapshot(ref)
 
-    async def read_log(
-        self,
-        pod: str,
-        namespace: str,
-        since_seconds: int | None,
-        tail_lines: int | None = None,
-        *,
-        container: str = "",
-        previous: bool = False,
-        limit_bytes: int | None = None,
-    ) -> str:
-        return self.sync.read_log(pod, namespace, since_seconds, tail_lines, limit_bytes=limit_bytes)
+    async def read_log(self, request: ReadLog) -> str:
+        return self.sync.read_log(request)
 
     async def delete_job(self, ref: JobRef) -> bool:
         return self.sync.delete_job(ref)
@@ -314,9 +296,7 @@ def test_progress_is_logged_when_where_the_job_stands_changes_and_as_a_heartbeat
 
 
 def test_a_plugged_in_kind_renders_waits_and_is_addressed_through_its_descriptor(tmp_path: Path) -> None:
-    from kubernetes import client
-
-    from airflow_provider_torchelastic.kubernetes.client import _get_call
+    from airflow_provider_torchelastic.kubernetes import calls
 
     seen: list[str] = []
 
@@ -350,8 +330,8 @@ def test_a_plugged_in_kind_renders_waits_and_is_addressed_through_its_descriptor
         decision, _ = run_sync(wait_for_job(ref, WaitPolicy(poll_interval=1)), source)
         assert seen == ["Busy", "Done"] and decision.phase is Phase.SUCCEEDED and source.deleted == [ref]
 
-        fn, args, _ = _get_call(client.CoreV1Api(), client.CustomObjectsApi(), "FakeJob", "f", "ml")
-        assert fn.__name__ == "get_namespaced_custom_object" and args == ("example.dev", "v1", "ml", "fakejobs", "f")
+        get = calls.get("FakeJob", "f", "ml")
+        assert (get.method, get.path) == ("GET", "/apis/example.dev/v1/namespaces/ml/fakejobs/f")
     with pytest.raises(ValueError, match="job kind: expected one of Pod, PyTorchJob, TrainJob, got 'FakeJob'"):
         kinds.get("FakeJob")
 

@@ -6,10 +6,13 @@ renderer, pods, decisions, owner reference, the UI's replica count and its rende
 provider asks this table instead of testing kind names, so a new kind (Kubeflow Trainer v2's ``TrainJob``) is one
 module and one table entry, or one entry point in another package. Pure: no I/O, no Airflow, no kubernetes.
 
-Which kind runs a task is :func:`choose`'s: a plugged-in kind that accepts the config, else a Pod for one node, else
-what ``job_kind`` says (``pytorchjob``, ``trainjob``, or ``auto``: a TrainJob where the cluster serves it and the
-task fits one, since PyTorchJob v1 is in maintenance; else a PyTorchJob). :func:`for_config` is the choice without a
-cluster: a PyTorchJob for several nodes.
+Which kind runs a task is :func:`choose`'s alone: a plugged-in kind that accepts the config, else a Pod for one node,
+else what ``job_kind`` says (``pytorchjob``, ``trainjob``, or ``auto``: a TrainJob where the cluster serves it and the
+task fits one, since PyTorchJob v1 is in maintenance; else a PyTorchJob). :func:`fixed_choice` is its part that needs
+no cluster (the parse-time check), and :func:`for_config` is the choice under ``pytorchjob``.
+
+The pods of a job are the kind's answer too (:meth:`JobKind.pods_of`): the selector a poll sends, and the same choice
+over pods at hand (the shared watch's cache, the UI's pod list).
 
 An entry point names a :class:`JobKind` object (``fakejob = my_package.kinds:FAKE_JOB``). Plugged-in kinds come
 before the built-in ones, so that one that accepts a config claims it; a plugged-in kind may not reuse a built-in
@@ -19,14 +22,14 @@ kind's name. The entry points are read once per process, on first use (never at 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from importlib.metadata import entry_points
-from typing import Final
+from typing import Any, Final
 
 from airflow_provider_torchelastic.core import choices
 from airflow_provider_torchelastic.core.config import TaskConfig
 from airflow_provider_torchelastic.kubernetes.kinds import pod, pytorchjob, trainjob
-from airflow_provider_torchelastic.kubernetes.kinds.descriptor import DENIED, NOT_SERVED, JobKind, OwnerQuery
+from airflow_provider_torchelastic.kubernetes.kinds.descriptor import DENIED, NOT_SERVED, JobKind, OwnerQuery, PodsOf
 
 __all__ = [
     "BUILT_IN",
@@ -40,10 +43,12 @@ __all__ = [
     "Choice",
     "JobKind",
     "OwnerQuery",
+    "PodsOf",
     "choose",
     "fixed_choice",
     "for_config",
     "get",
+    "owner_of_pod",
     "registered",
 ]
 
@@ -77,6 +82,16 @@ def registered() -> tuple[JobKind, ...]:
     return (*(plugged[name] for name in sorted(plugged)), *BUILT_IN)
 
 
+def owner_of_pod(pod: Mapping[str, Any]) -> tuple[JobKind, str] | None:
+    """The kind and name of the job whose pods ``pod``'s labels say it is among (:meth:`JobKind.owner_of`), or None:
+    a pod that no kind owning pods claims (a bare Pod job is its own)."""
+    for kind in registered():
+        owner = kind.owner_of(pod)
+        if owner is not None:
+            return kind, owner
+    return None
+
+
 def get(name: str) -> JobKind:
     """The descriptor of a kind, by its ``kind`` name."""
     for kind in BUILT_IN if name in _BUILT_IN_NAMES else registered():
@@ -87,11 +102,9 @@ def get(name: str) -> JobKind:
 
 
 def for_config(config: TaskConfig) -> JobKind:
-    """The kind that runs a task config."""
-    for kind in registered():
-        if kind.accepts(config):
-            return kind
-    raise ValueError(f"task_config: no job kind runs {config!r}")  # pragma: no cover - the built-ins cover all
+    """The kind that runs a task config without a cluster to ask: :func:`choose` under ``job_kind='pytorchjob'``
+    (a plugged-in kind that accepts it, a Pod for one node, else a PyTorchJob)."""
+    return choose(config, "pytorchjob")[0]
 
 
 #: A kind and why it was chosen (for the task log).
@@ -126,15 +139,20 @@ def fixed_choice(config: TaskConfig, job_kind: str) -> Choice | None:
     return None
 
 
-def choose(config: TaskConfig, job_kind: str, served: Callable[[JobKind], bool]) -> Choice:
-    """The kind that runs ``config`` under ``job_kind``, asking ``served(kind)`` (API discovery) only for ``auto``.
+def choose(config: TaskConfig, job_kind: str, served: Callable[[JobKind], bool] | None = None) -> Choice:
+    """The kind that runs ``config`` under ``job_kind``, asking ``served(kind)`` (API discovery) only for ``auto``:
+    the one choice of a kind, which the submit, the dry run and the render make (the parse-time check makes its part
+    that needs no cluster, :func:`fixed_choice`).
 
     ``auto`` picks a TrainJob where the cluster serves it (Kubeflow Trainer v2; PyTorchJob v1 is in maintenance),
-    else a PyTorchJob. Neither served: a PyTorchJob, whose submit says what to install.
+    else a PyTorchJob. Neither served: a PyTorchJob, whose submit says what to install. ``served`` None (a dry run,
+    with no cluster to ask): a PyTorchJob.
     """
     fixed = fixed_choice(config, job_kind)
     if fixed is not None:
         return fixed
+    if served is None:
+        return PYTORCHJOB, "job_kind='auto' without a cluster to ask: a PyTorchJob"
     if served(TRAINJOB):
         return TRAINJOB, "job_kind='auto': the cluster serves TrainJob (Kubeflow Trainer v2), and this task fits one"
     if served(PYTORCHJOB):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -13,7 +13,7 @@ from airflow_provider_torchelastic.kubernetes.ownership import controlled_pods, 
 from airflow_provider_torchelastic.kubernetes.pod_template import RenderInputs
 from airflow_provider_torchelastic.kubernetes.status import JobRef, Snapshot, WaitDecision, WaitPolicy
 
-__all__ = ["DENIED", "NOT_SERVED", "JobKind", "OwnerQuery"]
+__all__ = ["DENIED", "NOT_SERVED", "JobKind", "OwnerQuery", "PodsOf"]
 
 JsonDict = dict[str, Any]
 #: Why a list of a custom kind may be passed over (:meth:`JobKind.unlisted_because`).
@@ -31,6 +31,67 @@ def _no_replica_count(job: Mapping[str, Any]) -> int | None:
 
 def _no_selector(name: str) -> str | None:
     return None
+
+
+def _no_containers(workload: Mapping[str, Any]) -> dict[str, Any]:
+    return {}
+
+
+def _by_name(pod: Mapping[str, Any]) -> tuple[Any, ...]:
+    return (str((pod.get("metadata") or {}).get("name", "")),)
+
+
+def _controlled(
+    job: Mapping[str, Any] | None,
+    pods: Sequence[Mapping[str, Any]],
+    chain: Sequence[str],
+    owners: Sequence[Mapping[str, Any]],
+) -> list[Mapping[str, Any]]:
+    between = {uid: owner for owner in owners if (uid := uid_of(owner)) is not None}
+    return controlled_pods(job, pods, chain, between)
+
+
+@dataclass(frozen=True, kw_only=True)
+class PodsOf:
+    """The pods of one job, in the two forms its readers need: the label selector a list or watch sends to the API,
+    and the same choice made over pods already at hand (the shared watch's cache, the UI's one pod list of a
+    namespace). One answer (:meth:`JobKind.pods_of`), so that a poll, the watch and the UI never disagree.
+
+    Labels find the pods; only the job's controller ownerReferences, followed by uid (:mod:`..ownership`), make them
+    the job's: labels are anyone's to set.
+    """
+
+    #: The label selector of the job's pods (equality terms, ``k=v,k2=v2``); None when the job object is its own
+    #: only pod (a bare Pod job).
+    selector: str | None
+    #: The kinds of the controllers from a pod up to the job (:attr:`JobKind.controller_chain`).
+    chain: tuple[str, ...]
+
+    @property
+    def labels(self) -> dict[str, str]:
+        """The selector's terms as labels a pod must carry (none for a job that is its own pod)."""
+        terms = (term.partition("=") for term in (self.selector or "").split(",") if term)
+        return {key.strip(): value.strip() for key, _, value in terms}
+
+    def labelled(self, pod: Mapping[str, Any]) -> bool:
+        """Whether ``pod`` carries the labels the selector asks for (what the API would have listed)."""
+        if self.selector is None:
+            return False
+        found = (pod.get("metadata") or {}).get("labels") or {}
+        return all(found.get(key) == value for key, value in self.labels.items())
+
+    def pick(
+        self,
+        job: Mapping[str, Any] | None,
+        pods: Iterable[Mapping[str, Any]],
+        owners: Sequence[Mapping[str, Any]] = (),
+    ) -> list[Mapping[str, Any]]:
+        """The pods of ``pods`` that are ``job``'s: labelled as the selector asks and controlled by the job through
+        :attr:`chain` (``owners``: the objects between, by uid, for a chain of more than one hop). A job that is its
+        own only pod is its own list; no job, no pods."""
+        if self.selector is None:
+            return [job] if job is not None else []
+        return _controlled(job, [pod for pod in pods if self.labelled(pod)], self.chain, owners)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -79,9 +140,16 @@ class JobKind:
     #: object is its own only pod. None (the default): one hop, the pod's controller is the job itself. A
     #: TrainJob's would be ``("Job", "JobSet", "TrainJob")``.
     pod_controllers: tuple[str, ...] | None = None
+    #: The sort key of a job's pods, in the order a person reads them (rank 0's pod first where the kind knows it):
+    #: the UI's pod lists and log tails. By name unless the kind says more.
+    pod_order: Callable[[Mapping[str, Any]], tuple[Any, ...]] = _by_name
     #: How many pods the job asks for, read from its spec (the UI's pod count before they all exist); ``None``
     #: where the spec does not say (the pods are counted instead).
     replica_count: Callable[[Mapping[str, Any]], int | None] = _no_replica_count
+    #: The training container of each replica of a rendered object, by replica name: the dicts themselves (so that a
+    #: copy's can be changed in place), whose :attr:`resources_key` holds the resources ``retry_resources`` raises.
+    training_containers: Callable[[Mapping[str, Any]], dict[str, Any]] = _no_containers
+    resources_key: str = "resources"
     #: The rendered object with its repetition folded, for the rendered-template view when the whole does not fit.
     abbreviate: Callable[[JsonDict], JsonDict] = _unchanged
     #: The ``spec`` of the object's digest (what runs where, with which resources): the last resort of that view.
@@ -139,6 +207,18 @@ class JobKind:
         """:attr:`pod_controllers`, with its default filled in."""
         return self.pod_controllers if self.pod_controllers is not None else (self.kind,)
 
+    def pods_of(self, name: str) -> PodsOf:
+        """The pods of job ``name``: the selector to send to the API, and the same choice over pods at hand."""
+        return PodsOf(selector=self.pod_selector(name), chain=self.controller_chain)
+
+    def owner_of(self, pod: Mapping[str, Any]) -> str | None:
+        """The name of the job of this kind that ``pod``'s labels file it under (:attr:`pod_owner_label`), or None:
+        how a watch of all pods files an event under its job without a request."""
+        if self.pod_owner_label is None:
+            return None
+        owner = ((pod.get("metadata") or {}).get("labels") or {}).get(self.pod_owner_label)
+        return str(owner) if owner is not None else None
+
     def controlled_pods(
         self,
         job: Mapping[str, Any] | None,
@@ -148,8 +228,7 @@ class JobKind:
         """The pods (found by label) that ``job`` controls: labels are anyone's to set, ownerReferences by uid
         tell this job's pods from a foreign controller's, or from a pod made to look like rank 0. ``owners``: the
         objects :attr:`intermediates` read, for a chain of more than one hop."""
-        between = {uid: owner for owner in owners if (uid := uid_of(owner)) is not None}
-        return controlled_pods(job, pods, self.controller_chain, between)
+        return _controlled(job, pods, self.controller_chain, owners)
 
     def owner_reference(self, *, owner_name: str, owner_uid: str) -> JsonDict:
         """The merge-patch body that makes an object (the payload Secret) a dependent of this kind's job.

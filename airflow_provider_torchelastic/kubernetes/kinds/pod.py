@@ -10,6 +10,7 @@ from typing import Any, Final
 
 from airflow_provider_torchelastic.core.config import Elastic, TaskConfig
 from airflow_provider_torchelastic.core.launch import config_to_launch_spec
+from airflow_provider_torchelastic.core.naming import TRAINING_CONTAINER
 from airflow_provider_torchelastic.core.outcome import Verdict, decide_run
 from airflow_provider_torchelastic.kubernetes.kinds.descriptor import JobKind
 from airflow_provider_torchelastic.kubernetes.pod_template import (
@@ -120,6 +121,13 @@ def _decide_pod(ref: JobRef, snapshot: Snapshot, policy: WaitPolicy) -> WaitDeci
     return seen.decision(Phase.RUNNING if phase == "Running" else Phase.PENDING, phase)
 
 
+def _training_containers(workload: Mapping[str, Any]) -> dict[str, Any]:
+    """The Pod's own training container, as its one replica."""
+    containers = (workload.get("spec") or {}).get("containers") or []
+    found = [container for container in containers if container.get("name") == TRAINING_CONTAINER]
+    return {"pod": found[0]} if found else {}
+
+
 def _digest_spec(manifest: JsonDict) -> JsonDict:
     return pod_spec_digest(manifest.get("spec", {}))
 
@@ -136,5 +144,6 @@ KIND: Final = JobKind(
     decide=decide_pod,
     is_finished=pod_finished,
     replica_count=lambda job: 1,
+    training_containers=_training_containers,
     digest_spec=_digest_spec,
 )

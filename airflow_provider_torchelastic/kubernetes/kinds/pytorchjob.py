@@ -14,6 +14,7 @@ from typing import Any, Final
 from airflow_provider_torchelastic.core import causes
 from airflow_provider_torchelastic.core.config import Elastic, Master, TaskConfig, Worker
 from airflow_provider_torchelastic.core.launch import config_to_launch_spec
+from airflow_provider_torchelastic.core.naming import REPLICA_INDEX_LABEL, REPLICA_TYPE_LABEL, TRAINING_CONTAINER
 from airflow_provider_torchelastic.core.outcome import Verdict, decide_run
 from airflow_provider_torchelastic.core.pod_options import merge_pod_options
 from airflow_provider_torchelastic.kubernetes.kinds.descriptor import JobKind
@@ -435,6 +436,24 @@ def _pods(name: str) -> str:
     return f"{POD_LABEL}={name}"
 
 
+def _training_containers(workload: Mapping[str, Any]) -> dict[str, Any]:
+    """Each replica type's training container."""
+    return {
+        replica: container
+        for replica, replica_spec in ((workload.get("spec") or {}).get("pytorchReplicaSpecs") or {}).items()
+        for container in ((replica_spec.get("template") or {}).get("spec") or {}).get("containers") or []
+        if container.get("name") == TRAINING_CONTAINER
+    }
+
+
+def _pod_order(pod: Mapping[str, Any]) -> tuple[int, int, str]:
+    """Master first (it holds rank 0 when there is one), then workers by index (the training operator's labels)."""
+    metadata = pod.get("metadata") or {}
+    labels = metadata.get("labels") or {}
+    master = 0 if str(labels.get(REPLICA_TYPE_LABEL, "")).lower() == "master" else 1
+    return master, _int(labels.get(REPLICA_INDEX_LABEL), 0), str(metadata.get("name", ""))
+
+
 #: The Kubeflow training operator v1.9, standalone install (what the preflight tells a cluster without it).
 _TRAINING_OPERATOR_KUSTOMIZATION: Final = "github.com/kubeflow/training-operator.git/manifests/overlays/standalone"
 TRAINING_OPERATOR_INSTALL: Final = f'kubectl apply --server-side -k "{_TRAINING_OPERATOR_KUSTOMIZATION}?ref=v1.9.0"'
@@ -451,6 +470,8 @@ KIND: Final = JobKind(
     decide=decide_pytorchjob,
     is_finished=pytorchjob_finished,
     pod_owner_label=POD_LABEL,
+    pod_order=_pod_order,
+    training_containers=_training_containers,
     replica_count=_replica_count,
     abbreviate=_abbreviate,
     digest_spec=_digest_spec,

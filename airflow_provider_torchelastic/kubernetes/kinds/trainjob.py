@@ -47,7 +47,6 @@ from airflow_provider_torchelastic.kubernetes.kinds.trainjob_limits import (
     check_trainjob_config,
     check_trainjob_options,
 )
-from airflow_provider_torchelastic.kubernetes.ownership import controlled_pods, uid_of
 from airflow_provider_torchelastic.kubernetes.pod_template import (
     JsonDict,
     PodSettings,
@@ -298,8 +297,7 @@ def trainjob_pods(
 ) -> list[Mapping[str, Any]]:
     """The pods (found by label) that TrainJob ``job`` controls: each pod's controller chain, Pod -> Job -> JobSet
     -> TrainJob, followed by uid through ``owners`` (the Jobs and the JobSet read beside the pods)."""
-    intermediates = {uid: owner for owner in owners if (uid := uid_of(owner)) is not None}
-    return controlled_pods(job, pods, CONTROLLERS, intermediates)
+    return KIND.controlled_pods(job, pods, owners)
 
 
 def is_rank0_pod(pod: Mapping[str, Any], runtime: Runtime = TORCH_DISTRIBUTED) -> bool:
@@ -436,6 +434,12 @@ def _digest_spec(manifest: JsonDict) -> JsonDict:
     return short
 
 
+def _training_containers(workload: Mapping[str, Any]) -> dict[str, Any]:
+    """The trainer block (its ``resourcesPerNode`` are every node's): a TrainJob's one replica."""
+    trainer = (workload.get("spec") or {}).get("trainer")
+    return {"trainer": trainer} if isinstance(trainer, dict) else {}
+
+
 def _jobset_of(name: str) -> str:
     return f"metadata.name={name}"  # the JobSet has its TrainJob's name (kubeflow/trainer jobset.go)
 
@@ -465,6 +469,8 @@ KIND: Final = JobKind(
     log_container=NODE_CONTAINER,
     intermediates=OWNERS,
     replica_count=_num_nodes,
+    training_containers=_training_containers,
+    resources_key="resourcesPerNode",
     digest_spec=_digest_spec,
     controller="Kubeflow Trainer v2",
     install_hint="install Kubeflow Trainer v2.3 (its CRDs, JobSet v0.12 and the torch-distributed runtime)",
