@@ -1,4 +1,5 @@
-"""Loads the cluster and Airflow-deployment plugins (as tests/deployment/conftest.py does), and gives the browser."""
+"""Loads the cluster and Airflow-deployment plugins (as tests/deployment/conftest.py does), and gives the browser and
+a page of it logged in to the deployment."""
 
 from __future__ import annotations
 
@@ -7,12 +8,19 @@ import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import pytest
+
+from tests.airflow_services.services import AirflowServices
 
 PLUGINS = ("tests.cluster.pytest_plugin", "tests.airflow_services.pytest_plugin")
 #: Where screenshots go (a test artifact): TORCHELASTIC_UI_ARTIFACTS, else pytest's temporary dir.
 ARTIFACTS_ENV = "TORCHELASTIC_UI_ARTIFACTS"
+#: The plugin's API of jobs, under the deployment's base URL.
+API = "/torch-elastic/api/jobs"
+#: Milliseconds a page may take to show what the API has (it refreshes every 5 s while jobs run).
+SHOWN_WITHIN = 30_000
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -42,6 +50,29 @@ def browser() -> Iterator[Any]:
             yield browser
         finally:
             browser.close()
+
+
+@pytest.fixture(scope="module")
+def page(airflow_services: AirflowServices, browser: Any) -> Iterator[Any]:
+    """A page of the ``browser``, logged in to the deployment as its admin; an error at teardown if a page raised in
+    the browser."""
+    token = str(airflow_services.api.headers["Authorization"]).split(" ", 1)[1]
+    context = browser.new_context(viewport={"width": 1440, "height": 900})
+    # What the UI's login leaves in the browser: the JWT in the `_token` cookie.
+    context.add_cookies([{"name": "_token", "value": token, "url": airflow_services.base_url}])
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda error: errors.append(str(error)))
+    try:
+        yield page
+    finally:
+        context.close()
+    assert not errors, f"the pages raised in the browser: {errors}"
+
+
+def tab_url(base: str, dag_id: str, run_id: str, task_id: str) -> str:
+    """The "Training job" tab of a task instance in Airflow's UI."""
+    return f"{base}/dags/{dag_id}/runs/{quote(run_id, safe='')}/tasks/{task_id}/plugin/training-job"
 
 
 @pytest.fixture(scope="session")

@@ -9,25 +9,22 @@ docs/ are taken from them.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
 import httpx
 import pytest
 
 from tests.airflow_services.services import AirflowServices
+from tests.ui.conftest import API, SHOWN_WITHIN, tab_url
 
 pytestmark = pytest.mark.cluster
 
-API = "/torch-elastic/api/jobs"
 #: Steps that ui_metrics reports (tests/deployment_dags/ui_training.py: STEPS; a DAG file is not imported here).
 STEPS = 12
 #: Elements of the tensor ui_metrics returns (WEIGHTS there).
 WEIGHTS = 1000
-#: Milliseconds a page may take to show what the API has (it refreshes every 5 s while jobs run).
-SHOWN_WITHIN = 30_000
 
 
 def test_the_api_refuses_anonymous_and_bad_tokens(airflow_services: AirflowServices) -> None:
@@ -41,22 +38,6 @@ def test_the_api_refuses_anonymous_and_bad_tokens(airflow_services: AirflowServi
     bundle = httpx.get(f"{base}/torch-elastic/static/torch-elastic.js", timeout=30)
     assert bundle.status_code == 200, "the UI bundle is missing: run scripts/setup.sh (npm run build in ui/)"
     assert "javascript" in bundle.headers["content-type"]
-
-
-@pytest.fixture(scope="module")
-def page(airflow_services: AirflowServices, browser: Any) -> Iterator[Any]:
-    token = str(airflow_services.api.headers["Authorization"]).split(" ", 1)[1]
-    context = browser.new_context(viewport={"width": 1440, "height": 900})
-    # What the UI's login leaves in the browser: the JWT in the `_token` cookie.
-    context.add_cookies([{"name": "_token", "value": token, "url": airflow_services.base_url}])
-    page = context.new_page()
-    errors: list[str] = []
-    page.on("pageerror", lambda error: errors.append(str(error)))
-    try:
-        yield page
-    finally:
-        context.close()
-    assert not errors, f"the pages raised in the browser: {errors}"
 
 
 def _wait_for_job(
@@ -79,10 +60,6 @@ def _screenshot_of_table(page: Any, path: Path) -> None:
     box = page.locator("[data-testid=training-jobs]").bounding_box()
     height = max(300, int(box["y"] + box["height"]) + 24)
     page.screenshot(path=str(path), clip={"x": 0, "y": 0, "width": page.viewport_size["width"], "height": height})
-
-
-def _tab_url(base: str, dag_id: str, run_id: str, task_id: str) -> str:
-    return f"{base}/dags/{dag_id}/runs/{quote(run_id, safe='')}/tasks/{task_id}/plugin/training-job"
 
 
 def test_training_jobs_page_and_tab(airflow_services: AirflowServices, page: Any, artifacts: Path) -> None:
@@ -114,7 +91,7 @@ def test_training_jobs_page_and_tab(airflow_services: AirflowServices, page: Any
     _screenshot_of_table(page, artifacts / "training-jobs.png")
 
     # The tab of the reporting task: one chart per metric, one point per reported step.
-    page.goto(_tab_url(base, "ui_metrics", ok_run, "train"))
+    page.goto(tab_url(base, "ui_metrics", ok_run, "train"))
     page.locator("[data-testid=training-job]").wait_for(timeout=SHOWN_WITHIN)
     for metric in ("loss", "accuracy"):
         chart = page.locator(f"[data-testid=metric-chart][data-metric={metric}]")
@@ -132,7 +109,7 @@ def test_training_jobs_page_and_tab(airflow_services: AirflowServices, page: Any
     page.screenshot(path=str(artifacts / "training-job-tab-metrics.png"), full_page=True)
 
     # The tab of the failed task: its pods, which one failed, and the root cause.
-    page.goto(_tab_url(base, "ui_failure", bad_run, "train_diverges"))
+    page.goto(tab_url(base, "ui_failure", bad_run, "train_diverges"))
     cause = page.locator("[data-testid=root-cause]")
     cause.wait_for(timeout=SHOWN_WITHIN)
     assert "loss diverged to nan at step 6" in cause.inner_text()
@@ -141,5 +118,5 @@ def test_training_jobs_page_and_tab(airflow_services: AirflowServices, page: Any
     page.screenshot(path=str(artifacts / "training-job-tab.png"), full_page=True)
 
     # Another task's tab: one line saying there is no training job (the tab shows on every task in Airflow 3.3).
-    page.goto(_tab_url(base, "ui_metrics", ok_run, "publish"))
+    page.goto(tab_url(base, "ui_metrics", ok_run, "publish"))
     page.locator("[data-testid=no-training-job]").wait_for(timeout=SHOWN_WITHIN)

@@ -1,5 +1,6 @@
 // Hand-drawn SVG charts: a sparkline for the jobs table, a line chart per metric for a job. Each reported point is
 // one <circle> in the line chart (data-step, data-value), so what is drawn can be checked point by point.
+import { cell, head } from "./common";
 import { color, number } from "./format";
 
 function scale(points, width, height, pad, left = pad) {
@@ -56,8 +57,10 @@ export function LineChart({ name, points: raw, width = 420, height = 180 }) {
         <text x={left - 4} y={pad + 4} textAnchor="end" {...label}>{number(y1)}</text>
         <text x={left - 4} y={height - pad} textAnchor="end" {...label}>{number(y0)}</text>
         <polyline points={path} fill="none" stroke={color.line} strokeWidth="2" />
-        {points.map((p) => (
-          <circle key={p[0]} cx={x(p[0])} cy={y(p[1])} r={points.length > 60 ? 1.5 : 3} fill={color.line}
+        {/* Keyed by position: a framework may log a metric twice at one step (the HF Trainer's end-of-training log
+            repeats `epoch`). */}
+        {points.map((p, i) => (
+          <circle key={i} cx={x(p[0])} cy={y(p[1])} r={points.length > 60 ? 1.5 : 3} fill={color.line}
             data-step={p[0]} data-value={p[1]}>
             <title>{`step ${p[0]}: ${number(p[1])}`}</title>
           </circle>
@@ -67,14 +70,47 @@ export function LineChart({ name, points: raw, width = 420, height = 180 }) {
   );
 }
 
-export function Charts({ metrics }) {
-  const names = Object.keys(metrics || {}).filter((name) => finite(metrics[name]).length);
-  if (!names.length) return <p style={{ color: color.muted }}>No metrics reported (call report() in the training function).</p>;
+// Losses first, then by name: the summary's keys come back from the database in its own order (PostgreSQL's jsonb
+// sorts them by length), which no person would look for a metric in.
+const byName = ([a], [b]) => Number(!/loss/i.test(a)) - Number(!/loss/i.test(b)) || a.localeCompare(b);
+
+// Metrics reported once: a framework's end-of-training totals (the HF Trainer's train_runtime, total_flos,
+// train_loss), a value rather than a curve.
+function Values({ values }) {
   return (
-    <div style={{ display: "flex", flexWrap: "wrap", gap: 12 }}>
-      {names.map((name) => (
-        <LineChart key={name} name={name} points={metrics[name]} />
-      ))}
+    <table style={{ borderCollapse: "collapse", marginTop: 12 }} data-testid="metric-values">
+      <thead>
+        <tr>{["Reported once", "Step", "Value"].map((h) => <th key={h} style={head}>{h}</th>)}</tr>
+      </thead>
+      <tbody>
+        {values.map(([name, [[step, value]]]) => (
+          <tr key={name} data-testid="metric-value" data-metric={name} data-step={step} data-value={value}>
+            <td style={{ ...cell, fontWeight: 600 }}>{name}</td>
+            <td style={cell}>{step}</td>
+            <td style={{ ...cell, fontVariantNumeric: "tabular-nums" }}>{number(value)}</td>
+          </tr>
+        ))}
+      </tbody>
+    </table>
+  );
+}
+
+export function Charts({ metrics }) {
+  const series = Object.entries(metrics || {})
+    .map(([name, points]) => [name, finite(points)])
+    .filter(([, points]) => points.length)
+    .sort(byName);
+  if (!series.length) return <p style={{ color: color.muted }}>No metrics reported (call report() in the training function).</p>;
+  const curves = series.filter(([, points]) => points.length > 1);
+  const values = series.filter(([, points]) => points.length === 1);
+  return (
+    <div>
+      <div style={{ display: "flex", flexWrap: "wrap", gap: 12 }}>
+        {curves.map(([name, points]) => (
+          <LineChart key={name} name={name} points={points} />
+        ))}
+      </div>
+      {values.length > 0 && <Values values={values} />}
     </div>
   );
 }

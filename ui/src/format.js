@@ -14,7 +14,10 @@ export function when(unix) {
 
 export function number(value) {
   if (typeof value !== "number") return String(value);
-  return Math.abs(value) >= 1000 || Number.isInteger(value) ? String(value) : value.toPrecision(4);
+  if (Math.abs(value) >= 1000 || Number.isInteger(value)) return String(value);
+  // A learning rate (1e-2 to 1e-5 in every framework): "1.67e-3" fits beside a chart's axis, "0.001667" does not.
+  if (Math.abs(value) < 0.01) return value.toExponential(2);
+  return value.toPrecision(4);
 }
 
 // A size in bytes as people read it: 512 B, 4.0 KiB, 1.50 GiB.
