@@ -124,19 +124,6 @@ with _dag("k8s_permanent_failure", retries=2):
         **FAST,
     )
 
-# (g) the image cannot be pulled -> fails after pending_grace_seconds, not after a timeout.
-with _dag("k8s_image_pull_backoff", retries=2):
-    TorchElasticOperator(
-        task_id="train",
-        python_callable=sleep_then_return,
-        op_kwargs={"seconds": 0, "value": "never"},
-        task_config=small(),
-        deferrable=False,
-        pod_options=PodOptions(annotations={"sim.torchelastic.dev/fail": "ImagePullBackOff"}),
-        on_retry_callback=record_failure,
-        **{**FAST, "pending_grace_seconds": 3},
-    )
-
 # (h) killed while running: the worker's on_kill (SIGTERM) deletes the PyTorchJob (and so its pods).
 with _dag("k8s_killed_worker"):
     TorchElasticOperator(

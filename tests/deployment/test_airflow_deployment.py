@@ -3,8 +3,9 @@ deployment whose api-server, scheduler (LocalExecutor), dag-processor and trigge
 PostgreSQL (tests/airflow_services), against the local test cluster.
 
 What ``dag.test()`` (tests/e2e) cannot show: the task defers in one process and resumes in another, the trigger runs
-in the triggerer from its serialized (encrypted) form, a user's "mark failed" reaches the trigger's ``on_kill``, and a
-trigger survives its triggerer being killed.
+in the triggerer from its serialized (encrypted) form, a user's "mark failed" reaches the trigger's ``on_kill``, a
+trigger survives its triggerer being killed, and the scheduler's next try of a task whose process was killed deletes
+what that try left running.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from airflow_provider_torchelastic.kubernetes.pod_template import payload_secret_name
 from tests.airflow_services.services import AirflowServices
 
 pytestmark = pytest.mark.cluster
@@ -154,9 +156,12 @@ def test_marking_a_deferred_task_failed_deletes_its_job(services: AirflowService
     assert f"Deleted PyTorchJob {kube.namespace}/{name} (the task was killed" in trigger_log, trigger_log[-3000:]
 
 
-def test_a_killed_triggerer_is_replaced_and_the_task_finishes_with_one_job(
-    services: AirflowServices, kube: Kube
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["killed", "stopped"])
+def test_a_restarted_triggerer_is_replaced_and_the_task_finishes_with_one_job(
+    services: AirflowServices, kube: Kube, sig: signal.Signals
 ) -> None:
+    """SIGKILL: a crash, nothing of the trigger runs. SIGTERM: a rolling restart, the triggerer cancels its triggers
+    and runs their ``cleanup()``, which must leave the job running (only a user's action calls ``on_kill``)."""
     dag_id = "deploy_triggerer_restart"
     run_id = services.trigger_dag(dag_id)
     deferred = services.wait_for_task(
@@ -167,9 +172,9 @@ def test_a_killed_triggerer_is_replaced_and_the_task_finishes_with_one_job(
     _, pods = wait_for(lambda: started(kube, dag_id, jobs=0, pods=1), 90, "the pod to run")
     pod = pods[0]
 
-    services.restart("triggerer", signal.SIGKILL)
+    services.restart("triggerer", sig)
 
-    # The new triggerer takes the trigger over once the dead one's heartbeat is older than
+    # The new triggerer takes the trigger over once the old one's heartbeat is older than
     # [triggerer] triggerer_health_check_threshold, rebuilds it from the database and finds the same job.
     def taken_over_or_ended(ti: dict[str, Any]) -> bool:
         return ti["state"] != "deferred" or triggerer_of(ti) not in (None, first_triggerer)
@@ -181,9 +186,55 @@ def test_a_killed_triggerer_is_replaced_and_the_task_finishes_with_one_job(
     assert services.wait_for_run(dag_id, run_id, timeout=90) == "success", services.describe()
     ti = services.task_instance(dag_id, run_id, "train")
     assert ti["state"] == "success" and ti["try_number"] == 1, ti
-    assert services.xcom(dag_id, run_id, "train") == {"value": "survived a killed triggerer", "rank": 0}
-    # Exactly one job for the try, the one created before the kill (on_finish_action="keep").
+    assert services.xcom(dag_id, run_id, "train") == {"value": "survived a triggerer restart", "rank": 0}
+    # Exactly one job for the try, the one created before the restart (on_finish_action="keep").
     jobs, pods = kube.workloads(dag_id)
     assert jobs == []
     assert [(p.metadata.uid, p.metadata.labels[TRY_LABEL]) for p in pods] == [(pod.metadata.uid, "1")]
     assert pods[0].status.phase == "Succeeded"
+    assert "invoking on_kill" not in services.trigger_log(dag_id, run_id, "train")
+
+
+def test_the_next_try_deletes_the_pod_its_killed_predecessor_left_running(
+    services: AirflowServices, kube: Kube
+) -> None:
+    """The scheduler's next try, not a hand-edited task instance row (tests/e2e/test_kubernetes.py plays that with
+    ``dag.test()``): try 1's task process is SIGKILLed while it waits, so nothing of try 1 deletes its pod; try 2
+    finds try 1's record in the task state store and deletes that pod before it creates its own."""
+    dag_id = "deploy_next_try_cleanup"
+    run_id = services.trigger_dag(dag_id)
+    _, pods = wait_for(lambda: started(kube, dag_id, jobs=0, pods=1), 90, "try 1's pod to run")
+    first = pods[0]
+    assert first.metadata.labels[TRY_LABEL] == "1", first.metadata.labels
+    ti = services.task_instance(dag_id, run_id, "train")
+    assert (ti["state"], ti["try_number"]) == ("running", 1), ti
+
+    services.kill_task(ti)
+
+    def second_try_created() -> dict[str, Any] | None:
+        _, found = kube.workloads(dag_id)
+        by_try = {p.metadata.labels[TRY_LABEL]: p for p in found}
+        return by_try if "2" in by_try else None
+
+    # Polled until try 2's pod exists: by then try 1's pod must be deleted already (gone, or terminating through its
+    # grace period), which is the order of the two calls, not only their outcome.
+    seen = wait_for(second_try_created, 120, "try 2's pod", interval=0.2)
+    left = seen.get("1")
+    assert left is None or left.metadata.deletion_timestamp is not None, (
+        f"try 1's pod still runs beside try 2's: {left}"
+    )
+    assert services.wait_for_run(dag_id, run_id, timeout=120) == "success", services.describe()
+    ti = services.task_instance(dag_id, run_id, "train")
+    assert (ti["state"], ti["try_number"]) == ("success", 2), ti
+    assert services.xcom(dag_id, run_id, "train") == {"value": "try 2", "rank": 0}
+    # What is left on the cluster is try 2's pod alone (on_finish_action="keep"): try 1's was deleted, not finished.
+    wait_for(lambda: len(kube.workloads(dag_id)[1]) == 1, 30, "try 1's pod to be gone")
+    jobs, pods = kube.workloads(dag_id)
+    assert jobs == []
+    assert [(p.metadata.labels[TRY_LABEL], p.status.phase) for p in pods] == [("2", "Succeeded")]
+    assert pods[0].metadata.uid == seen["2"].metadata.uid
+    payloads = {s.metadata.name for s in kube.core.list_namespaced_secret(kube.namespace, label_selector=MANAGED).items}
+    assert payload_secret_name(first.metadata.name) not in payloads, "try 1's payload Secret is left"
+    said = f"Pod {kube.namespace}/{first.metadata.name} of try 1 is still running, but its try is over: deleting it"
+    log = services.task_log(dag_id, run_id, "train", try_number=2)
+    assert said in log, log[-3000:]

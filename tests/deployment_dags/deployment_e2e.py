@@ -41,6 +41,17 @@ def sleep_then_return(seconds: float, value: str) -> dict:
     return {"value": value, "rank": int(os.environ["RANK"])}
 
 
+def sleep_on_the_first_try(value: str) -> dict:
+    """Outlives the test on try 1 (whose task process is killed meanwhile); returns at once on the next."""
+    import time
+
+    from airflow_provider_torchelastic import context
+
+    if context.current().try_number == 1:
+        time.sleep(300)
+    return {"value": value, "rank": int(os.environ["RANK"])}
+
+
 # (a) An elastic 2-node PyTorchJob, waited for by the triggerer; rank 0's result becomes the XCom.
 with DAG("deploy_elastic", schedule=None, start_date=START, catchup=False, default_args=DEFAULT_ARGS):
 
@@ -71,13 +82,36 @@ with DAG("deploy_mark_failed", schedule=None, start_date=START, catchup=False, d
         **FAST,
     )
 
-# (c) The triggerer is killed while the job runs; kept, so that the test can count the try's jobs.
+# (c) The triggerer is killed, or stopped, while the job runs; kept, so that the test can count the try's jobs.
 with DAG("deploy_triggerer_restart", schedule=None, start_date=START, catchup=False, default_args=DEFAULT_ARGS):
     TorchElasticOperator(
         task_id="train",
         python_callable=sleep_then_return,
-        op_kwargs={"seconds": 20, "value": "survived a killed triggerer"},
+        # Outlives the old triggerer's stop, the new one's start and its taking the trigger over.
+        op_kwargs={"seconds": 25, "value": "survived a triggerer restart"},
         task_config=one_worker(1),
         on_finish_action="keep",
         **FAST,
+    )
+
+# (d) Try 1's task process is killed while it waits for its pod in the worker (not deferred, so that there is a
+# process to kill): nothing of try 1 is left to delete the pod, and try 2, which the scheduler starts (retries=1),
+# must delete it before creating its own. Kept, so that the test can count each try's pods.
+with DAG(
+    "deploy_next_try_cleanup",
+    schedule=None,
+    start_date=START,
+    catchup=False,
+    default_args={**DEFAULT_ARGS, "retries": 1, "retry_delay": timedelta(0)},
+):
+    TorchElasticOperator(
+        task_id="train",
+        python_callable=sleep_on_the_first_try,
+        op_kwargs={"value": "try 2"},
+        task_config=one_worker(1),
+        on_finish_action="keep",
+        # Try 2 deletes a pod whose function never checks stop_requested(): without this it would keep running
+        # for the default 120 s grace period.
+        termination_grace_period=10,
+        **{**FAST, "deferrable": False},
     )
