@@ -309,15 +309,7 @@ class TorchElasticJobTrigger(BaseEventTrigger):
     def shared_stream_key(self) -> tuple[str, str, str]:
         from airflow_provider_torchelastic.kubernetes.watch import stream_key
 
-        args = self.args
-        return stream_key(
-            namespace=args.namespace,
-            conn_id=args.kubernetes_conn_id,
-            connection_extras=args.connection_extras,
-            config_dict=args.config_dict,
-            cluster_context=args.cluster_context,
-            in_cluster=args.in_cluster,
-        )
+        return stream_key(self.args.namespace, self.args.connection)
 
     @classmethod
     async def open_shared_stream(cls, kwargs: dict[str, Any]) -> AsyncIterator[Any]:

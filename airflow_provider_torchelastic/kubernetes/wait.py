@@ -53,18 +53,8 @@ from airflow_provider_torchelastic.kubernetes.status import (
     restarted_run,
 )
 
+# The requests the generators yield, and the sources that answer them, are :mod:`~.requests`' to export.
 __all__ = [
-    "AsyncJobSource",
-    "DeleteJob",
-    "EmitLog",
-    "FetchFailed",
-    "FetchJob",
-    "JobSource",
-    "ReadEvents",
-    "ReadLog",
-    "ReadWorkloads",
-    "RenewLease",
-    "Sleep",
     "drive_async",
     "drive_sync",
     "stop_job",

@@ -2,7 +2,7 @@
 
 The triggerer runs :func:`watch_namespace` once per :func:`stream_key` (``open_shared_stream``) and broadcasts its
 :class:`StreamUpdate` s to the triggers of that key. Each trigger keeps driving the one wait core
-(:func:`~wait.wait_for_job`); only its :class:`~wait.AsyncJobSource` changes: a :class:`SharedSource` answers "what
+(:func:`~wait.wait_for_job`); only its :class:`~requests.AsyncJobSource` changes: a :class:`SharedSource` answers "what
 does the job look like now" from the stream's :class:`JobCache` and sleeps until the stream says that the job
 changed. So there is no second state machine, and deciding needs no request. The worker's synchronous wait runs
 the same stream for its one job in a private event loop (``watch_namespace(job=...)``, :mod:`~.worker_wait`).
@@ -35,7 +35,7 @@ import random
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Final, TypeVar
+from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 from airflow_provider_torchelastic.core.naming import LABEL_MANAGED_BY, MANAGED_BY
 from airflow_provider_torchelastic.errors import KubeError
@@ -49,6 +49,10 @@ from airflow_provider_torchelastic.kubernetes.watch_scope import (
     job_scope,
     namespace_scope,
 )
+
+if TYPE_CHECKING:
+    # Its type only: the connection sits above this module (it opens clients), the key just reads its fields.
+    from airflow_provider_torchelastic.kubernetes.connection import ClusterConnection
 
 __all__ = [
     "MAX_CONCURRENT_REQUESTS",
@@ -82,25 +86,17 @@ class StreamUnavailable(Exception):
     """The stream cannot list or watch (401/403): the triggers poll on their own."""
 
 
-def stream_key(
-    *,
-    namespace: str,
-    conn_id: str | None,
-    connection_extras: Mapping[str, Any] | None,
-    config_dict: Mapping[str, Any] | None,
-    cluster_context: str | None,
-    in_cluster: bool | None,
-) -> tuple[str, str, str]:
+def stream_key(namespace: str, connection: ClusterConnection) -> tuple[str, str, str]:
     """The shared-stream key: triggers with equal connection settings and namespace share one watch.
 
     A digest, not the settings: the triggerer logs keys, and the extras or config dict may carry a token.
     """
     settings = {
-        "conn_id": conn_id,
-        "extras": connection_extras,
-        "config": config_dict,
-        "context": cluster_context,
-        "in_cluster": in_cluster,
+        "conn_id": connection.conn_id,
+        "extras": connection.extras,
+        "config": connection.config_dict,
+        "context": connection.context,
+        "in_cluster": connection.in_cluster,
     }
     digest = hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:16]
     return ("torchelastic-watch", namespace, digest)
@@ -360,7 +356,7 @@ async def watch_namespace(
 
 
 class SharedSource:
-    """An :class:`~wait.AsyncJobSource` fed by a shared stream, polling on its own once the stream fails it.
+    """An :class:`~requests.AsyncJobSource` fed by a shared stream, polling on its own once the stream fails it.
 
     ``updates`` is the trigger's subscription; ``direct`` opens a client of the trigger's own (an
     :class:`~.client.AsyncKube`) when it must poll. ``say`` is the trigger's log.

@@ -9,7 +9,7 @@ from __future__ import annotations
 import io
 import warnings
 from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import replace
+from dataclasses import asdict, replace
 from types import SimpleNamespace
 from typing import IO, TYPE_CHECKING, Any, Final, cast
 
@@ -150,13 +150,7 @@ def _placeholder_context(op: BaseOperator, identity: RunIdentity) -> dict[str, A
     know, and Variables that can be read here (environment, secrets backends). No XComs, dates or connections."""
     from airflow.sdk.execution_time.context import VariableAccessor
 
-    ti = SimpleNamespace(
-        dag_id=identity.dag_id,
-        task_id=identity.task_id,
-        run_id=identity.run_id,
-        map_index=identity.map_index,
-        try_number=identity.try_number,
-    )
+    ti = SimpleNamespace(**asdict(identity))  # the identity's fields, read as a task instance's
     params = op.params.dump() if hasattr(op.params, "dump") else dict(op.params or {})
     return {
         "dag": op.dag if op.has_dag() else None,

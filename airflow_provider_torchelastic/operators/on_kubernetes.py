@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from airflow.sdk import Context
 
     from airflow_provider_torchelastic.core.tap import MetricsTap
+    from airflow_provider_torchelastic.hooks import Cluster
     from airflow_provider_torchelastic.kubernetes.client import SyncKube
     from airflow_provider_torchelastic.kubernetes.worker_wait import BackgroundDeletes
     from airflow_provider_torchelastic.operators.operator import TorchElasticOperator
@@ -167,63 +168,30 @@ def _submit(
 
 def execute_on_kubernetes(op: TorchElasticOperator, context: Context, payload: bytes, settings: Settings) -> Any:
     """Submit the try's job (or re-attach to it), then defer or wait for it; returns rank 0's result."""
+    from airflow_provider_torchelastic.core.tap import MetricsTap
     from airflow_provider_torchelastic.kubernetes.worker_wait import BackgroundDeletes
 
     cluster = connect(op.kubernetes_conn_id, namespace=op.namespace)
     _refuse_two_sources(cluster.connection)
-    namespace = cluster.namespace
     kube = cluster.sync_kube()
-    try:
-        identity = identity_of(op, context)
-        task_context = task_context_of(identity, context, op.checkpoint_uri, settings)
-        kind, why = kinds.choose(
-            op.task_config, settings.job_kind, functools.partial(_served, kube, op.kubernetes_conn_id)
-        )
-        op.log.info("Job kind: %s (%s)", kind.kind, why)
-        manifests = render_objects(op, identity, namespace, payload, settings, task_context=task_context, kind=kind)
-        if op.retry_resources is not None:
-            manifests = _with_retry_resources(op, context, manifests, cluster.hook, namespace)
-    except (ValueError, TypeError) as e:
-        # A setting only known at run time (templated image, the connection's namespace, the payload's size)
-        # is wrong: the same try would fail the same way, so do not spend retries on it.
-        raise ConfigurationError(f"Cannot build the Kubernetes objects for this task: {e}") from e
+    manifests = _render_try(op, context, cluster, kube, payload, settings)
     secret, workload = manifests
-    ref = JobRef(kind=workload["kind"], name=workload["metadata"]["name"], namespace=namespace)
+    ref = JobRef(kind=workload["kind"], name=workload["metadata"]["name"], namespace=cluster.namespace)
     # What the log, the XCom and the rendered-template view show: no payload bytes, no secret.
     secrets = sensitive_values(manifests)
-    elided = mask_manifests([elide_payload(manifest) for manifest in manifests], secrets)
-    op.rendered_job = summarize_for_ui(elided)
-    op.log.info("Manifests to submit (payload elided, secrets masked):\n%s", json.dumps(elided, indent=2))
+    elided = _show_manifests(op, manifests, secrets)
     ref = _submit(op, kube, ref, secret, workload, context, lease=settings.job_lease)
     op._job = ref
     submit.warn_if_it_may_queue_forever(
         workload, bounded=bool(op.scheduling_timeout or op.execution_timeout), warning=op.log.warning
     )
-    ti = context["ti"]
-    ti.xcom_push(key=XCOM_JOB_NAME, value=ref.name)
-    ti.xcom_push(key=XCOM_JOB_NAMESPACE, value=ref.namespace)
-    ti.xcom_push(key=XCOM_JOB_KIND, value=ref.kind)
-    ti.xcom_push(key=XCOM_MANIFESTS, value=elided)
-
-    from airflow_provider_torchelastic.core.tap import MetricsTap
-
+    _push_job(context, ref, elided)
     # Rank 0's metrics lines (in its pod's log) become progress lines; the tap keeps them for the job summary.
     tap = MetricsTap(op.log.info)
     log = redacting(tap, secrets)  # the pods' log lines and messages, before the tap keeps them for the summary
     policy = _policy(op, context, settings)
     deletes = BackgroundDeletes(kube, log)
-    # The wait core enforces execution_timeout, deletes the job when it cannot be observed, and applies
-    # on_finish_action; anything else that ends the wait (SIGTERM, a bug) must not leave the job running.
-    try:
-        if settings.deferrable:
-            decision = _look_before_deferring(ref, policy, kube, log, _limits(op, context))
-        else:
-            decision = _wait_here(op, cluster.connection, ref, policy, kube, log, _limits(op, context), deletes)
-    except BaseException:
-        op.log.warning("Waiting for %s %s/%s was interrupted", ref.kind, ref.namespace, ref.name)
-        op._stop(ref, kube)
-        op._job = None
-        raise
+    decision = _wait_or_look(op, context, cluster.connection, ref, policy, kube, log, settings, deletes)
     if decision is None:
         _defer(op, cluster.connection, ref, policy, context, settings, secrets)
     op._job = None
@@ -238,6 +206,81 @@ def execute_on_kubernetes(op: TorchElasticOperator, context: Context, payload: b
             op.log.warning(
                 "Still deleting %s %s/%s: if it is cut short, the sweep deletes it", ref.kind, ref.namespace, ref.name
             )
+
+
+def _render_try(
+    op: TorchElasticOperator,
+    context: Context,
+    cluster: Cluster,
+    kube: SyncKube,
+    payload: bytes,
+    settings: Settings,
+) -> list[dict[str, Any]]:
+    """The try's objects, ``[payload Secret, job]``, of the kind the cluster runs it as (with more memory after an
+    OOM when ``retry_resources`` asks for it)."""
+    try:
+        identity = identity_of(op, context)
+        task_context = task_context_of(identity, context, op.checkpoint_uri, settings)
+        kind, why = kinds.choose(
+            op.task_config, settings.job_kind, functools.partial(_served, kube, op.kubernetes_conn_id)
+        )
+        op.log.info("Job kind: %s (%s)", kind.kind, why)
+        manifests = render_objects(
+            op, identity, cluster.namespace, payload, settings, task_context=task_context, kind=kind
+        )
+        if op.retry_resources is not None:
+            manifests = _with_retry_resources(op, context, manifests, cluster.hook, cluster.namespace)
+    except (ValueError, TypeError) as e:
+        # A setting only known at run time (templated image, the connection's namespace, the payload's size)
+        # is wrong: the same try would fail the same way, so do not spend retries on it.
+        raise ConfigurationError(f"Cannot build the Kubernetes objects for this task: {e}") from e
+    return manifests
+
+
+def _show_manifests(
+    op: TorchElasticOperator, manifests: list[dict[str, Any]], secrets: Sequence[str]
+) -> list[dict[str, Any]]:
+    """The manifests as the log, the XCom and the rendered-template view show them: payload elided, secrets
+    masked."""
+    elided = mask_manifests([elide_payload(manifest) for manifest in manifests], secrets)
+    op.rendered_job = summarize_for_ui(elided)
+    op.log.info("Manifests to submit (payload elided, secrets masked):\n%s", json.dumps(elided, indent=2))
+    return elided
+
+
+def _push_job(context: Context, ref: JobRef, elided: list[dict[str, Any]]) -> None:
+    """The XComs that name the job (for the extra links, the UI and the resumed operator) and its manifests."""
+    ti = context["ti"]
+    ti.xcom_push(key=XCOM_JOB_NAME, value=ref.name)
+    ti.xcom_push(key=XCOM_JOB_NAMESPACE, value=ref.namespace)
+    ti.xcom_push(key=XCOM_JOB_KIND, value=ref.kind)
+    ti.xcom_push(key=XCOM_MANIFESTS, value=elided)
+
+
+def _wait_or_look(
+    op: TorchElasticOperator,
+    context: Context,
+    connection: ClusterConnection,
+    ref: JobRef,
+    policy: WaitPolicy,
+    kube: SyncKube,
+    log: Callable[[str], None],
+    settings: Settings,
+    deletes: BackgroundDeletes,
+) -> WaitDecision | None:
+    """Wait here for the job's end (``deferrable=False``), or take one look before deferring (None: it has not
+    ended)."""
+    # The wait core enforces execution_timeout, deletes the job when it cannot be observed, and applies
+    # on_finish_action; anything else that ends the wait (SIGTERM, a bug) must not leave the job running.
+    try:
+        if settings.deferrable:
+            return _look_before_deferring(ref, policy, kube, log, _limits(op, context))
+        return _wait_here(op, connection, ref, policy, kube, log, _limits(op, context), deletes)
+    except BaseException:
+        op.log.warning("Waiting for %s %s/%s was interrupted", ref.kind, ref.namespace, ref.name)
+        op._stop(ref, kube)
+        op._job = None
+        raise
 
 
 #: How long the end of a task waits for a deletion nobody else waits for (a succeeded job's) that is still running.

@@ -19,6 +19,7 @@ from airflow_provider_torchelastic.compat import mark_expanded
 from airflow_provider_torchelastic.core.public import OPERATORS_MODULE, publish
 from airflow_provider_torchelastic.operators.arguments import (
     DEFAULTS,
+    CheckedArguments,
     OperatorArguments,
     _CheckedOperatorPartial,
     check_operator_arguments,
@@ -179,21 +180,34 @@ class TorchElasticOperator(BaseOperator):
         arguments = OperatorArguments.pick(locals())
         super().__init__(**kwargs)
         # One set of checks for this constructor and for mapped tasks (see partial() and the decorator's expand).
-        checked = check_operator_arguments(arguments, dag_id=self.dag_id, task_id=self.task_id)
+        self._hold_checked(check_operator_arguments(arguments, dag_id=self.dag_id, task_id=self.task_id))
+        # The others as given: templated ones are rendered in place before execute().
         self.python_callable = python_callable
         self.module = module
         self.script = script
         self.args: list[str] = list(args or [])
         self.op_args: Collection[Any] = list(op_args or [])
         self.op_kwargs: Mapping[str, Any] = dict(op_kwargs or {})
-        self.task_config: TaskConfig = checked.task_config
-        self.execution = checked.execution
         self.image = image
         self.namespace = namespace
         self.kubernetes_conn_id = kubernetes_conn_id
         self.pod_options = pod_options
         self.job_options = job_options
         self.deferrable = deferrable
+        self.checkpoint_uri = checkpoint_uri
+        self.resume_from = resume_from
+        self.trusted_artifact_roots: tuple[str, ...] = tuple(trusted_artifact_roots)
+        self.allow_pickled_artifacts = allow_pickled_artifacts
+        self.max_preemptions = max_preemptions
+        self.rendered_job: str | None = None
+        self._local_run: LocalRun | None = None
+        self._job: JobRef | None = None
+
+    def _hold_checked(self, checked: CheckedArguments) -> None:
+        """Keep the arguments that :func:`.arguments.check_operator_arguments` normalized (a default filled in, a
+        ``timedelta`` in seconds, an alias or enum as its plain string) in their normalized form."""
+        self.task_config: TaskConfig = checked.task_config
+        self.execution = checked.execution
         self.poll_interval = checked.poll_interval
         self.pending_grace_seconds = checked.pending_grace_seconds
         self.image_pull_timeout = checked.image_pull_timeout
@@ -201,16 +215,8 @@ class TorchElasticOperator(BaseOperator):
         self.stall_timeout = checked.stall_timeout
         self.termination_grace_period = checked.termination_grace_period
         self.on_finish_action = checked.on_finish_action
-        self.checkpoint_uri = checkpoint_uri
-        self.resume_from = resume_from
         self.job_kind = checked.job_kind
-        self.trusted_artifact_roots: tuple[str, ...] = tuple(trusted_artifact_roots)
-        self.allow_pickled_artifacts = allow_pickled_artifacts
         self.retry_resources = checked.retry_resources
-        self.max_preemptions = max_preemptions
-        self.rendered_job: str | None = None
-        self._local_run: LocalRun | None = None
-        self._job: JobRef | None = None
 
     @classmethod
     def partial(cls, **kwargs: Any) -> OperatorPartial:

@@ -47,23 +47,7 @@ CHUNK_BYTES: Final = 8 << 20
 
 #: The header's length is padded to a multiple of this, as safetensors' own writer does (aligned tensor data).
 _ALIGN: Final = 8
-_TORCH_DTYPES: Final = {
-    "float64": "F64",
-    "float32": "F32",
-    "float16": "F16",
-    "bfloat16": "BF16",
-    "int64": "I64",
-    "int32": "I32",
-    "int16": "I16",
-    "int8": "I8",
-    "uint8": "U8",
-    "uint16": "U16",
-    "uint32": "U32",
-    "uint64": "U64",
-    "bool": "BOOL",
-    "float8_e4m3fn": "F8_E4M3",
-    "float8_e5m2": "F8_E5M2",
-}
+#: The safetensors dtype codes of the numpy dtypes it can hold (numpy has no bfloat16 or float8).
 NUMPY_DTYPES: Final = {
     "float64": "F64",
     "float32": "F32",
@@ -77,6 +61,13 @@ NUMPY_DTYPES: Final = {
     "uint32": "U32",
     "uint64": "U64",
     "bool": "BOOL",
+}
+#: The same for torch's dtypes: numpy's, and the ones numpy lacks.
+_TORCH_DTYPES: Final = {
+    **NUMPY_DTYPES,
+    "bfloat16": "BF16",
+    "float8_e4m3fn": "F8_E4M3",
+    "float8_e5m2": "F8_E5M2",
 }
 
 

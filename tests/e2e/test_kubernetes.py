@@ -588,7 +588,7 @@ def test_jobs_running_past_their_tasks_deadline_are_swept_by_the_next_submission
 
 def _for_seconds(flow: Any, seconds: float) -> Any:
     """``flow`` (a wait) until ``seconds`` have passed: it is then closed at its next pause."""
-    from airflow_provider_torchelastic.kubernetes.wait import Sleep
+    from airflow_provider_torchelastic.kubernetes.requests import Sleep
 
     until, answer = time.monotonic() + seconds, None
     while True:

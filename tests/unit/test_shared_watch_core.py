@@ -9,29 +9,24 @@ from typing import Any
 import pytest
 
 from airflow_provider_torchelastic.core.outcome import encode_success
+from airflow_provider_torchelastic.kubernetes.connection import ClusterConnection
+from airflow_provider_torchelastic.kubernetes.requests import EmitLog, FetchJob, ReadEvents, ReadLog, Sleep
 from airflow_provider_torchelastic.kubernetes.status import JobRef, Snapshot, WaitPolicy
-from airflow_provider_torchelastic.kubernetes.wait import EmitLog, FetchJob, ReadEvents, ReadLog, Sleep, wait_for_job
+from airflow_provider_torchelastic.kubernetes.wait import wait_for_job
 from airflow_provider_torchelastic.kubernetes.watch import JobCache, stream_key
 
 T0 = 1_800_000_000.0
 
 
-def key(**overrides: Any) -> tuple[str, str, str]:
-    settings: dict[str, Any] = {
-        "namespace": "ml",
-        "conn_id": "kubernetes_default",
-        "connection_extras": {"token": "s3cr3t-token", "namespace": "ml"},
-        "config_dict": None,
-        "cluster_context": None,
-        "in_cluster": None,
-    }
-    return stream_key(**{**settings, **overrides})
+def key(namespace: str = "ml", **overrides: Any) -> tuple[str, str, str]:
+    settings: dict[str, Any] = {"conn_id": "kubernetes_default", "extras": {"token": "s3cr3t-token", "namespace": "ml"}}
+    return stream_key(namespace, ClusterConnection(**{**settings, **overrides}))
 
 
 def test_the_stream_key_is_a_deterministic_fingerprint_without_secrets() -> None:
     assert key() == key()
     assert "s3cr3t" not in repr(key())
-    assert key(connection_extras={"token": "other", "namespace": "ml"}) != key()
+    assert key(extras={"token": "other", "namespace": "ml"}) != key()
     assert key(namespace="other")[1] == "other" and key(namespace="other")[2] == key()[2]
 
 

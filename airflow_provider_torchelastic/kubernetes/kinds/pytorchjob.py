@@ -177,6 +177,8 @@ def decide_pytorchjob(ref: JobRef, snapshot: Snapshot, policy: WaitPolicy) -> Wa
 
 
 def _decide_pytorchjob(ref: JobRef, snapshot: Snapshot, policy: WaitPolicy) -> WaitDecision:
+    """The job's state, most final first: stuck pods, past its deadline, Failed, Succeeded, suspended, then waiting
+    for capacity or running."""
     job = snapshot.job
     if job is None:
         return _vanished(ref, snapshot)
@@ -191,70 +193,90 @@ def _decide_pytorchjob(ref: JobRef, snapshot: Snapshot, policy: WaitPolicy) -> W
     stuck = stuck_decision(seen, policy)
     if stuck is not None:
         return stuck
-    reports = seen.reports()
-
     failed = true_condition(job, "Failed")
+    succeeded = true_condition(job, "Succeeded") is not None
     deadline = active_deadline(job)
-    if failed is None and true_condition(job, "Succeeded") is None and deadline is not None:
+    if failed is None and not succeeded and deadline is not None and seen.now >= deadline[1]:
         # The training operator checks activeDeadlineSeconds only when an event makes it reconcile the job
         # (kubeflow/trainer v1.9 common/job.go: its timed re-check goes to a no-op queue), so a quiet job runs past
         # it. The wait enforces it itself, from the same start time, and stops the job.
-        seconds, expires = deadline
-        if seen.now >= expires:
-            return seen.decision(
-                Phase.FAILED,
-                "failed (past run_policy.active_deadline_seconds)",
-                verdict=Verdict(
-                    succeeded=False,
-                    cause=causes.DEADLINE,
-                    detail=f"{ref.kind} {ref.namespace}/{ref.name}: {_DEADLINE_PREFIX}={seconds} (counted from "
-                    "its start time) and was stopped by the provider; a retry would run into the same limit",
-                ),
-                stop=True,
-            )
+        return _past_deadline(seen, deadline[0])
     if failed is not None:
-        # The job fails as soon as one replica does; its peers end a moment later, and the earliest failure (the
-        # root cause) may be on a pod that has not ended yet. Give the pods that still run a moment to report.
-        failed_at = parse_time(failed.get("lastTransitionTime")) or seen.now
-        if seen.running and seen.now - failed_at < _FAILED_SETTLE_SECONDS:
-            return seen.decision(Phase.RUNNING, "Failed, waiting for its pods to report")
-        verdict = decide_run(reports)
-        by_condition = _failed_condition_verdict(job, failed)
-        if verdict.failure is None:
-            # No worker reported an exception: the job's own condition says why (deadline, backoff limit), and
-            # pods stopped because of it (exit 143) are consequences, not causes.
-            if verdict.succeeded or not verdict.node or by_condition.detail.startswith(_DEADLINE_PREFIX):
-                verdict = by_condition
-        elif _says_more(failed):
-            # The root cause, and what the training operator did about it (restarts up to the backoff limit).
-            verdict = replace(verdict, detail=f"{verdict.detail}; {by_condition.detail}")
-        if true_condition(job, "Succeeded") is not None:
-            # Both at once: the operator checks success and failure in one pass (elastic success does not return
-            # before the failure check, and replica types come in random order). The verdict is the pods', never
-            # the order the operator happened to write: any rank that failed fails the task.
-            verdict = replace(verdict, detail=f"{verdict.detail}; {_BOTH_CONDITIONS}")
-        return seen.decision(Phase.FAILED, "Failed", verdict=verdict)
-
-    if true_condition(job, "Succeeded") is not None:
-        # An elastic PyTorchJob is Succeeded as soon as *one* worker succeeds; rank 0 may be on another pod that
-        # is still at its exit barrier. Wait for the pod that reports rank 0's result. Pods that never got
-        # capacity (an elastic job that ran on fewer nodes) will not end: they are not waited for.
-        holders = [r for r in reports if r.outcome is not None and r.outcome.holds_rank0]
-        started = len(seen.pods) - len(seen.waiting_for_capacity)
-        if holders or len(reports) >= started:
-            verdict = decide_run(reports)
-            return seen.decision(phase_of(verdict), "Succeeded", verdict=verdict)
-        return seen.decision(Phase.RUNNING, "Succeeded, waiting for rank 0's pod")
-
-    queue = queue_name(job)
+        return _decide_failed(seen, failed, succeeded=succeeded)
+    if succeeded:
+        return _decide_succeeded(seen)
     if is_suspended(job):
-        # Queued (created suspended, e.g. by Kueue) or preempted (suspended while running; its pods are deleted and
-        # come back when it is resumed): waiting for capacity, not a failure.
-        suspended = true_condition(job, "Suspended")
-        since = parse_time(suspended.get("lastTransitionTime")) if suspended else None
-        what = f"{ref.kind} {ref.name} is suspended" + (f" (queued in Kueue LocalQueue {queue})" if queue else "")
-        return out_of_patience(seen, policy, since or seen.created, what, None)
+        return _decide_suspended(seen, policy)
+    return _decide_unfinished(seen, policy, deadline)
 
+
+def _past_deadline(seen: Observed, seconds: int) -> WaitDecision:
+    ref = seen.ref
+    return seen.decision(
+        Phase.FAILED,
+        "failed (past run_policy.active_deadline_seconds)",
+        verdict=Verdict(
+            succeeded=False,
+            cause=causes.DEADLINE,
+            detail=f"{ref.kind} {ref.namespace}/{ref.name}: {_DEADLINE_PREFIX}={seconds} (counted from "
+            "its start time) and was stopped by the provider; a retry would run into the same limit",
+        ),
+        stop=True,
+    )
+
+
+def _decide_failed(seen: Observed, failed: Mapping[str, Any], *, succeeded: bool) -> WaitDecision:
+    """A Failed job: the root cause its pods reported, else what its condition says."""
+    # The job fails as soon as one replica does; its peers end a moment later, and the earliest failure (the
+    # root cause) may be on a pod that has not ended yet. Give the pods that still run a moment to report.
+    failed_at = parse_time(failed.get("lastTransitionTime")) or seen.now
+    if seen.running and seen.now - failed_at < _FAILED_SETTLE_SECONDS:
+        return seen.decision(Phase.RUNNING, "Failed, waiting for its pods to report")
+    verdict = decide_run(seen.reports())
+    by_condition = _failed_condition_verdict(seen.job, failed)
+    if verdict.failure is None:
+        # No worker reported an exception: the job's own condition says why (deadline, backoff limit), and
+        # pods stopped because of it (exit 143) are consequences, not causes.
+        if verdict.succeeded or not verdict.node or by_condition.detail.startswith(_DEADLINE_PREFIX):
+            verdict = by_condition
+    elif _says_more(failed):
+        # The root cause, and what the training operator did about it (restarts up to the backoff limit).
+        verdict = replace(verdict, detail=f"{verdict.detail}; {by_condition.detail}")
+    if succeeded:
+        # Both at once: the operator checks success and failure in one pass (elastic success does not return
+        # before the failure check, and replica types come in random order). The verdict is the pods', never
+        # the order the operator happened to write: any rank that failed fails the task.
+        verdict = replace(verdict, detail=f"{verdict.detail}; {_BOTH_CONDITIONS}")
+    return seen.decision(Phase.FAILED, "Failed", verdict=verdict)
+
+
+def _decide_succeeded(seen: Observed) -> WaitDecision:
+    # An elastic PyTorchJob is Succeeded as soon as *one* worker succeeds; rank 0 may be on another pod that
+    # is still at its exit barrier. Wait for the pod that reports rank 0's result. Pods that never got
+    # capacity (an elastic job that ran on fewer nodes) will not end: they are not waited for.
+    reports = seen.reports()
+    holders = [r for r in reports if r.outcome is not None and r.outcome.holds_rank0]
+    started = len(seen.pods) - len(seen.waiting_for_capacity)
+    if holders or len(reports) >= started:
+        verdict = decide_run(reports)
+        return seen.decision(phase_of(verdict), "Succeeded", verdict=verdict)
+    return seen.decision(Phase.RUNNING, "Succeeded, waiting for rank 0's pod")
+
+
+def _decide_suspended(seen: Observed, policy: WaitPolicy) -> WaitDecision:
+    # Queued (created suspended, e.g. by Kueue) or preempted (suspended while running; its pods are deleted and
+    # come back when it is resumed): waiting for capacity, not a failure.
+    ref, queue = seen.ref, queue_name(seen.job)
+    suspended = true_condition(seen.job, "Suspended")
+    since = parse_time(suspended.get("lastTransitionTime")) if suspended else None
+    what = f"{ref.kind} {ref.name} is suspended" + (f" (queued in Kueue LocalQueue {queue})" if queue else "")
+    return out_of_patience(seen, policy, since or seen.created, what, None)
+
+
+def _decide_unfinished(seen: Observed, policy: WaitPolicy, deadline: tuple[int, float] | None) -> WaitDecision:
+    """Neither ended nor suspended: waiting for the pods it cannot start without, else running or pending (woken
+    at its deadline, which the wait enforces)."""
+    job = seen.job
     waits = seen.waiting_for_capacity
     wake_at = deadline[1] if deadline is not None else None
     host = rendezvous_host_pod(job)
@@ -274,6 +296,7 @@ def _decide_pytorchjob(ref: JobRef, snapshot: Snapshot, policy: WaitPolicy) -> W
             phase = Phase.RUNNING if seen.running else Phase.PENDING
             return seen.decision(phase, state, wake_at=wake_at)
     created = "Created" if true_condition(job, "Created") else "Pending"
+    queue = queue_name(job)
     if queue:
         created += f" (Kueue LocalQueue {queue})"
     return seen.decision(Phase.PENDING, created, wake_at=wake_at)

@@ -33,7 +33,7 @@ from airflow_provider_torchelastic.core import causes
 from airflow_provider_torchelastic.core.config import Master, PyTorch, TaskConfig, Worker
 from airflow_provider_torchelastic.core.launch import config_to_launch_spec
 from airflow_provider_torchelastic.core.naming import LABEL_PREFIX, RunIdentity, fit_job_name, job_name
-from airflow_provider_torchelastic.core.outcome import Verdict, decide_run
+from airflow_provider_torchelastic.core.outcome import NodeReport, Verdict, decide_run
 from airflow_provider_torchelastic.core.pod_options import merge_pod_options
 from airflow_provider_torchelastic.kubernetes import status
 from airflow_provider_torchelastic.kubernetes.kinds.descriptor import JobKind, OwnerQuery
@@ -332,6 +332,8 @@ def decide_trainjob(ref: JobRef, snapshot: Snapshot, policy: WaitPolicy) -> Wait
 
 
 def _decide(ref: JobRef, snapshot: Snapshot, policy: WaitPolicy) -> WaitDecision:
+    """The job's state, most final first: stuck pods, Failed, Complete, a failed node, suspended, then waiting for
+    capacity, running or pending."""
     job = snapshot.job
     if job is None:
         return status.job_gone(ref)
@@ -363,23 +365,35 @@ def _decide(ref: JobRef, snapshot: Snapshot, policy: WaitPolicy) -> WaitDecision
         return seen.decision(Phase.RUNNING, "Complete, waiting for rank 0's pod")
     verdict = decide_run(reports)
     if not verdict.succeeded and verdict.node is not None:
-        # A node failed (its container ended with a failure, maybe restarted since: lastState). torch-distributed
-        # restarts it in place (OnFailure, the Job's backoffLimit 6), for minutes before the TrainJob fails, but a
-        # restarted node cannot rejoin: its peers' workers already failed on the broken collectives, and the static
-        # rendezvous starts no new round. So the task fails now and stops the job; a recoverable cause (OOM,
-        # eviction, RecoverableError) is retried by Airflow, with a fresh TrainJob, from its checkpoints.
-        failed_at = min((r.finished_at for r in reports if r.finished_at is not None), default=seen.now)
-        if seen.now - failed_at < _FAILED_SETTLE_SECONDS and len(reports) < len(seen.pods):
-            # Its peers fail a moment later, and the root cause may be theirs: give them a moment to report.
-            return seen.decision(Phase.RUNNING, "a node failed, waiting for its peers to report")
-        return seen.decision(Phase.FAILED, "a node failed", verdict=verdict, stop=True)
-    queue = status.queue_name(job)
+        return _node_failed(seen, reports, verdict)
     if _suspended(job):
         # Created suspended (Kueue's webhook does that to a labelled TrainJob) or preempted: waiting for capacity.
+        queue = status.queue_name(job)
         suspended = status.true_condition(job, "Suspended")
         since = status.parse_time(suspended.get("lastTransitionTime")) if suspended else None
         what = f"{ref.kind} {ref.name} is suspended" + (f" (queued in Kueue LocalQueue {queue})" if queue else "")
         return status.out_of_patience(seen, policy, since or seen.created, what, None)
+    return _decide_unfinished(seen, policy)
+
+
+def _node_failed(seen: Observed, reports: Sequence[NodeReport], verdict: Verdict) -> WaitDecision:
+    """A node failed (its container ended with a failure, maybe restarted since: lastState) before the job did.
+
+    torch-distributed restarts it in place (OnFailure, the Job's backoffLimit 6), for minutes before the TrainJob
+    fails, but a restarted node cannot rejoin: its peers' workers already failed on the broken collectives, and the
+    static rendezvous starts no new round. So the task fails now and stops the job; a recoverable cause (OOM,
+    eviction, RecoverableError) is retried by Airflow, with a fresh TrainJob, from its checkpoints.
+    """
+    failed_at = min((r.finished_at for r in reports if r.finished_at is not None), default=seen.now)
+    if seen.now - failed_at < _FAILED_SETTLE_SECONDS and len(reports) < len(seen.pods):
+        # Its peers fail a moment later, and the root cause may be theirs: give them a moment to report.
+        return seen.decision(Phase.RUNNING, "a node failed, waiting for its peers to report")
+    return seen.decision(Phase.FAILED, "a node failed", verdict=verdict, stop=True)
+
+
+def _decide_unfinished(seen: Observed, policy: WaitPolicy) -> WaitDecision:
+    """Neither ended nor suspended: waiting for its nodes' capacity, running, or pending (failed when it never gets
+    a pod)."""
     waits = seen.waiting_for_capacity
     if waits and seen.running < seen.total:
         # A fixed number of nodes: the job cannot start without every one of them.
@@ -390,22 +404,28 @@ def _decide(ref: JobRef, snapshot: Snapshot, policy: WaitPolicy) -> WaitDecision
     if seen.running:
         return seen.decision(Phase.RUNNING, "Running")
     if not seen.pods and seen.now - seen.created >= policy.pending_grace_seconds:
-        # Not suspended, yet no pod: the JobSet (or its Jobs) was not made. A JobSet the JobSet webhook refuses shows
-        # only as an event on the TrainJob, and the TrainJob stays as it is: without this it would wait forever.
-        return seen.decision(
-            Phase.FAILED,
-            "failed (no pods)",
-            verdict=Verdict(
-                succeeded=False,
-                cause=causes.CONFIGURATION,
-                detail=f"{ref.kind} {ref.namespace}/{ref.name} has no pods {policy.pending_grace_seconds:.0f} s after "
-                "its creation and is not suspended: its JobSet was not created or was refused (see `kubectl describe "
-                f"trainjob -n {ref.namespace} {ref.name}` for the Trainer's events), or Kubeflow Trainer's controller "
-                "is not running; a retry would meet the same refusal",
-            ),
-            stop=True,
-        )
+        return _no_pods(seen, policy)
+    queue = status.queue_name(seen.job)
     return seen.decision(Phase.PENDING, "Created" + (f" (Kueue LocalQueue {queue})" if queue else ""))
+
+
+def _no_pods(seen: Observed, policy: WaitPolicy) -> WaitDecision:
+    """Not suspended, yet no pod: the JobSet (or its Jobs) was not made. A JobSet the JobSet webhook refuses shows
+    only as an event on the TrainJob, and the TrainJob stays as it is: without this it would wait forever."""
+    ref = seen.ref
+    return seen.decision(
+        Phase.FAILED,
+        "failed (no pods)",
+        verdict=Verdict(
+            succeeded=False,
+            cause=causes.CONFIGURATION,
+            detail=f"{ref.kind} {ref.namespace}/{ref.name} has no pods {policy.pending_grace_seconds:.0f} s after "
+            "its creation and is not suspended: its JobSet was not created or was refused (see `kubectl describe "
+            f"trainjob -n {ref.namespace} {ref.name}` for the Trainer's events), or Kubeflow Trainer's controller "
+            "is not running; a retry would meet the same refusal",
+        ),
+        stop=True,
+    )
 
 
 def _failed_condition_verdict(job: Mapping[str, Any], condition: Mapping[str, Any]) -> Verdict:
