@@ -8,10 +8,12 @@ machine's /var/lib/containers), with no registry:
   from this machine's Debian mirror with python3 (3.11, the Airflow side's minor), python-is-python3 and python3-pip,
   and Debian's ``EXTERNALLY-MANAGED`` marker removed (the official image has none, and the Dockerfile pip-installs as
   root), so that ``FROM python:${PYTHON_VERSION}-slim`` resolves with ``--pull=never`` and the Dockerfile runs as it is;
-- the runner, :data:`RUNNER_REF`, and its ``STORAGE=1`` variant, :data:`RUNNER_STORAGE_REF`: ``buildah bud --layers``
-  of the Dockerfile, given this machine's pip sources as build args (the CPU torch wheel is only there; PyPI's
-  ``torch==2.13.0`` is the multi-GB CUDA build) with their local directories mounted read-only into the RUN steps.
-  The layer cache keeps torch: a code change rebuilds the package layers only;
+- the runner, :data:`RUNNER_REF`, its ``STORAGE=1`` variant, :data:`RUNNER_STORAGE_REF`, and, only when asked
+  (``ensure_images(frameworks=True)``, ``--frameworks``), its ``STORAGE=1 FRAMEWORKS=1`` variant,
+  :data:`RUNNER_FRAMEWORKS_REF`: ``buildah bud --layers`` of the Dockerfile, given this machine's pip sources as
+  build args (the CPU torch wheel is only there; PyPI's ``torch==2.13.0`` is the multi-GB CUDA build) with their
+  local directories mounted read-only into the RUN steps. The layer cache keeps torch: a code change rebuilds the
+  package layers only;
 - ``docker.io/library/alpine:3.10``, which the PyTorchJob Worker's ``init-pytorch`` container runs (``sh``, ``seq``,
   ``nslookup``, ``sleep``): Debian's busybox-static, with Debian's dash as /bin/sh and an ``nslookup`` that succeeds
   when one search name resolves, as alpine 3.10's does (:data:`NSLOOKUP_WRAPPER`).
@@ -58,6 +60,7 @@ DOCKERFILE = REPO_ROOT / "docker" / "Dockerfile"
 
 RUNNER_REF = "localhost/torchelastic-runner:dev"
 RUNNER_STORAGE_REF = "localhost/torchelastic-runner:dev-storage"
+RUNNER_FRAMEWORKS_REF = "localhost/torchelastic-runner:dev-frameworks"
 ALPINE_REF = "docker.io/library/alpine:3.10"
 #: The first is what buildah makes of the Dockerfile's short name; the second what other tools make of it.
 BASE_REFS = ("localhost/python:3.11-slim", "docker.io/library/python:3.11-slim")
@@ -236,17 +239,30 @@ class RunnerVariant:
     name: str  #: the archive's name: ``<name>.oci.tar``
     ref: str
     build_args: Mapping[str, str]
+    #: Built only by ``ensure_images(frameworks=True)``, for the few tests that need it: every session of the real
+    #: node would otherwise export and import its frameworks layer after each code change.
+    on_demand: bool = False
 
 
 RUNNER_VARIANTS = (
     RunnerVariant(name="runner", ref=RUNNER_REF, build_args={}),
     RunnerVariant(name="runner-storage", ref=RUNNER_STORAGE_REF, build_args={"STORAGE": "1"}),
+    # s3fs too: the frameworks' checkpoints go to s3:// as well as file://. It shares the storage variant's layers.
+    RunnerVariant(
+        name="runner-frameworks",
+        ref=RUNNER_FRAMEWORKS_REF,
+        build_args={"STORAGE": "1", "FRAMEWORKS": "1"},
+        on_demand=True,
+    ),
 )
 
 
-def runner_image_ref(*, storage: bool = False) -> str:
+def runner_image_ref(*, storage: bool = False, frameworks: bool = False) -> str:
     """The reference pods use for the runner image; ``storage``: the ``STORAGE=1`` variant (s3fs and the other
-    [storage] file systems). Building it is :func:`ensure_images`; a real node imports :func:`image_archives`."""
+    [storage] file systems); ``frameworks``: the ``STORAGE=1 FRAMEWORKS=1`` one (transformers, lightning,
+    accelerate). Building it is :func:`ensure_images`; a real node imports :func:`image_archives`."""
+    if frameworks:
+        return RUNNER_FRAMEWORKS_REF
     return RUNNER_STORAGE_REF if storage else RUNNER_REF
 
 
@@ -653,9 +669,10 @@ def _locked(path: Path) -> Iterator[None]:
 
 
 def ensure_images(
-    *, storage: bool = True, log: Log | None = None, show_output: bool = False
+    *, storage: bool = True, frameworks: bool = False, log: Log | None = None, show_output: bool = False
 ) -> dict[str, dict[str, str]]:
-    """Build what is missing or stale and export what changed; returns ``images.json``'s content.
+    """Build what is missing or stale and export what changed; returns ``images.json``'s content. ``frameworks``:
+    the on-demand variant too (:attr:`RunnerVariant.on_demand`; cold, its pip install takes minutes).
 
     Current images cost a ``buildah images`` and a digest of the build context (about a second)."""
     say: Log = log if log is not None else (lambda line: print(line, file=sys.stderr, flush=True))
@@ -663,7 +680,7 @@ def ensure_images(
     images_dir().mkdir(parents=True, exist_ok=True)
     with _locked(images_dir() / ".lock"), no_machine_traces():
         manifest = read_manifest()
-        variants = [v for v in RUNNER_VARIANTS if storage or not v.build_args]
+        variants = [v for v in RUNNER_VARIANTS if (storage or not v.build_args) and (frameworks or not v.on_demand)]
         with contextlib.ExitStack() as stack:
             log_file: TextIO | None = None
 
@@ -749,17 +766,21 @@ def _prune_superseded(buildah: Buildah) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m tests.cluster.image",
-        description="Build (or reuse) the runner image from docker/Dockerfile, its STORAGE=1 variant and the "
-        "alpine:3.10 stand-in as OCI archives in the cache; print the reference pods should use (last line).",
+        description="Build (or reuse) the runner image from docker/Dockerfile, its STORAGE=1 variant (with "
+        "--frameworks, its STORAGE=1 FRAMEWORKS=1 one too) and the alpine:3.10 stand-in as OCI archives in the "
+        "cache; print the reference pods should use (last line).",
     )
     parser.add_argument("--storage", action="store_true", help="print the STORAGE=1 variant's reference")
+    parser.add_argument(
+        "--frameworks", action="store_true", help="build the STORAGE=1 FRAMEWORKS=1 variant too; print its reference"
+    )
     parser.add_argument("--no-build", action="store_true", help="only print the reference")
     parser.add_argument("--archives", action="store_true", help="print 'ARCHIVE REF' lines instead")
     parser.add_argument("-v", "--verbose", action="store_true", help="show the builds' whole output")
     args = parser.parse_args(argv)
     if not args.no_build:
         try:
-            ensure_images(show_output=args.verbose)
+            ensure_images(frameworks=args.frameworks, show_output=args.verbose)
         except ImageBuildError as e:
             print(f"runner image: {e}", file=sys.stderr)
             return 1
@@ -767,7 +788,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for archive, ref in sorted(image_archives().items()):
             print(f"{archive} {ref}")
     else:
-        print(runner_image_ref(storage=args.storage))
+        print(runner_image_ref(storage=args.storage, frameworks=args.frameworks))
     return 0
 
 
