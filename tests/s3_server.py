@@ -93,9 +93,27 @@ def s3() -> Iterator[S3Server]:
         yield server
 
 
-@pytest.fixture
-def s3_env(s3: S3Server, monkeypatch: pytest.MonkeyPatch) -> S3Server:
-    """The server's credentials and endpoint in this process's environment (so in local runners' too)."""
-    for key, value in s3.env.items():
+def use_server_env(server: S3Server, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Put ``server``'s credentials and endpoint in this process's environment (so in local runners' too).
+
+    fsspec keeps one S3 file system per set of arguments, and ours pass none: the endpoint is read from the
+    environment once, when the file system is made. A test process that saw another server earlier (the real node's,
+    on the node's gateway) would keep talking to it, so the cache is emptied here."""
+    for key, value in server.env.items():
         monkeypatch.setenv(key, value)
-    return s3
+    _forget_s3_file_systems()
+
+
+def _forget_s3_file_systems() -> None:
+    with contextlib.suppress(ImportError):
+        import s3fs
+
+        s3fs.S3FileSystem.clear_instance_cache()
+
+
+@pytest.fixture
+def s3_env(s3: S3Server, monkeypatch: pytest.MonkeyPatch) -> Iterator[S3Server]:
+    """The server's credentials and endpoint in this process's environment (so in local runners' too)."""
+    use_server_env(s3, monkeypatch)
+    yield s3
+    _forget_s3_file_systems()

@@ -23,7 +23,7 @@ from tests.conftest import TEST_DAGS
 from tests.e2e import real_node_support as on_node
 from tests.e2e.test_kubernetes import DagRunResult
 from tests.e2e.test_kubernetes import run_dag as run_dag_in
-from tests.s3_server import S3Server
+from tests.s3_server import S3Server, use_server_env
 
 pytestmark = [pytest.mark.cluster, pytest.mark.usefixtures("airflow_db", "clean_namespace")]
 # The real node's fixtures, bound here so that pytest finds them; s3 is the server on the node's address.
@@ -114,8 +114,7 @@ def test_accelerate_checkpoints_to_s3(tmp_path: Path, s3: S3Server, monkeypatch:
 
     # Read by the DAG file when it is parsed (PodOptions env), as a Secret's would be; this side reads the store too.
     monkeypatch.setenv("TORCHELASTIC_TEST_POD_ENV", json.dumps(s3.env))
-    for name, value in s3.env.items():
-        monkeypatch.setenv(name, value)
+    use_server_env(s3, monkeypatch)
     root = s3.url(f"frameworks/{tmp_path.name}")
     monkeypatch.setenv("AIRFLOW__TORCH_ELASTIC__CHECKPOINT_ROOT", root)
     monkeypatch.setenv("AIRFLOW__TORCH_ELASTIC__REPORT_INTERVAL", "0.5")
