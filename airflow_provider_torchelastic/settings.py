@@ -22,7 +22,7 @@ from airflow.sdk.exceptions import AirflowFailException
 
 # From the core, not from kubernetes.kinds (which re-exports it): the kinds' table imports every kind's renderer and
 # decisions, and the operator imports this module at every parse.
-from airflow_provider_torchelastic.core.choices import EXECUTIONS, JOB_KIND_CHOICES
+from airflow_provider_torchelastic.core.choices import BACKENDS, EXECUTIONS, JOB_KIND_CHOICES, executions_expected
 from airflow_provider_torchelastic.core.validation import check_image
 from airflow_provider_torchelastic.options import DECLARED, Option
 from airflow_provider_torchelastic.options import SECTION as SECTION
@@ -209,9 +209,9 @@ def read_artifact_storage() -> ArtifactStorage | None:
 def read_execution() -> str:
     """``[torch_elastic] execution``, checked: ``kubernetes`` (the default) or ``local``."""
     value = read_execution_option()
-    if value not in EXECUTIONS:
+    if value not in BACKENDS:
         raise AirflowFailException(
-            f"[{SECTION}] execution: expected 'kubernetes' or 'local', got {value!r} (env {_env('execution')})"
+            f"[{SECTION}] execution: expected {executions_expected()}, got {value!r} (env {_env('execution')})"
         )
     return value
 

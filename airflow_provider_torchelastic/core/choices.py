@@ -14,6 +14,7 @@ from typing import Final
 from airflow_provider_torchelastic.core.public import publish
 
 __all__ = [
+    "BACKENDS",
     "EXECUTIONS",
     "FINISH_ACTIONS",
     "FINISH_ACTION_ALIASES",
@@ -21,6 +22,7 @@ __all__ = [
     "Execution",
     "TrainingJobKind",
     "OnFinishAction",
+    "executions_expected",
     "finish_action_of",
 ]
 
@@ -53,6 +55,20 @@ class OnFinishAction(enum.StrEnum):
 
 
 EXECUTIONS: Final = tuple(e.value for e in Execution)
+#: Where a task can run: each execution and the backend that runs it, as ``module:class`` (imported only when a task
+#: runs, never when a DAG is parsed). Adding a backend is a module implementing ``operators.backends.base.Backend``
+#: and an entry here; the checks of ``execution`` and of ``[torch_elastic] execution`` read this table.
+BACKENDS: Final[dict[str, str]] = {
+    Execution.KUBERNETES.value: "airflow_provider_torchelastic.operators.backends.kubernetes:KubernetesBackend",
+    Execution.LOCAL.value: "airflow_provider_torchelastic.operators.backends.local:LocalBackend",
+}
+
+
+def executions_expected() -> str:
+    """The executions a check accepts, as its message names them: ``'kubernetes' or 'local'``."""
+    return " or ".join(map(repr, BACKENDS))
+
+
 JOB_KIND_CHOICES: Final = tuple(k.value for k in TrainingJobKind)
 FINISH_ACTIONS: Final = tuple(a.value for a in OnFinishAction)
 #: KubernetesPodOperator's ``on_finish_action`` values, so that a task moved from it keeps its argument.

@@ -76,6 +76,20 @@ def _clean_env(task_context: TaskContext | None = None) -> dict[str, str]:
     return env
 
 
+def run_env(
+    task_context: TaskContext | None, grace_period: float, extra_env: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    """Every node's environment: the Airflow worker's, less what it withholds (:data:`_WITHHELD_PREFIXES`), with
+    the run context, what the runners give their workers after SIGTERM (``grace_period``, less their margin) and
+    ``extra_env``."""
+    return {**_clean_env(task_context), GRACE_PERIOD_ENV: f"{grace_period:g}", **(extra_env or {})}
+
+
+def added_env(env: Mapping[str, str]) -> dict[str, str]:
+    """What :func:`run_env` adds to, or changes in, the Airflow worker's own environment: what a plan shows."""
+    return {k: v for k, v in env.items() if os.environ.get(k) != v}
+
+
 def node_commands(
     spec: LaunchSpec,
     *,
@@ -255,8 +269,7 @@ def run_locally(
         (workdir / "payload.bin").write_bytes(payload)
         digest = hashlib.sha256(payload).hexdigest()
         commands = node_commands(spec, workdir=workdir, python=python, result_url=result_url, payload_sha256=digest)
-        # The runners give their workers what this run gives them after SIGTERM (stop()), less their margin.
-        env = {**_clean_env(task_context), GRACE_PERIOD_ENV: f"{run.grace_period:g}", **(extra_env or {})}
+        env = run_env(task_context, run.grace_period, extra_env)
         pumps: list[threading.Thread] = []
         try:
             for index, command in enumerate(commands):

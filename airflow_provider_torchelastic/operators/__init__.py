@@ -3,10 +3,10 @@
 The public path of all of them (DAG files import it, serialized DAGs and task logs name its classes); the code
 lives in the modules beside this one:
 
-- :mod:`.operator`: the operator (its arguments and entry points);
+- :mod:`.operator`: the operator (its arguments, its entry points, and rendering without a run);
 - :mod:`.arguments`: the checks that run while the DAG file is parsed, for plain and mapped tasks;
-- :mod:`.dry_run`: ``render_manifests()`` without a run, and the try's identity and run context;
-- :mod:`.on_kubernetes`: submitting, waiting or deferring, resuming;
+- :mod:`.backends`: where a try runs, behind one protocol: local execution and Kubernetes (submitting, waiting or
+  deferring, resuming), and the try every backend is given (its identity, run context and payload);
 - :mod:`.results`: rank 0's value or the task's exception, and the job summary;
 - :mod:`.links`, :mod:`.exceptions`.
 

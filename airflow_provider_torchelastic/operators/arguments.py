@@ -16,11 +16,13 @@ from typing import TYPE_CHECKING, Any, Final
 
 from airflow_provider_torchelastic.compat import CheckedOperatorPartial
 from airflow_provider_torchelastic.core.choices import (
+    BACKENDS,
     FINISH_ACTION_ALIASES,
     FINISH_ACTIONS,
     Execution,
     OnFinishAction,
     TrainingJobKind,
+    executions_expected,
     finish_action_of,
 )
 from airflow_provider_torchelastic.core.config import Elastic, TaskConfig, check_task_config
@@ -35,7 +37,6 @@ from airflow_provider_torchelastic.core.stall import (
 )
 from airflow_provider_torchelastic.core.validation import check_image, check_int, check_seconds, fail, is_templated
 from airflow_provider_torchelastic.settings import (
-    EXECUTIONS,
     JOB_KINDS,
     read_execution_option,
     read_image,
@@ -61,10 +62,10 @@ _NAMESPACE_EXPECTED: Final = "a namespace name (a lowercase DNS-1123 label), a t
 def _check_execution(value: object) -> str | None:
     if value is None:
         return None
-    if isinstance(value, str) and value in EXECUTIONS:
-        return Execution(value).value  # the plain string, whether given as one or as the enum
+    if isinstance(value, str) and value in BACKENDS:
+        return str(value)  # the plain string, whether given as one or as the enum
     raise ValueError(
-        f"execution: expected 'kubernetes' or 'local' (or None for [torch_elastic] execution), got {value!r}"
+        f"execution: expected {executions_expected()} (or None for [torch_elastic] execution), got {value!r}"
     )
 
 
@@ -398,10 +399,10 @@ def check_operator_arguments(
     def known(name: str) -> bool:
         return name not in later
 
-    if known("execution") and checked.execution == "local":
+    if known("execution") and checked.execution not in (None, Execution.KUBERNETES):
         if checked.retry_resources is not None and known("retry_resources"):
             raise fail("", "retry_resources", arguments.retry_resources, _RETRY_RESOURCES_WHERE)
-        return checked  # runs on the Airflow worker: no image, nothing rendered
+        return checked  # runs elsewhere (local: on the Airflow worker): no image, nothing rendered
     if not (known("task_config") and known("pod_options") and known("job_options")):
         return checked  # what would be rendered is known only at run time
     # Imported here, not at the top: the renderer and the kinds' table are most of what importing the operator would
@@ -410,7 +411,7 @@ def check_operator_arguments(
 
     # Whether the pods need an image from what is known here: the run's own configuration decides execution=None,
     # but a DAG parsed where Kubernetes is the default must not wait for the run to find that it names no image.
-    on_kubernetes = known("execution") and (checked.execution == "kubernetes" or read_execution_option() != "local")
+    on_kubernetes = known("execution") and (checked.execution or read_execution_option()) == Execution.KUBERNETES
     image = arguments.image
     image_now = image if known("image") and not is_templated(image) else None
     # The kind, where it does not depend on the cluster: a job_kind that names TrainJob checks now what a TrainJob

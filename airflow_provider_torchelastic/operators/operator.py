@@ -1,22 +1,27 @@
 """``TorchElasticOperator``: run a Python training function under torch elastic as one Airflow task.
 
-The class holds the arguments and the task's entry points; the work is beside it: the parse-time checks
-(:mod:`.arguments`), rendering without a run (:mod:`.dry_run`), the Kubernetes path (:mod:`.on_kubernetes`) and
-results (:mod:`.results`). Importing it (what a DAG file does at every parse) imports Airflow's SDK but neither torch
-nor the kubernetes client: those are imported inside ``execute``.
+The class holds the checked arguments, the running try's backend and handle, and the task's entry points, which call
+only the backend protocol (:mod:`.backends`): ``prepare`` a plan, ``submit`` it, ``wait`` (or defer and ``resume``),
+``stop`` on kill. The parse-time checks are in :mod:`.arguments`; rendering the templated fields without a run (for
+``render_manifests`` and ``plan``) is here, beside the class. Importing it (what a DAG file does at every parse)
+imports Airflow's SDK but neither torch nor the kubernetes client: a backend is imported when a task runs.
 """
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Collection, Mapping, Sequence
+import contextlib
+import dataclasses
+import warnings
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, ClassVar
+from types import SimpleNamespace
+from typing import TYPE_CHECKING, Any, ClassVar, Final
 
 from airflow.sdk import BaseOperator
 
 from airflow_provider_torchelastic.compat import mark_expanded
 from airflow_provider_torchelastic.core.public import OPERATORS_MODULE, publish
+from airflow_provider_torchelastic.core.validation import is_templated
 from airflow_provider_torchelastic.operators.arguments import (
     DEFAULTS,
     CheckedArguments,
@@ -28,21 +33,22 @@ from airflow_provider_torchelastic.operators.exceptions import TrainingError, fo
 from airflow_provider_torchelastic.operators.links import TorchElasticJobLink, TorchElasticLogsLink
 from airflow_provider_torchelastic.settings import Settings, read_execution
 
-# What only a run needs (the payload, the launch, the Kubernetes path, results, the dry run) is imported in the
-# methods that need it: a DAG file imports this module at every parse and only builds the operator (issue 39).
+# What only a run needs (the backends, the payload, results) is imported in the functions that need it: a DAG file
+# imports this module at every parse and only builds the operator (issue 39).
 if TYPE_CHECKING:
     from airflow.sdk import Context
     from airflow.sdk.definitions.mappedoperator import OperatorPartial
 
     from airflow_provider_torchelastic.core.config import TaskConfig
-    from airflow_provider_torchelastic.core.outcome import Verdict
+    from airflow_provider_torchelastic.core.naming import RunIdentity
     from airflow_provider_torchelastic.core.pod_options import JobOptions, PodOptions
-    from airflow_provider_torchelastic.core.run_context import TaskContext
-    from airflow_provider_torchelastic.kubernetes.client import SyncKube
-    from airflow_provider_torchelastic.kubernetes.status import JobRef
-    from airflow_provider_torchelastic.local.run import LocalRun
+    from airflow_provider_torchelastic.operators.backends import Attempt, Backend, Plan, TaskSpec
 
-__all__ = ["TorchElasticOperator"]
+__all__ = ["UNRENDERED_IMAGE", "TorchElasticOperator"]
+
+#: Stands in for an image that only the run can render (``.invalid`` is a reserved domain: it is never pulled).
+UNRENDERED_IMAGE: Final = "image.invalid/rendered-at-run-time:placeholder"
+_UNRENDERED_NAMESPACE: Final = "default"
 
 
 class TorchElasticOperator(BaseOperator):
@@ -200,8 +206,8 @@ class TorchElasticOperator(BaseOperator):
         self.allow_pickled_artifacts = allow_pickled_artifacts
         self.max_preemptions = max_preemptions
         self.rendered_job: str | None = None
-        self._local_run: LocalRun | None = None
-        self._job: JobRef | None = None
+        #: The backend running this try and its handle, for on_kill.
+        self._running: tuple[Backend, object] | None = None
 
     def _hold_checked(self, checked: CheckedArguments) -> None:
         """Keep the arguments that :func:`.arguments.check_operator_arguments` normalized (a default filled in, a
@@ -246,126 +252,24 @@ class TorchElasticOperator(BaseOperator):
         return self.execution if self.execution is not None else read_execution()
 
     def execute(self, context: Context) -> Any:
-        try:
-            return self._execute(context)
-        except TrainingError as e:
-            self._raise_for_retry_policy(e, context)
-            raise
-
-    def _execute(self, context: Context) -> Any:
-        from airflow_provider_torchelastic.operators import on_kubernetes
-        from airflow_provider_torchelastic.operators.dry_run import identity_of, task_context_of
-        from airflow_provider_torchelastic.operators.spill import dump_try_payload
+        from airflow_provider_torchelastic.operators.backends import backend_for
+        from airflow_provider_torchelastic.operators.backends.attempt import new_attempt
 
         execution = self.resolve_execution()
         # Every option this try uses, read once: the rest of the try sees these values only.
         settings = Settings.read(execution=execution, deferrable=self.deferrable, job_kind=self.job_kind)
-        fn, fn_args, fn_kwargs = self.training_call()
-        payload = dump_try_payload(
-            fn,
-            fn_args,
-            fn_kwargs,
-            storage=settings.artifact_storage,
-            task_context=task_context_of(identity_of(self, context), context, self.checkpoint_uri, settings),
-            trusted_roots=self.trusted_artifact_roots,
-            allow_pickles=self.allow_pickled_artifacts,
-        )
-        self.log.info(
-            "Running %s with %s (%s execution), payload %d bytes",
-            getattr(fn, "name", None) or getattr(fn, "__qualname__", fn),
-            self.task_config,
-            execution,
-            len(payload),
-        )
-        if execution == "local":
-            return self._execute_locally(context, payload, settings)
-        return on_kubernetes.execute_on_kubernetes(self, context, payload, settings)
-
-    def _execute_locally(self, context: Context, payload: bytes, settings: Settings) -> Any:
-        from airflow_provider_torchelastic.core.launch import config_to_launch_spec
-        from airflow_provider_torchelastic.core.metrics_format import INTERVAL_ENV
-        from airflow_provider_torchelastic.core.stall import liveness_env
-        from airflow_provider_torchelastic.core.tap import MetricsTap
-        from airflow_provider_torchelastic.local.run import LocalRun, run_locally
-        from airflow_provider_torchelastic.operators import results
-        from airflow_provider_torchelastic.operators.dry_run import identity_of, task_context_of
-
-        spec = config_to_launch_spec(self.task_config)
-        identity = identity_of(self, context)
-        task_context = task_context_of(identity, context, self.checkpoint_uri, settings)
-        run = self._local_run = LocalRun(grace_period=self.termination_grace_period)
-        # Rank 0's metrics lines become progress lines; the tap keeps them, and the log's tail, for the job summary.
-        tap = MetricsTap(self.log.info, keep_unprefixed=True)
-        started = time.time()
-        interval = settings.report_interval
-        try:
-            verdict = run_locally(
-                payload,
-                spec,
-                log_line=tap,
-                run=run,
-                task_context=task_context,
-                result_url=results.result_url(settings.result_storage, task_context),
-                # The workers' metrics interval, as rendered into pods.
-                extra_env={
-                    **({} if interval is None else {INTERVAL_ENV: f"{interval:g}"}),
-                    **liveness_env(self.stall_timeout, self.termination_grace_period),
-                },
-            )
-        finally:
-            self._local_run = None
-        summary = results.local_summary(identity, spec, run, verdict, tap, started)
-        return results.finish(
-            self.log,
-            context,
-            summary,
-            lambda: self.result_or_raise(
-                verdict, last_metrics=tap.summary_line(), settings=settings, task_context=task_context
-            ),
-        )
-
-    def result_or_raise(
-        self,
-        verdict: Verdict,
-        *,
-        last_metrics: str = "",
-        settings: Settings | None = None,
-        task_context: TaskContext | None = None,
-    ) -> Any:
-        """Rank 0's result, or the Airflow exception that says what failed and whether a retry can help.
-
-        ``last_metrics`` (``MetricsTap.summary_line()``) ends the task's final log line: the last reported values.
-        ``settings``: the try's, else read now (only result storage is used). ``task_context``: the try's, from which
-        the one location a result in result storage may be read from is recomputed (without it, none may).
-        """
-        from airflow_provider_torchelastic.operators import results
-
-        if settings is None:
-            settings = Settings.read(execution="local", deferrable=False)  # reads no option it does not use
-        return results.result_or_raise(
-            self.log,
-            verdict,
-            settings.result_storage,
-            last_metrics=last_metrics,
-            task_context=task_context,
-            artifacts=settings.artifact_storage,
-        )
-
-    def render_manifests(self, context: Context | None = None) -> list[dict[str, Any]]:
-        """The objects this task would create, in creation order, without touching the network.
-
-        Templated fields are rendered with ``context``; with ``context=None``, with a minimal one for a placeholder
-        run (dag, task, ``ti``'s identity, params, readable Variables). A field that cannot be rendered so (it needs
-        the real run: an XCom, a date, a missing Variable) is named in a ``UserWarning`` and a placeholder takes its
-        place (namespace ``default``, image ``UNRENDERED_IMAGE``, the unrendered arguments in the payload): no
-        ``{{ ... }}`` reaches a manifest. The payload is the real one otherwise (so its size counts). The operator
-        itself is not changed.
-        """
-        from airflow_provider_torchelastic.operators.dry_run import render_without_run
-
-        # Rendered as on Kubernetes whatever the execution; deferring is no part of the manifests.
-        settings = Settings.read(execution="kubernetes", deferrable=False, job_kind=self.job_kind)
-        return render_without_run(self, context, settings)
+        backend = backend_for(execution, _task_spec(self))
+        with self._raising_for_retry_policy(context):
+            attempt = new_attempt(backend.task, self.training_call(), context, settings)
+            self.log.info("Running %s with %s (%s execution), payload %d bytes", *_described(self, attempt))
+            plan = backend.prepare(attempt)
+            self.rendered_job = plan.rendered
+            handle = backend.submit(attempt, plan)
+            self._running = (backend, handle)
+            try:
+                return backend.wait(attempt, handle)
+            finally:
+                self._running = None
 
     def execute_complete(self, context: Context, event: dict[str, Any]) -> Any:
         """Resume after the trigger fired: a fresh operator instance, so everything comes from the event and XCom.
@@ -375,42 +279,164 @@ class TorchElasticOperator(BaseOperator):
         ``on_finish_action`` (or deleted the job at the deadline, or when it could not observe it); only the verdict
         is left to turn into a result or an exception.
         """
-        from airflow_provider_torchelastic.operators import on_kubernetes
+        from airflow_provider_torchelastic.operators.backends import backend_for
 
         # The try did defer; what is left reads only result storage.
         settings = Settings.read(execution="kubernetes", deferrable=True)
+        backend = backend_for("kubernetes", _task_spec(self))
+        with self._raising_for_retry_policy(context):
+            try:
+                return backend.resume(context, event, settings)
+            finally:
+                self.rendered_job = backend.rendered
+
+    def render_manifests(self, context: Context | None = None) -> list[dict[str, Any]]:
+        """The objects this task would create on Kubernetes, in creation order, without touching the network.
+
+        Templated fields are rendered with ``context``; with ``context=None``, with a minimal one for a placeholder
+        run (dag, task, ``ti``'s identity, params, readable Variables). A field that cannot be rendered so (it needs
+        the real run: an XCom, a date, a missing Variable) is named in a ``UserWarning`` and a placeholder takes its
+        place (namespace ``default``, image ``UNRENDERED_IMAGE``, the unrendered arguments in the payload): no
+        ``{{ ... }}`` reaches a manifest. The payload is the real one otherwise (so its size counts). The operator
+        itself is not changed.
+        """
+        # Rendered as on Kubernetes whatever the execution; deferring is no part of the manifests.
+        return _dry_run(self, context, "kubernetes").objects
+
+    def plan(self, context: Context | None = None) -> Plan:
+        """What a try of this task would run where its execution runs it, without running anything: the Kubernetes
+        manifests, or a local run's node command lines and the environment the run adds. ``print()`` it to see it
+        as the task log would (payload elided, secrets masked); ``.objects`` holds the objects themselves.
+        Templated fields are rendered as :meth:`render_manifests` renders them."""
+        return _dry_run(self, context, self.resolve_execution())
+
+    @contextlib.contextmanager
+    def _raising_for_retry_policy(self, context: Context) -> Iterator[None]:
+        """A :class:`TrainingError` raised as the task's retry_policy needs it (:func:`.exceptions.for_retry_policy`),
+        when that is another object: the same one, with the same cause, in its place in the log."""
         try:
-            return on_kubernetes.resume(self, context, event, settings)
-        except TrainingError as e:
-            self._raise_for_retry_policy(e, context)
+            yield
+        except TrainingError as error:
+            ti = context.get("ti")
+            tries = {
+                "try_number": int(getattr(ti, "try_number", 1) or 1),
+                "max_tries": int(getattr(ti, "max_tries", 0) or 0),
+            }
+            replacement = for_retry_policy(error, self.retry_policy, **tries)
+            if replacement is not error:
+                raise replacement from error.__cause__
             raise
 
-    def _raise_for_retry_policy(self, error: TrainingError, context: Context) -> None:
-        """Raise ``error`` as the task's retry_policy needs it (:func:`.exceptions.for_retry_policy`), when that is
-        another object: the same one, with the same cause, in its place in the log."""
-        ti = context.get("ti")
-        tries = {
-            "try_number": int(getattr(ti, "try_number", 1) or 1),
-            "max_tries": int(getattr(ti, "max_tries", 0) or 0),
-        }
-        replacement = for_retry_policy(error, self.retry_policy, **tries)
-        if replacement is not error:
-            raise replacement from error.__cause__
-
-    def _stop(self, ref: JobRef, kube: SyncKube | None = None) -> None:
-        """Delete the job unless it has finished: the one way the worker ends a job it no longer waits for."""
-        from airflow_provider_torchelastic.operators import on_kubernetes
-
-        on_kubernetes.stop(self, ref, kube)
-
     def on_kill(self) -> None:
-        run = self._local_run
-        if run is not None:
-            self.log.info("Task killed: stopping the local training processes")
-            run.stop()
-        if self._job is not None:
-            self.log.info("Task killed: stopping %s %s/%s", self._job.kind, self._job.namespace, self._job.name)
-            self._stop(self._job)
+        running = self._running
+        if running is not None:
+            backend, handle = running
+            backend.stop(handle)
+
+
+def _placeholder_context(op: BaseOperator, identity: RunIdentity) -> dict[str, Any]:
+    """A minimal template context for a task outside a run: what the placeholder identity, the DAG and the task
+    know, and Variables that can be read here (environment, secrets backends). No XComs, dates or connections."""
+    from airflow.sdk.execution_time.context import VariableAccessor
+
+    ti = SimpleNamespace(**dataclasses.asdict(identity))  # the identity's fields, read as a task instance's
+    params = op.params.dump() if hasattr(op.params, "dump") else dict(op.params or {})
+    return {
+        "dag": op.dag if op.has_dag() else None,
+        "task": op,
+        "ti": ti,
+        "task_instance": ti,
+        "run_id": identity.run_id,
+        "params": params,
+        "var": {"value": VariableAccessor(deserialize_json=False), "json": VariableAccessor(deserialize_json=True)},
+    }
+
+
+def _render_template_fields(
+    op: BaseOperator, names: Sequence[str], context: Mapping[str, Any]
+) -> tuple[dict[str, Any], dict[str, str]]:
+    """``names`` rendered with ``context``, without changing ``op``; and why each field that failed could not be."""
+    import jinja2
+    import jinja2.sandbox
+
+    if op.has_dag():
+        env = op.get_template_env()
+    else:  # the SDK's DAG-less default renders an undefined name as "": here it must say so
+        env = jinja2.sandbox.SandboxedEnvironment(undefined=jinja2.StrictUndefined, cache_size=0)
+    rendered: dict[str, Any] = {}
+    failed: dict[str, str] = {}
+    for name in names:
+        value = getattr(op, name)
+        if name not in op.template_fields or value is None:
+            rendered[name] = value
+            continue
+        try:
+            rendered[name] = op.render_template(value, context, env)  # type: ignore[arg-type]
+        except Exception as e:  # any template error: the field is named, never fatal here
+            failed[name] = f"{type(e).__name__}: {e}"
+            rendered[name] = value
+    return rendered, failed
+
+
+def _dry_run(op: TorchElasticOperator, context: Context | None, execution: str) -> Plan:
+    """The body of ``TorchElasticOperator.render_manifests`` and ``.plan`` (their docstrings say what they
+    promise): the task's templated fields rendered without changing it, placeholders where they cannot be, then the
+    backend's plan of a placeholder try."""
+    from airflow_provider_torchelastic.operators.backends import backend_for
+    from airflow_provider_torchelastic.operators.backends.attempt import identity_of, new_attempt
+
+    settings = Settings.read(execution=execution, deferrable=False, job_kind=op.job_kind)
+    spec = _task_spec(op)
+    identity = identity_of(context, spec)
+    template_context = context if context is not None else _placeholder_context(op, identity)
+    rendered, failed = _render_template_fields(
+        op, ("image", "namespace", "op_args", "op_kwargs", "args", "checkpoint_uri"), template_context
+    )
+    image, namespace = rendered["image"], rendered["namespace"]
+    if "image" in failed or is_templated(image):
+        failed.setdefault("image", "it renders to another template")
+        image = UNRENDERED_IMAGE
+    if "namespace" in failed or is_templated(namespace):
+        failed.setdefault("namespace", "it renders to another template")
+        namespace = _UNRENDERED_NAMESPACE
+    checkpoint_uri = rendered["checkpoint_uri"]
+    if "checkpoint_uri" in failed or is_templated(checkpoint_uri):
+        failed.setdefault("checkpoint_uri", "it renders to another template")
+        checkpoint_uri = None
+    if failed:
+        placeholders = {
+            "image": repr(UNRENDERED_IMAGE),
+            "namespace": repr(_UNRENDERED_NAMESPACE),
+            "checkpoint_uri": "the [torch_elastic] checkpoint_root location, or none",
+        }
+        warnings.warn(
+            "render_manifests: these templated fields need the task's run and are shown with placeholders: "
+            + "; ".join(
+                f"{name} ({reason}; shown as {placeholders.get(name, 'its unrendered value, in the payload')})"
+                for name, reason in failed.items()
+            ),
+            UserWarning,
+            # The caller of TorchElasticOperator.render_manifests, two frames up from here.
+            stacklevel=3,
+        )
+    task = dataclasses.replace(spec, image=image, namespace=namespace, checkpoint_uri=checkpoint_uri)
+    backend = backend_for(execution, task)
+    return backend.prepare(new_attempt(task, op.training_call(rendered), context, settings, dry_run=True))
+
+
+def _task_spec(op: TorchElasticOperator) -> TaskSpec:
+    """What the backends read of ``op``: its arguments as they are now (rendered, in a run) and its logger."""
+    from airflow_provider_torchelastic.operators.backends import TaskSpec
+
+    return TaskSpec(**{field.name: getattr(op, field.name) for field in dataclasses.fields(TaskSpec)})
+
+
+def _described(op: TorchElasticOperator, attempt: Attempt) -> tuple[object, ...]:
+    """What the try's first line names: the training function (or program), the config, the execution and the
+    payload's size."""
+    fn = op.training_call()[0]
+    name = getattr(fn, "name", None) or getattr(fn, "__qualname__", fn)
+    return name, op.task_config, attempt.settings.execution, len(attempt.payload)
 
 
 # The path users import it from, which a serialized DAG's task module, tracebacks and reprs then show.

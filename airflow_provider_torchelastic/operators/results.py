@@ -17,7 +17,7 @@ from airflow_provider_torchelastic.operators.exceptions import (
     class_for,
     error_for_verdict,
 )
-from airflow_provider_torchelastic.settings import ArtifactStorage, ResultStorage
+from airflow_provider_torchelastic.settings import ArtifactStorage, ResultStorage, Settings
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -40,6 +40,7 @@ __all__ = [
     "read_stored_result",
     "result_or_raise",
     "result_url",
+    "settle",
 ]
 
 
@@ -137,6 +138,24 @@ def checked_artifacts(
         ) from None
 
 
+def settle(
+    log: Log, verdict: Verdict, settings: Settings, *, last_metrics: str, task_context: TaskContext | None
+) -> Any:
+    """Rank 0's result, or the Airflow exception that says what failed and whether a retry can help.
+
+    ``last_metrics`` (``MetricsTap.summary_line()``) ends the task's final log line: the last reported values.
+    ``task_context``: the try's, from which the one location a result in result storage may be read from is
+    recomputed (without it, none may); ``settings``: the try's, whose result and artifact storage are read."""
+    return result_or_raise(
+        log,
+        verdict,
+        settings.result_storage,
+        last_metrics=last_metrics,
+        task_context=task_context,
+        artifacts=settings.artifact_storage,
+    )
+
+
 def result_or_raise(
     log: Log,
     verdict: Verdict,
@@ -146,7 +165,7 @@ def result_or_raise(
     task_context: TaskContext | None = None,
     artifacts: ArtifactStorage | None = None,
 ) -> Any:
-    """The body of ``TorchElasticOperator.result_or_raise`` (its docstring says what it promises).
+    """:func:`settle` with the storages named one by one.
 
     ``task_context``: the try's, from which the only acceptable result reference and artifact location are
     recomputed; without it a verdict that carries a reference fails. ``artifacts``: the try's artifact storage.

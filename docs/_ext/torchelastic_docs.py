@@ -356,7 +356,7 @@ XCOM_KEYS: tuple[tuple[str, str], ...] = (
     (f"{PACKAGE}.operators.links.XCOM_JOB_NAMESPACE", "the job's namespace (`_local` for local execution in the UI)."),
     (f"{PACKAGE}.operators.links.XCOM_JOB_KIND", "the kind that ran the task: `Pod`, `PyTorchJob` or `TrainJob`."),
     (
-        f"{PACKAGE}.operators.on_kubernetes.XCOM_MANIFESTS",
+        f"{PACKAGE}.operators.backends.kubernetes.XCOM_MANIFESTS",
         "the submitted manifests, the payload elided and sensitive env values masked.",
     ),
 )

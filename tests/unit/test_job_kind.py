@@ -14,7 +14,7 @@ from airflow_provider_torchelastic import Elastic, Master, PyTorch, TorchElastic
 from airflow_provider_torchelastic.core.pod_options import PodOptions
 from airflow_provider_torchelastic.errors import KubeError
 from airflow_provider_torchelastic.kubernetes import kinds
-from airflow_provider_torchelastic.operators import on_kubernetes
+from airflow_provider_torchelastic.operators.backends import kubernetes as on_kubernetes
 
 IMAGE = "registry.example.com/ml/train:1"
 OPTION = "AIRFLOW__TORCH_ELASTIC__JOB_KIND"

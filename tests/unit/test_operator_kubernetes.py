@@ -193,7 +193,7 @@ def test_a_connection_with_two_ways_to_reach_a_cluster_fails_at_submit_without_r
     from airflow.providers.cncf.kubernetes.hooks.kubernetes import KubernetesHook
 
     from airflow_provider_torchelastic.operators import ConfigurationError
-    from airflow_provider_torchelastic.operators.on_kubernetes import _check_one_cluster_source
+    from airflow_provider_torchelastic.operators.backends.kubernetes import _check_one_cluster_source
 
     extra = {"in_cluster": True, "kube_config_path": "/etc/kube/config"}
     monkeypatch.setenv("AIRFLOW_CONN_TWO_WAYS", json.dumps({"conn_type": "kubernetes", "extra": extra}))

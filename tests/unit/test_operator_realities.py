@@ -321,7 +321,7 @@ WEBHOOK_403 = {
 
 
 def test_a_webhook_denial_and_an_rbac_refusal_are_told_apart_by_the_status_not_its_text() -> None:
-    from airflow_provider_torchelastic.operators.on_kubernetes import _submit_error
+    from airflow_provider_torchelastic.operators.backends.kubernetes import _submit_error
 
     rbac, webhook = _api_error(RBAC_403), _api_error(WEBHOOK_403)
     assert (rbac.status, webhook.status) == (403, 403)

@@ -137,9 +137,10 @@ RUN_TIME_MODULES_CHECK = """
         or name.startswith("airflow_provider_torchelastic.runner")
         or name.startswith("airflow_provider_torchelastic.core.payload")
         or name.startswith("airflow_provider_torchelastic.triggers")
+        or name.startswith("airflow_provider_torchelastic.operators.backends")
         or name in {{
             "airflow_provider_torchelastic.operators." + module
-            for module in ("on_kubernetes", "dry_run", "results", "spill", "masking")
+            for module in ("results", "spill", "masking")
         }}
     )
     print(json.dumps(run_time))

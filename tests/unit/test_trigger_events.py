@@ -232,7 +232,9 @@ def test_execute_complete_stops_the_job_and_fails_recoverably_on_an_error_event(
     event: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     stopped: list[JobRef] = []
-    monkeypatch.setattr(TorchElasticOperator, "_stop", lambda self, ref, kube=None: stopped.append(ref))
+    from airflow_provider_torchelastic.operators.backends import kubernetes
+
+    monkeypatch.setattr(kubernetes, "stop", lambda task, ref, kube=None: stopped.append(ref))
     with pytest.raises(InfrastructureError, match=r"Waiting for Pod ml/train-abc failed: ValueError: no usable"):
         make_operator().execute_complete({"ti": FakeTI()}, event)  # type: ignore[arg-type]
     assert stopped == [JobRef(kind="Pod", name="train-abc", namespace="ml")]
