@@ -24,6 +24,7 @@ __all__ = [
     "MANAGED_BY",
     "MAX_JOB_NAME_LENGTH",
     "REPLICA_INDEX_LABEL",
+    "REPLICA_ORDER",
     "REPLICA_TYPE_LABEL",
     "TRAINING_CONTAINER",
     "RunIdentity",
@@ -34,6 +35,7 @@ __all__ = [
     "job_name",
     "label_selector",
     "placeholder_identity",
+    "replica_order",
     "safe_label_value",
 ]
 
@@ -56,6 +58,9 @@ TRAINING_CONTAINER: Final = "pytorch"
 #: Labels the Kubeflow training operator puts on a PyTorchJob's pods.
 REPLICA_TYPE_LABEL: Final = "training.kubeflow.org/replica-type"
 REPLICA_INDEX_LABEL: Final = "training.kubeflow.org/replica-index"
+#: A PyTorchJob's replica types (the values of ``REPLICA_TYPE_LABEL``, lower-cased) in the order its pods are listed:
+#: the Master first, as it holds rank 0 when there is one, then the Workers.
+REPLICA_ORDER: Final = ("master", "worker")
 
 ANNOTATION_DAG_ID: Final = f"{LABEL_PREFIX}/dag-id"
 ANNOTATION_TASK_ID: Final = f"{LABEL_PREFIX}/task-id"
@@ -77,6 +82,15 @@ DNS_1123_LABEL: Final = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?\Z")
 DNS_1123_SUBDOMAIN: Final = re.compile(
     r"^(?=.{1,253}\Z)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*\Z"
 )
+
+
+def replica_order(replica_type: str, replica_index: int | None) -> tuple[int, int]:
+    """Where a pod of ``replica_type`` (any case) and ``replica_index`` comes among its job's pods: in
+    :data:`REPLICA_ORDER`, then pods of no known type; within a type, by index."""
+    known = replica_type.lower()
+    position = REPLICA_ORDER.index(known) if known in REPLICA_ORDER else len(REPLICA_ORDER)
+    return position, replica_index or 0
+
 
 #: The run id used to render a task outside a run (``render_manifests(context=None)``).
 PLACEHOLDER_RUN_ID: Final = "manual__render"

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from enum import Enum
 from types import MappingProxyType
 from typing import Any, Final, TypeAlias, cast
@@ -122,6 +122,18 @@ def _check_list(owner: str, name: str, value: object) -> list[Any]:
     if isinstance(value, str | bytes) or not isinstance(value, Sequence):
         raise fail(owner, name, value, "a list", TypeError)
     return cast("list[Any]", to_plain(owner, name, list(value)))
+
+
+def _check_mappings(
+    owner: str, name: str, value: object, expected: str, exc: type[Exception] = TypeError
+) -> Iterator[tuple[str, JsonDict]]:
+    """Each mapping of the list ``value``, with its name for messages (``name[i]``) and its None fields dropped: the
+    kubernetes client serializes unset fields as absent, but a hand-written dict may carry explicit Nones."""
+    for index, item in enumerate(_check_list(owner, name, value)):
+        label = f"{name}[{index}]"
+        if not isinstance(item, dict):
+            raise fail(owner, label, item, expected, exc)
+        yield label, {key: val for key, val in item.items() if val is not None}
 
 
 def check_keys(owner: str, name: str, value: Mapping[str, Any], allowed: frozenset[str] | Sequence[str]) -> None:
@@ -261,12 +273,8 @@ def check_pull_secrets(owner: str, value: object) -> tuple[str, ...]:
 
 def check_tolerations(owner: str, value: object) -> tuple[JsonDict, ...]:
     checked = []
-    for index, item in enumerate(_check_list(owner, "tolerations", value)):
-        label = f"tolerations[{index}]"
-        if not isinstance(item, dict):
-            raise fail(owner, label, item, "a mapping such as {'key': 'nvidia.com/gpu', 'operator': 'Exists'}")
-        # The kubernetes client serializes unset fields as absent, but a hand-written dict may carry explicit Nones.
-        item = {key: val for key, val in item.items() if val is not None}
+    example = "a mapping such as {'key': 'nvidia.com/gpu', 'operator': 'Exists'}"
+    for label, item in _check_mappings(owner, "tolerations", value, example, ValueError):
         check_keys(owner, label, item, _TOLERATION_KEYS)
         operator = item.get("operator", "Equal")
         if operator not in _TOLERATION_OPERATORS:
@@ -294,11 +302,7 @@ def check_tolerations(owner: str, value: object) -> tuple[JsonDict, ...]:
 
 def check_volumes(owner: str, value: object) -> tuple[JsonDict, ...]:
     checked = []
-    for index, item in enumerate(_check_list(owner, "volumes", value)):
-        label = f"volumes[{index}]"
-        if not isinstance(item, dict):
-            raise fail(owner, label, item, "a V1Volume-shaped mapping", TypeError)
-        item = {key: val for key, val in item.items() if val is not None}
+    for label, item in _check_mappings(owner, "volumes", value, "a V1Volume-shaped mapping"):
         _check_str(owner, f"{label}.name", item.get("name"), DNS_1123_LABEL, "a DNS-1123 label")
         sources = [key for key in item if key != "name"]
         if len(sources) != 1 or not isinstance(item[sources[0]], dict):
@@ -310,11 +314,7 @@ def check_volumes(owner: str, value: object) -> tuple[JsonDict, ...]:
 
 def check_volume_mounts(owner: str, value: object) -> tuple[JsonDict, ...]:
     checked = []
-    for index, item in enumerate(_check_list(owner, "volume_mounts", value)):
-        label = f"volume_mounts[{index}]"
-        if not isinstance(item, dict):
-            raise fail(owner, label, item, "a V1VolumeMount-shaped mapping", TypeError)
-        item = {key: val for key, val in item.items() if val is not None}
+    for label, item in _check_mappings(owner, "volume_mounts", value, "a V1VolumeMount-shaped mapping"):
         check_keys(owner, label, item, _MOUNT_KEYS)
         _check_str(owner, f"{label}.name", item.get("name"), DNS_1123_LABEL, "the name of a volume")
         path = item.get("mountPath")

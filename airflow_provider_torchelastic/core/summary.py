@@ -22,7 +22,12 @@ from typing import Any, Final
 
 from airflow_provider_torchelastic.core.artifact_ref import walk_refs
 from airflow_provider_torchelastic.core.metrics_format import MetricSeries
-from airflow_provider_torchelastic.core.naming import REPLICA_INDEX_LABEL, REPLICA_TYPE_LABEL, TRAINING_CONTAINER
+from airflow_provider_torchelastic.core.naming import (
+    REPLICA_INDEX_LABEL,
+    REPLICA_TYPE_LABEL,
+    TRAINING_CONTAINER,
+    replica_order,
+)
 from airflow_provider_torchelastic.core.outcome import NodeReport, decode_outcome
 from airflow_provider_torchelastic.core.validation import (
     as_list,
@@ -464,14 +469,11 @@ def pod_summary(pod: Mapping[str, Any]) -> PodSummary:
     )
 
 
-_TYPE_ORDER: Final = {"master": 0, "worker": 1}
-
-
 def pod_summaries(pods: Sequence[Mapping[str, Any]]) -> tuple[PodSummary, ...]:
     """The pods of a job, Master first, then Workers by index (a list that is none: no pods)."""
 
     def order(pod: PodSummary) -> tuple[int, int, str]:
-        return _TYPE_ORDER.get(pod.replica_type, 2), pod.replica_index or 0, pod.name
+        return (*replica_order(pod.replica_type, pod.replica_index), pod.name)
 
     return tuple(sorted((pod_summary(pod) for pod in (pods if isinstance(pods, list | tuple) else ())), key=order))
 

@@ -34,16 +34,8 @@ import shutil
 from pathlib import Path
 from typing import Any, Final
 
-from airflow_provider_torchelastic.integrations.common import (
-    StopRequested,
-    barrier,
-    checkpoint_location,
-    node_folder,
-    numbers,
-    resume_subfolder,
-    stop_agreed,
-)
-from airflow_provider_torchelastic.integrations.mirror import FolderMirror
+from airflow_provider_torchelastic.integrations.common import StopRequested, barrier, node_folder, numbers, stop_agreed
+from airflow_provider_torchelastic.integrations.mirror import MirrorLayout
 from airflow_provider_torchelastic.worker.liveness import heartbeat
 from airflow_provider_torchelastic.worker.metrics import report
 
@@ -62,8 +54,9 @@ KIND: Final = "accelerate"
 #: The sub-folder of the task's checkpoint location.
 SUBFOLDER: Final = "accelerate"
 _STEP = re.compile(r"step-(\d+)")
-#: The one file each process writes itself (``save_accelerator_state``); every other file is the main process's.
-_RANK_FILE = re.compile(r"random_states_(\d+)\.pkl")
+#: ``save_state``'s folders, and the one file each process writes itself (``save_accelerator_state``); every other
+#: file is the main process's.
+_LAYOUT: Final = MirrorLayout(KIND, SUBFOLDER, _STEP, re.compile(r"random_states_(\d+)\.pkl"))
 
 
 class TorchElasticTracker(GeneralTracker):  # type: ignore[misc]
@@ -116,15 +109,7 @@ class Checkpoints:
         self.accelerator = accelerator
         self.folder = Path(folder if folder is not None else node_folder(SUBFOLDER))
         self.keep = keep
-        location = location if location is not None else checkpoint_location(SUBFOLDER)
-        self.mirror = FolderMirror(
-            self.folder,
-            location,
-            kind=KIND,
-            managed=_STEP,
-            rank_file=_RANK_FILE,
-            resume_from=lambda: resume_subfolder(SUBFOLDER, KIND),
-        )
+        self.mirror = _LAYOUT.mirror(self.folder, location)
         self.mirror.restore()
         original = accelerator.save_state
 

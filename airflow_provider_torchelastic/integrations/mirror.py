@@ -26,16 +26,22 @@ import re
 import shutil
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
 from airflow_provider_torchelastic.core.safe_files import open_regular, open_replacing
-from airflow_provider_torchelastic.integrations.common import barrier, broadcast_from_rank_0
+from airflow_provider_torchelastic.integrations.common import (
+    barrier,
+    broadcast_from_rank_0,
+    checkpoint_location,
+    resume_subfolder,
+)
 from airflow_provider_torchelastic.worker import checkpoint
 from airflow_provider_torchelastic.worker.checkpoint_store import open_store
 from airflow_provider_torchelastic.worker.liveness import heartbeat
 
-__all__ = ["FolderMirror"]
+__all__ = ["FolderMirror", "MirrorLayout"]
 
 _COPY_CHUNK = 8 << 20
 
@@ -186,3 +192,30 @@ def _remove(path: Path) -> None:
 
 def _copy(source: IO[bytes], target: IO[bytes]) -> None:
     shutil.copyfileobj(source, target, _COPY_CHUNK)
+
+
+@dataclass(frozen=True)
+class MirrorLayout:
+    """What one framework saves into its local folder, and where the task keeps it: what an integration declares
+    once to get its :class:`FolderMirror`."""
+
+    #: The kind written into each commit marker.
+    kind: str
+    #: The sub-folder of the task's checkpoint location.
+    subfolder: str
+    #: The names of the sub-folders that are checkpoints; the first group is the step.
+    managed: re.Pattern[str]
+    #: The file name pattern of the one file each rank writes itself (the first group is its rank).
+    rank_file: re.Pattern[str]
+
+    def mirror(self, local: str | os.PathLike[str], location: str | None = None) -> FolderMirror:
+        """``local`` kept in ``location``, by default ``{context.current().checkpoint_uri}/{subfolder}``; a try whose
+        own location holds none resumes from the run that ``resume_from=`` names."""
+        return FolderMirror(
+            local,
+            location if location is not None else checkpoint_location(self.subfolder),
+            kind=self.kind,
+            managed=self.managed,
+            rank_file=self.rank_file,
+            resume_from=lambda: resume_subfolder(self.subfolder, self.kind),
+        )

@@ -30,15 +30,8 @@ import os
 import re
 from typing import Any, Final
 
-from airflow_provider_torchelastic.integrations.common import (
-    StopRequested,
-    checkpoint_location,
-    node_folder,
-    numbers,
-    resume_subfolder,
-    stop_agreed,
-)
-from airflow_provider_torchelastic.integrations.mirror import FolderMirror
+from airflow_provider_torchelastic.integrations.common import StopRequested, node_folder, numbers, stop_agreed
+from airflow_provider_torchelastic.integrations.mirror import FolderMirror, MirrorLayout
 from airflow_provider_torchelastic.worker.liveness import heartbeat
 from airflow_provider_torchelastic.worker.metrics import report
 
@@ -56,9 +49,9 @@ __all__ = ["KIND", "TorchElasticCallback", "output_dir", "train"]
 KIND: Final = "transformers.Trainer"
 #: The sub-folder of the task's checkpoint location.
 SUBFOLDER: Final = "transformers"
-_CHECKPOINT = re.compile(r"checkpoint-(\d+)")
-#: The one file each rank writes itself (``Trainer._save_rng_state``); every other file is rank 0's.
-_RANK_FILE = re.compile(r"rng_state_(\d+)\.pth")
+#: The Trainer's checkpoint folders, and the one file each rank writes itself (``Trainer._save_rng_state``); every
+#: other file is rank 0's.
+_LAYOUT: Final = MirrorLayout(KIND, SUBFOLDER, re.compile(r"checkpoint-(\d+)"), re.compile(r"rng_state_(\d+)\.pth"))
 
 
 def output_dir() -> str:
@@ -82,15 +75,7 @@ class TorchElasticCallback(TrainerCallback):
     def mirror_for(self, args: TrainingArguments) -> FolderMirror:
         """The mirror of ``args.output_dir`` (made once)."""
         if self._mirror is None:
-            location = self._location if self._location is not None else checkpoint_location(SUBFOLDER)
-            self._mirror = FolderMirror(
-                _folder(args),
-                location,
-                kind=KIND,
-                managed=_CHECKPOINT,
-                rank_file=_RANK_FILE,
-                resume_from=lambda: resume_subfolder(SUBFOLDER, KIND),
-            )
+            self._mirror = _LAYOUT.mirror(_folder(args), self._location)
         return self._mirror
 
     def on_log(

@@ -26,6 +26,7 @@ from typing import Any, Final
 
 from airflow_provider_torchelastic.core import causes
 from airflow_provider_torchelastic.core.outcome import Verdict
+from airflow_provider_torchelastic.kubernetes.kinds.held import suspended_since
 from airflow_provider_torchelastic.kubernetes.requests import EmitLog, ReadWorkloads, Request
 from airflow_provider_torchelastic.kubernetes.status import (
     JobRef,
@@ -129,9 +130,7 @@ def preemption_limit(ref: JobRef, limits: QueueLimits, watch: QueueWatch) -> Wai
 
 
 def _held_since(job: Mapping[str, Any], now: float) -> float:
-    suspended = true_condition(job, "Suspended")
-    since = parse_time(suspended.get("lastTransitionTime")) if suspended else None
-    return since or parse_time((job.get("metadata") or {}).get("creationTimestamp")) or now
+    return suspended_since(job) or parse_time((job.get("metadata") or {}).get("creationTimestamp")) or now
 
 
 def _owned_by(workload: Mapping[str, Any], uid: str) -> bool:

@@ -71,25 +71,41 @@ _TORCH_DTYPES: Final = {
 }
 
 
-class HashingWriter:
-    """Writes to ``handle`` and hashes what it writes. A large chunk is hashed on a thread of its own while it is
-    written (hashlib releases the GIL), so that the sha256 costs little more than the slower of the two."""
+class _Hashing:
+    """The sha256 of the bytes that pass, and their count. A large chunk is hashed on the one thread of its own
+    (started when first needed, so chunks are hashed in order) while the caller moves bytes: hashlib releases the
+    GIL, so the sha256 costs little more than the slower of the two."""
 
     #: Smaller chunks are hashed inline: a thread's round trip would cost more than it saves.
     THREADED_BYTES: Final = 1 << 20
 
-    def __init__(self, handle: IO[bytes]) -> None:
-        self.handle, self.sha256, self.count = handle, hashlib.sha256(), 0
+    def __init__(self) -> None:
+        self.sha256, self.count = hashlib.sha256(), 0
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+
+    def _hash_on_thread(self, data: bytes | memoryview) -> concurrent.futures.Future[None]:
+        if self._pool is None:
+            self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="sha256")
+        return self._pool.submit(self.sha256.update, data)
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown()  # after the chunks in flight: their memory may be about to go
+
+
+class HashingWriter(_Hashing):
+    """Writes to ``handle`` and hashes what it writes, a large chunk while it is written."""
+
+    def __init__(self, handle: IO[bytes]) -> None:
+        super().__init__()
+        self.handle = handle
 
     def write(self, data: bytes | memoryview) -> None:
         if len(data) < self.THREADED_BYTES:
             self.sha256.update(data)
             self.handle.write(data)
         else:
-            if self._pool is None:
-                self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="sha256")
-            hashed = self._pool.submit(self.sha256.update, data)
+            hashed = self._hash_on_thread(data)
             try:
                 self.handle.write(data)
             finally:
@@ -99,16 +115,24 @@ class HashingWriter:
     def flush(self) -> None:
         self.handle.flush()
 
-    def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown()
-
 
 @dataclasses.dataclass(frozen=True)
-class _Entry:
+class _Tensor:
+    """A tensor as a safetensors header names it: its name, safetensors dtype (``F32``) and shape."""
+
     name: str
     dtype: str
     shape: tuple[int, ...]
+
+    @property
+    def info(self) -> TensorInfo:
+        return TensorInfo(dtype=self.dtype, shape=self.shape)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Entry(_Tensor):
+    """A tensor to write."""
+
     nbytes: int
     #: Gives the bytes when they are to be written (a tensor on a GPU is copied to the CPU only then), and an object
     #: that keeps their memory alive while they are.
@@ -216,7 +240,7 @@ def write_safetensors(
             del view, owner
     finally:
         out.close()
-    infos = {entry.name: TensorInfo(dtype=entry.dtype, shape=entry.shape) for entry in entries}
+    infos = {entry.name: entry.info for entry in entries}
     return out.count, out.sha256.hexdigest(), infos
 
 
@@ -232,14 +256,13 @@ class Readable(Protocol):
     def readinto(self, buffer: memoryview, /) -> int | None: ...
 
 
-class HashingReader:
-    """Reads a file's bytes, in order, into memory the caller gives, and hashes them. A large chunk is hashed on a
-    thread of its own while the next one arrives (hashlib releases the GIL), in the memory it was read into: the
-    sha256 costs no copy, and little more time than the slower of the two."""
+class HashingReader(_Hashing):
+    """Reads a file's bytes, in order, into memory the caller gives, and hashes them: a large chunk while the next
+    one arrives, in the memory it was read into, so the sha256 costs no copy."""
 
     def __init__(self, stream: Readable) -> None:
-        self.stream, self.sha256, self.count = stream, hashlib.sha256(), 0
-        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+        super().__init__()
+        self.stream = stream
         self._hashing: collections.deque[concurrent.futures.Future[None]] = collections.deque()
 
     def read_into(self, view: memoryview) -> None:
@@ -261,15 +284,13 @@ class HashingReader:
         return bytes(data)
 
     def _hash(self, chunk: memoryview) -> None:
-        if len(chunk) < HashingWriter.THREADED_BYTES and not self._hashing:
+        if len(chunk) < self.THREADED_BYTES and not self._hashing:
             self.sha256.update(chunk)
             return
-        if self._pool is None:
-            self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="sha256")
         # One thread, so the chunks are hashed in order; two in flight at most, so a failure surfaces soon.
         while len(self._hashing) >= 2:
             self._hashing.popleft().result()
-        self._hashing.append(self._pool.submit(self.sha256.update, chunk))
+        self._hashing.append(self._hash_on_thread(chunk))
 
     def wait(self) -> None:
         """Wait for the chunks still being hashed: until then the memory they were read into must stay alive."""
@@ -281,16 +302,11 @@ class HashingReader:
         self.wait()
         return self.sha256.hexdigest()
 
-    def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown()  # after the chunks in flight: their memory may be about to go
-
 
 @dataclasses.dataclass(frozen=True)
-class _Stored:
-    name: str
-    dtype: str
-    shape: tuple[int, ...]
+class _Stored(_Tensor):
+    """A tensor of a file read: where its bytes are in the data section."""
+
     begin: int
     end: int
 

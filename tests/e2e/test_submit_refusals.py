@@ -68,8 +68,8 @@ def test_a_trainjob_naming_a_missing_runtime_is_refused_at_submit_with_the_hint(
     from airflow_provider_torchelastic.kubernetes.client import SyncKube
     from airflow_provider_torchelastic.kubernetes.kinds import trainjob
     from airflow_provider_torchelastic.kubernetes.status import JobRef
-    from airflow_provider_torchelastic.operators.exceptions import ConfigurationError
     from airflow_provider_torchelastic.operators.backends.kubernetes import _submit_error
+    from airflow_provider_torchelastic.operators.exceptions import ConfigurationError
     from tests.contract.test_trainjob_render import render
 
     namespace = kube_cluster.namespace

@@ -14,10 +14,16 @@ from typing import Any, Final
 from airflow_provider_torchelastic.core import causes
 from airflow_provider_torchelastic.core.config import Elastic, Master, TaskConfig, Worker
 from airflow_provider_torchelastic.core.launch import config_to_launch_spec
-from airflow_provider_torchelastic.core.naming import REPLICA_INDEX_LABEL, REPLICA_TYPE_LABEL, TRAINING_CONTAINER
+from airflow_provider_torchelastic.core.naming import (
+    REPLICA_INDEX_LABEL,
+    REPLICA_TYPE_LABEL,
+    TRAINING_CONTAINER,
+    replica_order,
+)
 from airflow_provider_torchelastic.core.outcome import Verdict, decide_run
 from airflow_provider_torchelastic.core.pod_options import merge_pod_options
 from airflow_provider_torchelastic.kubernetes.kinds.descriptor import JobKind
+from airflow_provider_torchelastic.kubernetes.kinds.held import suspended_decision
 from airflow_provider_torchelastic.kubernetes.pod_template import (
     JsonDict,
     PodSettings,
@@ -206,7 +212,7 @@ def _decide_pytorchjob(ref: JobRef, snapshot: Snapshot, policy: WaitPolicy) -> W
     if succeeded:
         return _decide_succeeded(seen)
     if is_suspended(job):
-        return _decide_suspended(seen, policy)
+        return suspended_decision(seen, policy)
     return _decide_unfinished(seen, policy, deadline)
 
 
@@ -261,16 +267,6 @@ def _decide_succeeded(seen: Observed) -> WaitDecision:
         verdict = decide_run(reports)
         return seen.decision(phase_of(verdict), "Succeeded", verdict=verdict)
     return seen.decision(Phase.RUNNING, "Succeeded, waiting for rank 0's pod")
-
-
-def _decide_suspended(seen: Observed, policy: WaitPolicy) -> WaitDecision:
-    # Queued (created suspended, e.g. by Kueue) or preempted (suspended while running; its pods are deleted and
-    # come back when it is resumed): waiting for capacity, not a failure.
-    ref, queue = seen.ref, queue_name(seen.job)
-    suspended = true_condition(seen.job, "Suspended")
-    since = parse_time(suspended.get("lastTransitionTime")) if suspended else None
-    what = f"{ref.kind} {ref.name} is suspended" + (f" (queued in Kueue LocalQueue {queue})" if queue else "")
-    return out_of_patience(seen, policy, since or seen.created, what, None)
 
 
 def _decide_unfinished(seen: Observed, policy: WaitPolicy, deadline: tuple[int, float] | None) -> WaitDecision:
@@ -473,8 +469,8 @@ def _pod_order(pod: Mapping[str, Any]) -> tuple[int, int, str]:
     """Master first (it holds rank 0 when there is one), then workers by index (the training operator's labels)."""
     metadata = pod.get("metadata") or {}
     labels = metadata.get("labels") or {}
-    master = 0 if str(labels.get(REPLICA_TYPE_LABEL, "")).lower() == "master" else 1
-    return master, _int(labels.get(REPLICA_INDEX_LABEL), 0), str(metadata.get("name", ""))
+    order = replica_order(str(labels.get(REPLICA_TYPE_LABEL, "")), _int(labels.get(REPLICA_INDEX_LABEL), 0))
+    return (*order, str(metadata.get("name", "")))
 
 
 #: The Kubeflow training operator v1.9, standalone install (what the preflight tells a cluster without it).

@@ -37,6 +37,7 @@ from airflow_provider_torchelastic.core.outcome import NodeReport, Verdict, deci
 from airflow_provider_torchelastic.core.pod_options import merge_pod_options
 from airflow_provider_torchelastic.kubernetes import status
 from airflow_provider_torchelastic.kubernetes.kinds.descriptor import JobKind, OwnerQuery
+from airflow_provider_torchelastic.kubernetes.kinds.held import suspended_decision
 from airflow_provider_torchelastic.kubernetes.kinds.trainjob_limits import (
     MAX_NODE_DIGITS,
     PATCH_ONLY,
@@ -368,11 +369,7 @@ def _decide(ref: JobRef, snapshot: Snapshot, policy: WaitPolicy) -> WaitDecision
         return _node_failed(seen, reports, verdict)
     if _suspended(job):
         # Created suspended (Kueue's webhook does that to a labelled TrainJob) or preempted: waiting for capacity.
-        queue = status.queue_name(job)
-        suspended = status.true_condition(job, "Suspended")
-        since = status.parse_time(suspended.get("lastTransitionTime")) if suspended else None
-        what = f"{ref.kind} {ref.name} is suspended" + (f" (queued in Kueue LocalQueue {queue})" if queue else "")
-        return status.out_of_patience(seen, policy, since or seen.created, what, None)
+        return suspended_decision(seen, policy)
     return _decide_unfinished(seen, policy)
 
 
