@@ -46,10 +46,10 @@ __all__ = [
 FINISH_ACTIONS: Final = choices.FINISH_ACTIONS
 
 #: Container waiting reasons that will not resolve by themselves: fail fast (after ``pending_grace_seconds``) instead
-#: of waiting for a timeout. Waiting for capacity is not among them: that is bounded by ``scheduling_timeout``.
-STUCK_WAITING_REASONS: Final = frozenset(
-    {"ImagePullBackOff", "ErrImagePull", "InvalidImageName", "CreateContainerConfigError", "CreateContainerError"}
-)
+#: of waiting for a timeout. Waiting for capacity is not among them: that is bounded by ``scheduling_timeout``. Every
+#: image pull reason is (``ErrImageNeverPull`` was once missing, so such a pod waited for its deadline although
+#: :mod:`..core.image_pull` calls it permanent).
+STUCK_WAITING_REASONS: Final = image_pull.PULL_REASONS | {"CreateContainerConfigError", "CreateContainerError"}
 #: ``PodScheduled=False`` reasons that mean "waiting for capacity": no node fits yet (an autoscaler may add one), or
 #: a queue (Kueue's pod integration) holds the pod back with a scheduling gate until it is admitted.
 CAPACITY_REASONS: Final = frozenset({"Unschedulable", "SchedulingGated"})

@@ -231,3 +231,26 @@ def test_image_pull_timeout_is_an_argument_checked_at_parse_time_and_carried_to_
     args = WatchArgs(kind="Pod", name="p", namespace="ml", image_pull_timeout=45)
     assert args.policy.image_pull_timeout == 45
     assert WatchArgs(kind="Pod", name="p", namespace="ml").policy.image_pull_timeout == 600
+
+
+def test_a_pod_that_may_never_pull_its_image_is_stuck_not_waiting() -> None:
+    # imagePullPolicy: Never with the image absent from the node: the kubelet will never pull it.
+    from airflow_provider_torchelastic.kubernetes import status
+
+    pod = {
+        "status": {
+            "phase": "Pending",
+            "containerStatuses": [
+                {
+                    "image": "registry.example.com/train:1",
+                    "state": {"waiting": {"reason": "ErrImageNeverPull", "message": "Container image ... not present"}},
+                }
+            ],
+        }
+    }
+    assert status._stuck_reason(pod) == (
+        "ErrImageNeverPull",
+        "Container image ... not present",
+        "registry.example.com/train:1",
+    )
+    assert classify_pull("ErrImageNeverPull", "Container image ... not present").kind is PullError.PERMANENT
