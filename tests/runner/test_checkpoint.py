@@ -120,7 +120,9 @@ def test_sharded_checkpoints_are_written_by_every_rank_and_loaded_back(
     if store == "path":
         where = str(tmp_path / "sharded")
     else:
-        server: S3Server = request.getfixturevalue("s3")
+        # The runners get the server from their env; this process reads the checkpoint back too (below), so it needs
+        # the same env: without it only an S3 file system another test left in fsspec's cache could read it.
+        server: S3Server = request.getfixturevalue("s3_env")
         env.update(server.env)
         where = server.url(f"sharded/{tmp_path.name}")
     task = TaskContext(dag_id="d", task_id="t", run_id="r", checkpoint_uri=where)
