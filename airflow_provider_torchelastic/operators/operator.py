@@ -260,8 +260,9 @@ class TorchElasticOperator(BaseOperator):
         settings = Settings.read(execution=execution, deferrable=self.deferrable, job_kind=self.job_kind)
         backend = backend_for(execution, _task_spec(self))
         with self._raising_for_retry_policy(context):
-            attempt = new_attempt(backend.task, self.training_call(), context, settings)
-            self.log.info("Running %s with %s (%s execution), payload %d bytes", *_described(self, attempt))
+            call = self.training_call()
+            attempt = new_attempt(backend.task, call, context, settings)
+            self.log.info("Running %s with %s (%s execution), payload %d bytes", *_described(call[0], self, attempt))
             plan = backend.prepare(attempt)
             self.rendered_job = plan.rendered
             handle = backend.submit(attempt, plan)
@@ -431,10 +432,9 @@ def _task_spec(op: TorchElasticOperator) -> TaskSpec:
     return TaskSpec(**{field.name: getattr(op, field.name) for field in dataclasses.fields(TaskSpec)})
 
 
-def _described(op: TorchElasticOperator, attempt: Attempt) -> tuple[object, ...]:
-    """What the try's first line names: the training function (or program), the config, the execution and the
-    payload's size."""
-    fn = op.training_call()[0]
+def _described(fn: Callable[..., Any], op: TorchElasticOperator, attempt: Attempt) -> tuple[object, ...]:
+    """What the try's first line names: the training function ``fn`` (or program), the config, the execution and
+    the payload's size."""
     name = getattr(fn, "name", None) or getattr(fn, "__qualname__", fn)
     return name, op.task_config, attempt.settings.execution, len(attempt.payload)
 

@@ -86,8 +86,6 @@ class Plan:
     shown: list[dict[str, Any]] = field(default_factory=list)
     #: The operator's ``rendered_job`` template field (what the rendered-template view shows), where there is one.
     rendered: str | None = None
-    #: Values that must never reach a log line (a Secret's, a connection's): masked in what the pods print too.
-    secrets: tuple[str, ...] = ()
 
     def __str__(self) -> str:
         return json.dumps(self.shown, indent=2, default=str)

@@ -228,7 +228,7 @@ class KubernetesBackend:
         # What the log, the XCom and the rendered-template view show: no payload bytes, no secret.
         secrets = self._secrets = sensitive_values(manifests)
         shown = mask_manifests([elide_payload(manifest) for manifest in manifests], secrets)
-        return Plan(self.execution, manifests, shown, rendered=summarize_for_ui(shown), secrets=secrets)
+        return Plan(self.execution, manifests, shown, rendered=summarize_for_ui(shown))
 
     def submit(self, attempt: Attempt, plan: Plan) -> JobRef:
         """Create the payload Secret and the job, or re-attach to the job this try already created."""

@@ -17,6 +17,7 @@ from airflow_provider_torchelastic.operators.backends.base import Attempt, Plan,
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
+    from airflow_provider_torchelastic.core.launch import LaunchSpec
     from airflow_provider_torchelastic.local.run import LocalRun
     from airflow_provider_torchelastic.settings import Settings
 
@@ -36,6 +37,9 @@ class LocalBackend:
     def __init__(self, task: TaskSpec) -> None:
         self.task = task
         self.rendered: str | None = None
+        # What prepare() derived for the run (its launch spec, result location and extra environment), which wait()
+        # launches with: computed once.
+        self._launch: tuple[LaunchSpec, str | None, dict[str, str]] | None = None
 
     def prepare(self, attempt: Attempt) -> Plan:
         """One object per node: its runner's command line and the environment the run gives it beyond the Airflow
@@ -45,9 +49,9 @@ class LocalBackend:
 
         spec = config_to_launch_spec(self.task.task_config)
         url = results.result_url(attempt.settings.result_storage, attempt.task_context)
-        env = added_env(
-            run_env(attempt.task_context, self.task.termination_grace_period, self._extra_env(attempt.settings))
-        )
+        extra = self._extra_env(attempt.settings)
+        self._launch = (spec, url, extra)
+        env = added_env(run_env(attempt.task_context, self.task.termination_grace_period, extra))
         commands = node_commands(spec, workdir=RUN_FOLDER, result_url=url)
         objects = [{"node": index, "command": command, "env": env} for index, command in enumerate(commands)]
         return Plan(self.execution, objects, shown=objects)
@@ -63,8 +67,8 @@ class LocalBackend:
         from airflow_provider_torchelastic.core.tap import MetricsTap
         from airflow_provider_torchelastic.local.run import LocalRun, run_locally
 
-        assert isinstance(handle, LocalRun) and attempt.context is not None
-        spec = config_to_launch_spec(self.task.task_config)
+        assert isinstance(handle, LocalRun) and attempt.context is not None and self._launch is not None
+        spec, url, extra = self._launch
         # Rank 0's metrics lines become progress lines; the tap keeps them, and the log's tail, for the job summary.
         tap = MetricsTap(self.task.log.info, keep_unprefixed=True)
         started = time.time()
@@ -74,8 +78,8 @@ class LocalBackend:
             log_line=tap,
             run=handle,
             task_context=attempt.task_context,
-            result_url=results.result_url(attempt.settings.result_storage, attempt.task_context),
-            extra_env=self._extra_env(attempt.settings),
+            result_url=url,
+            extra_env=extra,
         )
         summary = results.local_summary(attempt.identity, spec, handle, verdict, tap, started)
         return results.finish(
