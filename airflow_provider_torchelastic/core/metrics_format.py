@@ -37,6 +37,7 @@ __all__ = [
     "MetricsLine",
     "format_metrics",
     "parse_metrics_line",
+    "split_glued",
 ]
 
 #: What starts a metrics line (after the ``[rankN]:`` prefix torch elastic puts on worker output).
@@ -265,13 +266,33 @@ _LINE: Final = re.compile(
 )
 
 
+# Rank 0's metrics line inside a longer one. torch elastic's tee copies each worker's output to the log as soon as it
+# is written, an unfinished line too: when a worker writes a line in pieces (C++ code's warnings; print(), which
+# writes the text and its newline apart), another worker's line that comes next lands after those pieces, with no
+# newline between. The tee's prefix says where that worker's line starts.
+_GLUED: Final = re.compile(r"\[rank\d+\]:" + MARKER + " ")
+
+
+def split_glued(line: str) -> tuple[str, str]:
+    """``(unfinished, metrics line)`` when a metrics line came glued to another worker's unfinished line;
+    ``("", line)`` otherwise. The unfinished text is still log output, so it is kept, not dropped."""
+    if not isinstance(line, str) or MARKER not in line or _LINE.match(line):
+        return "", line
+    glued = _GLUED.search(line)
+    if glued is None or glued.start() == 0 or not _LINE.match(line[glued.start() :]):
+        return "", line
+    return line[: glued.start()], line[glued.start() :]
+
+
 def parse_metrics_line(line: str) -> MetricsLine | None:
-    """The metrics in a log line, or None when it is not a (well-formed) metrics line. Never raises."""
+    """The metrics in a log line, or None when it is not a (well-formed) metrics line. Never raises.
+
+    A metrics line glued to another worker's unfinished line (:func:`split_glued`) is read too."""
     # Total: rank 0's code prints these lines, so any text gives a value or None. The cheap test first: almost no
     # line is one; an over-long one is refused before the regex and the parser see it.
     if not isinstance(line, str) or MARKER not in line or len(line) > MAX_LINE_CHARS:
         return None
-    match = _LINE.match(line)
+    match = _LINE.match(split_glued(line)[1])
     if match is None:
         return None
     doc = loads_untrusted(match.group("doc"), max_bytes=MAX_LINE_CHARS)

@@ -19,6 +19,7 @@ from airflow_provider_torchelastic.core.metrics_format import (
     MetricSeries,
     format_metrics,
     parse_metrics_line,
+    split_glued,
 )
 
 __all__ = ["MetricsTap"]
@@ -48,7 +49,11 @@ class MetricsTap:
         self._lock = threading.Lock()  # local execution pumps each node's output from its own thread
 
     def __call__(self, line: str) -> None:
-        parsed = parse_metrics_line(line)
+        unfinished, rest = split_glued(line)
+        if unfinished:  # another worker's unfinished line, which rank 0's metrics line followed: still its output
+            self._keep_tail(unfinished)
+            self._log(unfinished)
+        parsed = parse_metrics_line(rest)
         if parsed is not None:
             with self._lock:
                 self.series.extend(parsed)

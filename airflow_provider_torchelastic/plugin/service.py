@@ -11,7 +11,12 @@ import time
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, Final, Protocol
 
-from airflow_provider_torchelastic.core.metrics_format import MetricSeries, format_metrics, parse_metrics_line
+from airflow_provider_torchelastic.core.metrics_format import (
+    MetricSeries,
+    format_metrics,
+    parse_metrics_line,
+    split_glued,
+)
 from airflow_provider_torchelastic.core.redaction import redact_text, sensitive_env_values
 from airflow_provider_torchelastic.kubernetes import kinds
 from airflow_provider_torchelastic.plugin import views
@@ -93,8 +98,11 @@ def readable_log(text: str) -> str:
     """A log tail as a person reads it: metrics lines in the task log's words, not as JSON."""
     lines = []
     for line in text.splitlines():
-        parsed = parse_metrics_line(line)
-        lines.append(line if parsed is None else f"metrics: {format_metrics(parsed.step, parsed.last)}")
+        unfinished, rest = split_glued(line)
+        if unfinished:  # another worker's unfinished line, which a metrics line followed
+            lines.append(unfinished)
+        parsed = parse_metrics_line(rest)
+        lines.append(rest if parsed is None else f"metrics: {format_metrics(parsed.step, parsed.last)}")
     return "\n".join(lines)
 
 

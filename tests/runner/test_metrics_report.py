@@ -49,3 +49,35 @@ def test_rank_0_reports_rate_limited_lines_and_the_last_step_at_the_end(tmp_path
         series.extend(item)
     points = series.points("loss")
     assert points[0][0] == 0 and points[-1][0] == 499 and len(points) <= 64 + 1
+
+
+def report_after_an_unfinished_line() -> int:
+    import os
+    import time
+
+    from airflow_provider_torchelastic import report
+
+    written = "unfinished-line-written"  # in the runner's folder, which both ranks share
+    if int(os.environ["RANK"]) == 1:
+        # C++ code (gloo's warnings at the first collective) writes a line in pieces; the tee copies the first at once.
+        time.sleep(1.0)  # after rank 0's own start-up lines
+        os.write(2, b"[W1204] a warning written in pieces: ")
+        open(written, "w").close()
+        time.sleep(2.0)
+        os.write(2, b"its end\n")
+    else:
+        while not os.path.exists(written):
+            time.sleep(0.05)
+        time.sleep(0.5)  # the tee (every 0.1 s) has copied the piece
+        report(step=1, loss=2.0)
+    return 0
+
+
+def test_a_metrics_line_that_follows_another_ranks_unfinished_line_is_still_read(tmp_path: Path) -> None:
+    run = run_runner(tmp_path, report_after_an_unfinished_line)
+    assert run.returncode == EXIT_OK, run.describe()
+    (line,) = [line for line in run.output.splitlines() if MARKER in line]
+    # The tee glued the two (the point of the test: if torch stops doing so, this says where to look).
+    assert line.startswith("[rank1]:[W1204] a warning written in pieces: [rank0]:"), run.describe()
+    parsed = parse_metrics_line(line)
+    assert parsed is not None and parsed.step == 1 and parsed.last == {"loss": 2.0}, line

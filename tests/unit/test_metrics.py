@@ -19,6 +19,7 @@ from airflow_provider_torchelastic.core.metrics_format import (
     MetricSeries,
     MetricsLine,
     parse_metrics_line,
+    split_glued,
 )
 from airflow_provider_torchelastic.core.tap import MetricsTap
 from airflow_provider_torchelastic.worker import metrics
@@ -212,6 +213,40 @@ def test_parse_tolerates_the_carriers_prefixes(line: str) -> None:
 )
 def test_parse_rejects_what_is_not_a_metrics_line(line: str) -> None:
     assert parse_metrics_line(line) is None
+
+
+@pytest.mark.parametrize(
+    "unfinished",
+    [
+        "[rank1]:[W1204 04:50:00.123 ProcessGroupGloo.cpp:514] Warning: ",  # C++ code writes a warning in pieces
+        "[rank0]:{'loss': 2.31, 'grad_norm': 1.7",  # print(): the text, then its newline
+        "[node0] [rank1]:partial",
+        "2026-11-29T17:40:19.123456789Z [rank1]:partial",
+    ],
+)
+def test_a_metrics_line_glued_to_another_workers_unfinished_line_is_read_and_the_rest_kept(unfinished: str) -> None:
+    # torch elastic's tee copies a worker's unfinished line at once; rank 0's next line lands right after it.
+    line = f"{unfinished}[rank0]:{MARKER} {DOC}"
+    assert split_glued(line) == (unfinished, f"[rank0]:{MARKER} {DOC}")
+    assert parse_metrics_line(line) == parse_metrics_line(f"[rank0]:{MARKER} {DOC}") is not None
+    logged: list[str] = []
+    tap = MetricsTap(logged.append, keep_unprefixed=True)
+    tap(line)
+    assert logged == [unfinished, "metrics: step 1200 loss=0.312 accuracy=0.91"]
+    assert tap.series.points("loss") == [(1100.0, 0.35), (1200.0, 0.312)]
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        f"[rank0]:{MARKER} {DOC}",
+        f"[rank0]:print('[rank0]:{MARKER} {DOC}')",  # inside other text, not at the end of a line
+        f"[rank0]:text {MARKER} {DOC}",  # no tee prefix where it starts
+        "[rank0]:epoch 3 loss 0.2",
+    ],
+)
+def test_only_a_tee_prefix_followed_by_the_marker_splits_a_line(line: str) -> None:
+    assert split_glued(line) == ("", line)
 
 
 # --- the series and the tap -------------------------------------------------------------------------------------------
