@@ -22,13 +22,28 @@ Rank 0 stamps the body's first and last line with the wall clock (host and conta
 * **after last line**: the body's last line -> the task instance's end (exit, status seen, result read, clean-up);
 * the body itself, for reference.
 
-Medians over ``--repeats`` runs of each, all measured in one run of this script, so their ratios compare.
+Medians over ``--repeats`` runs of each (7 by default), all measured in one run of this script, so their ratios
+compare.
+
+**Where each second goes** (issue 39): the same runs cut into phases from the API server's audit log (the request
+bodies of the kubelet's pods/status patches, the rest at Metadata level) and the body's own stamps, not from the
+provider's log. Every time is when the API server had it, in ms:
+
+* *created*: the task's ``create`` of its job object (the Pod, or the PyTorchJob), after the payload Secret's;
+* *scheduled*: the scheduler's last pod binding (every pod placed);
+* *started*: the kubelet's first status patch that shows the training container running, in the last pod to start;
+* *first line* and *last line*: the body's stamps;
+* *terminated*: the kubelet's first status patch that shows the container terminated, in the last pod to end;
+* *seen*: the task's first request after that (it acts on the terminal state: the final log read, the delete);
+* *clean-up done*: the end of the task's last ``delete`` (KubernetesPodOperator keeps its pod here: none);
+* *end*: the task instance's end.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import os
 import platform
 import statistics
@@ -36,7 +51,10 @@ import sys
 import tempfile
 import textwrap
 import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -133,6 +151,9 @@ for deferrable in (False, True):
         )
 """
 
+#: The object each case's task creates for its job.
+JOB_RESOURCE = {"pod": "pods", "pod5": "pods", "kpo": "pods", "pytorchjob": "pytorchjobs"}
+
 CASES = (
     ("pod", "sync"),
     ("pod", "deferred"),
@@ -158,6 +179,121 @@ def stamps_from_log(text: str) -> tuple[float, float]:
     if first is None or last is None:
         raise RuntimeError(f"the pod's log has no BENCH lines:\n{text[-2000:]}")
     return first, last
+
+
+#: The audit policy: the kubelet's status patches with their bodies (which say when a container ran and ended), every
+#: other request at Metadata level (who, what, when).
+AUDIT_RULES = (
+    {"level": "Request", "verbs": ["patch", "update"], "resources": [{"group": "", "resources": ["pods/status"]}]},
+    {"level": "Metadata"},
+)
+#: The phases, in order: each is the time from the previous one (``body``: first line -> last line).
+PHASES = ("created", "scheduled", "started", "first line", "body", "terminated", "seen", "end")
+
+
+@dataclass(frozen=True)
+class AuditEvent:
+    user: str
+    verb: str
+    resource: str  # "pods", "pods/binding", "pods/status", "pytorchjobs", "secrets", ...
+    name: str
+    received: float
+    completed: float
+    body: Any
+
+    @classmethod
+    def from_json(cls, event: Mapping[str, Any]) -> AuditEvent:
+        ref = event.get("objectRef") or {}
+        sub = ref.get("subresource")
+        return cls(
+            user=(event.get("user") or {}).get("username", ""),
+            verb=event.get("verb", ""),
+            resource=ref.get("resource", "") + (f"/{sub}" if sub else ""),
+            name=ref.get("name", ""),
+            received=_timestamp(event["requestReceivedTimestamp"]),
+            completed=_timestamp(event["stageTimestamp"]),
+            body=event.get("requestObject"),
+        )
+
+
+def _timestamp(text: str) -> float:
+    return datetime.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+
+def read_audit(path: Path) -> list[AuditEvent]:
+    with path.open() as f:
+        return sorted((AuditEvent.from_json(json.loads(line)) for line in f if line.strip()), key=lambda e: e.received)
+
+
+def _container_states(body: Any) -> set[str]:
+    """The states (``running``, ``terminated``) a kubelet status patch reports for the pod's containers."""
+    status = body.get("status") if isinstance(body, dict) else None
+    found: set[str] = set()
+    for container in (status or {}).get("containerStatuses") or ():
+        found.update((container.get("state") or {}).keys())
+    return found
+
+
+def phases(events: Iterable[AuditEvent], run: Mapping[str, float], job_resource: str) -> dict[str, float | None]:
+    """One run's phase times (absolute), from the audit events while its task ran (``run``: start, end, first and
+    last line). Only this run's pods count: those the scheduler bound while it ran."""
+    window = [e for e in events if run["start"] - 0.5 <= e.received <= run["end"] + 0.5]
+    bindings = [e for e in window if e.verb == "create" and e.resource == "pods/binding"]
+    pods = {e.name for e in bindings}
+    task_user = next(
+        (
+            e.user
+            for e in window
+            if e.verb == "create" and e.resource == job_resource and not e.user.startswith("system:")
+        ),
+        None,
+    )
+    created = next(
+        (e.completed for e in window if e.user == task_user and e.verb == "create" and e.resource == job_resource), None
+    )
+
+    def first_patch(pod: str, state: str) -> float | None:
+        return next(
+            (e.completed for e in window
+             if e.resource == "pods/status" and e.name == pod and e.user.startswith("system:node:")
+             and state in _container_states(e.body)),
+            None,
+        )  # fmt: skip
+
+    def last_of(values: Iterable[float | None]) -> float | None:
+        found = list(values)
+        return None if not found or None in found else max(v for v in found if v is not None)
+
+    terminated = last_of(first_patch(pod, "terminated") for pod in pods)
+    seen = None
+    if terminated is not None:
+        seen = next((e.received for e in window if e.user == task_user and e.received >= terminated), None)
+    deletes = [e.completed for e in window if e.user == task_user and e.verb == "delete"]
+    return {
+        "start": run["start"],
+        "created": created,
+        "scheduled": max((e.completed for e in bindings), default=None),
+        "started": last_of(first_patch(pod, "running") for pod in pods),
+        "first line": run["first"],
+        "body": run["last"],
+        "terminated": terminated,
+        "seen": seen,
+        "end": run["end"],
+        "cleanup": max(deletes) if deletes else None,
+    }
+
+
+def durations(times: Mapping[str, float | None]) -> dict[str, float | None]:
+    """Each phase's length (from the previous), and where the clean-up ended relative to the task's end."""
+    out: dict[str, float | None] = {}
+    previous: float | None = times["start"]
+    for name in PHASES:
+        at = times[name]
+        out[name] = None if at is None or previous is None else at - previous
+        previous = at
+    cleanup = times["cleanup"]
+    out["cleanup vs end"] = None if cleanup is None else cleanup - times["end"]  # type: ignore[operator]
+    return out
 
 
 def run_case(dag_folder: Path, dag_id: str, namespace: str) -> dict[str, float]:
@@ -191,12 +327,22 @@ def run_case(dag_folder: Path, dag_id: str, namespace: str) -> dict[str, float]:
             rows = session.scalars(XComModel.get_many(run_id=dag_run.run_id, dag_ids=dag_id, key="return_value"))
             value = XComModel.deserialize_value(rows.one())
             first, last = float(value["first"]), float(value["last"])
-    return {"to_first": first - start, "after_last": end - last, "body": last - first, "total": end - start}
+    return {
+        "to_first": first - start,
+        "after_last": end - last,
+        "body": last - first,
+        "total": end - start,
+        # The absolute times, for the phases.
+        "start": start,
+        "end": end,
+        "first": first,
+        "last": last,
+    }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--train-seconds", type=float, default=5.0)
     parser.add_argument("--results", type=Path, default=REPO / "benchmarks" / "results.md")
     args = parser.parse_args()
@@ -208,7 +354,8 @@ def main() -> None:
     # `make bench-real-node` builds (or reuses) the node and the runner image first; `up` imports the image.
     reference = image.runner_image_ref()
     work = Path(tempfile.mkdtemp(prefix="bench-real-node-"))
-    plane = cp.ControlPlane(work / "cluster", log=log, node="real")
+    audit = work / "audit.log"
+    plane = cp.ControlPlane(work / "cluster", log=log, node="real", audit_log=audit, audit_rules=AUDIT_RULES)
     started = time.monotonic()
     info = plane.start()
     log(f"cluster with the real node up in {time.monotonic() - started:.0f}s; image {reference}")
@@ -231,12 +378,21 @@ def main() -> None:
                 result = run_case(dags, dag_id, info.namespace)
                 log(f"{dag_id}: " + ", ".join(f"{k} {v:.2f}s" for k, v in result.items()))
                 measured[case].append(result)
+        time.sleep(3)  # the audit log is written in batches, at most a second apart
+        events = read_audit(audit)
     finally:
         plane.stop()
-    record(args, measured)
+    split: dict[tuple[str, str], list[dict[str, float | None]]] = {
+        case: [durations(phases(events, run, JOB_RESOURCE[case[0]])) for run in runs] for case, runs in measured.items()
+    }
+    record(args, measured, split)
 
 
-def record(args: argparse.Namespace, measured: dict[tuple[str, str], list[dict[str, float]]]) -> None:
+def record(
+    args: argparse.Namespace,
+    measured: dict[tuple[str, str], list[dict[str, float]]],
+    split: dict[tuple[str, str], list[dict[str, float | None]]],
+) -> None:
     def median(case: tuple[str, str], key: str) -> float:
         return statistics.median(run[key] for run in measured[case])
 
@@ -260,6 +416,23 @@ def record(args: argparse.Namespace, measured: dict[tuple[str, str], list[dict[s
             f"| {names[kind]} | {wait} | {median(case, 'to_first'):.1f} s | {median(case, 'after_last'):.1f} s | "
             f"{median(case, 'body'):.1f} s | {median(case, 'total'):.1f} s | {overhead / kpo:.2f}x |"
         )
+    lines += [
+        "",
+        f"Where each second goes: phases from the API server's audit log (kubelet status patches, bindings, the "
+        f"task's requests) and the body's stamps, each from the one before, medians of {args.repeats}; (n/m): the "
+        "phase was found in n of m runs. *clean-up vs end*: when the task's last delete ended, against the task's "
+        "end (negative: before it).\n",
+        "| task | wait | " + " | ".join(PHASES) + " | clean-up vs end |",
+        "|---|---|" + "---|" * (len(PHASES) + 1),
+    ]
+    for kind, wait in CASES:
+        runs = split[(kind, wait)]
+        cells = []
+        for name in (*PHASES, "cleanup vs end"):
+            found = [at for run in runs if (at := run[name]) is not None]
+            cell = f"{statistics.median(found):.2f}" if found else "-"
+            cells.append(cell if len(found) in (0, len(runs)) else f"{cell} ({len(found)}/{len(runs)})")
+        lines.append(f"| {names[kind]} | {wait} | " + " | ".join(cells) + " |")
     text = "\n".join(lines) + "\n"
     print(text)
     with args.results.open("a") as out:

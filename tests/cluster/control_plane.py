@@ -39,7 +39,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -288,6 +288,7 @@ class ControlPlane:
         show_build_output: bool = False,
         log: Any = None,
         audit_log: Path | None = None,
+        audit_rules: Sequence[Mapping[str, Any]] = ({"level": "Metadata"},),
         node: str = "sim",
     ) -> None:
         self.state_dir = Path(state_dir).resolve()
@@ -299,6 +300,9 @@ class ControlPlane:
         #: Where the apiserver writes its audit log (one JSON line per request, Metadata level), to count requests by
         #: identity in benchmarks; None: no audit log.
         self.audit_log = Path(audit_log).resolve() if audit_log is not None else None
+        #: The audit policy's rules: Metadata for every request by default; a benchmark that reads what the kubelet
+        #: reported (a container's start and end) asks for the request bodies of pods/status patches first.
+        self.audit_rules = [dict(rule) for rule in audit_rules]
         self.start_simulators = start_simulators
         self.show_build_output = show_build_output
         self._log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
@@ -517,14 +521,14 @@ class ControlPlane:
             return []
         policy = self.state_dir / "audit-policy.yaml"
         # One event per request, when its response completed (a watch: when it ended); Metadata carries the user,
-        # verb and URI, which is all a request count needs.
+        # verb and URI, which is all a request count needs (the default rules).
         policy.write_text(
             json.dumps(
                 {
                     "apiVersion": "audit.k8s.io/v1",
                     "kind": "Policy",
                     "omitStages": ["RequestReceived", "ResponseStarted"],
-                    "rules": [{"level": "Metadata"}],
+                    "rules": self.audit_rules,
                 }
             )
         )
