@@ -224,6 +224,27 @@ def label_job(ref: JobRef, labels: Mapping[str, str]) -> Call[None]:
     return _patch(ref.kind, ref.name, ref.namespace, {"metadata": {"labels": dict(labels)}})
 
 
+#: Seconds a followed log may bring nothing before the sender gives up on it (the follower opens it again): a
+#: half-open connection must not leave the log unread for good, and a quiet training's stream is cheap to reopen.
+FOLLOW_READ_TIMEOUT: Final = 300.0
+
+
+def follow_log(request: ReadLog, since_time: str | None) -> Call[str]:
+    """``request``'s container log as a stream (``follow=true``), with timestamps, from ``since_time`` (RFC 3339,
+    whole seconds: what the API takes; None: from the start); each line of the answer is one log line, at most
+    ``request.limit_bytes`` long (:meth:`~.client.AsyncKube.stream` cuts a longer one)."""
+    query = _query(container=request.container, follow=True, timestamps=True, sinceTime=since_time)
+    path = _object_path("Pod", request.pod, request.namespace)[0] + "/log"
+    return Call(
+        method="GET",
+        path=path,
+        query=query,
+        parse=_text,
+        read_limit=request.limit_bytes,
+        timeout=(10.0, FOLLOW_READ_TIMEOUT),
+    )
+
+
 def read_log(request: ReadLog) -> Call[str]:
     """A container's log, as :class:`~.requests.ReadLog` asks for it (the server's default for what it leaves out)."""
     query = _query(

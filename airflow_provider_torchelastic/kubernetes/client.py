@@ -244,7 +244,8 @@ class AsyncKube:
         return body
 
     async def stream(self, call: Call[T]) -> AsyncIterator[T]:
-        """The answer of a watch, one line at a time, each read by ``call``, until the server ends it.
+        """The answer of a watch (or a followed log), one line at a time, each read by ``call``, until the server
+        ends it; a line longer than ``call.read_limit`` comes in pieces of that length.
 
         Raises :class:`KubeError` for an HTTP error (410 Gone included) and for a broken connection.
         """
@@ -266,6 +267,10 @@ class AsyncKube:
                     raise _unreachable(e) from e
                 buffer += chunk
                 *lines, buffer = buffer.split(b"\n")
+                if call.read_limit is not None and len(buffer) > call.read_limit:
+                    # A line without end (a log's): what is held stays bounded, passed on in pieces.
+                    lines.append(buffer[: call.read_limit])
+                    buffer = buffer[call.read_limit :]
                 for line in lines:
                     if line.strip():
                         yield call.parse(line)

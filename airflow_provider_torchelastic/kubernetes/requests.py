@@ -70,6 +70,9 @@ class ReadLog:
     #: Each line prefixed with its time (what the wait's log cursors need); False leaves the lines as the container
     #: wrote them (what a person reads in the UI).
     timestamps: bool = True
+    #: The wait's last read of this pod (the job ended): it must reach the log's end, so a source that follows the
+    #: log as a stream reads it from the API rather than answer with the lines the stream brought so far.
+    last: bool = False
 
 
 @dataclass(frozen=True)

@@ -300,7 +300,7 @@ def _stream_logs(
         # that has run for days may have printed gigabytes.
         first = FIRST_READ_TAIL_LINES if since is None else None
         text = yield ReadLog(
-            pod=target, namespace=ref.namespace, since_seconds=since, tail_lines=first, container=container
+            pod=target, namespace=ref.namespace, since_seconds=since, tail_lines=first, container=container, last=final
         )
         lines, state.cursors[target] = new_log_lines(cursor, text or "")
         if target != state.rank0_pod and any(line.startswith(RANK0_PREFIX) for line in lines):

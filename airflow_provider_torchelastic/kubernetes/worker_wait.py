@@ -12,6 +12,11 @@ a pause that passes without any change of the job is followed by a read of the j
 read it, so an event the watch missed is caught within it. The fall-back and the safety net use the worker's
 blocking client (in a thread): a watch that fails never leaves the wait with less than the polling it had before.
 
+Rank 0's log is followed as a stream (:class:`LogFollower`) once the wait reads it at its pace: the lines wait in a
+bounded buffer until the wait's next read takes them, and a stream that ends (a cut connection, a read timeout, the
+container's end) is opened again from the time of its last line (``sinceTime``). The wait's last read of a pod, when
+the job ended, goes to the API, so it reaches the log's end whatever the stream has delivered.
+
 Deletions that nobody waits for (:attr:`~.requests.DeleteJob.background`: a succeeded job's) go to
 :class:`BackgroundDeletes`, so the task's result is not held by the API's answers to them.
 """
@@ -23,18 +28,32 @@ import contextlib
 import functools
 import threading
 import time
+from collections import deque
 from collections.abc import AsyncIterator, Callable, Generator, Mapping
 from contextlib import AbstractAsyncContextManager
-from typing import Any
+from typing import TYPE_CHECKING, Any, Final
 
 from airflow_provider_torchelastic.errors import KubeError
+from airflow_provider_torchelastic.kubernetes import calls
 from airflow_provider_torchelastic.kubernetes.requests import DeleteJob, JobSource, ReadLog, Request
 from airflow_provider_torchelastic.kubernetes.retry import retry_sync
 from airflow_provider_torchelastic.kubernetes.status import JobRef, Snapshot
 from airflow_provider_torchelastic.kubernetes.wait import drive_async
 from airflow_provider_torchelastic.kubernetes.watch import SharedSource, StreamUpdate, watch_namespace
 
-__all__ = ["BackgroundDeletes", "WatchNotStarted", "wait_watching"]
+if TYPE_CHECKING:
+    from airflow_provider_torchelastic.kubernetes.client import AsyncKube
+
+__all__ = ["BackgroundDeletes", "LogFollower", "WatchNotStarted", "wait_watching"]
+
+#: Lines a followed log keeps between two reads of the wait (one interval), and at most the request's
+#: ``limit_bytes`` of them; older ones give way, and the next read says how many. A read from the API brings at most
+#: as much (``FIRST_READ_TAIL_LINES``, ``limit_bytes``).
+FOLLOW_MAX_LINES: Final = 1000
+#: Seconds before a stream that ended is opened again, doubled while reopening brings no line, up to the maximum:
+#: a container that ended (its stream ends at once) costs a request every half minute until the wait is done.
+FOLLOW_RETRY: Final = 1.0
+FOLLOW_RETRY_MAX: Final = 30.0
 
 
 class WatchNotStarted(Exception):
@@ -80,22 +99,53 @@ async def _drive(
         except Exception as e:  # a connection the async client cannot use: the blocking one polls as before
             raise WatchNotStarted(f"{type(e).__name__}: {e}") from e
         updates = await stack.enter_async_context(contextlib.aclosing(watch_namespace(kube, ref.namespace, job=ref)))
-        source = _WatchedJob(updates, _ThreadedPolls(polls), log)
+        source = _WatchedJob(updates, _ThreadedPolls(polls), log, kube)
+        stack.push_async_callback(source.close)
         sleep = functools.partial(source.sleep_until_changed, ref)
         return await drive_async(flow, source, log, sleep=sleep, detach=detach)
 
 
 class _WatchedJob(SharedSource):
     """The shared watch's source, with the safety net: after a pause in which nothing of the job changed, the job
-    is read from the API once (the watch may have missed what a poll would have seen)."""
+    is read from the API once (the watch may have missed what a poll would have seen). The log the wait reads at its
+    pace is followed as a stream (one pod at a time)."""
 
-    def __init__(self, updates: AsyncIterator[StreamUpdate], polls: _ThreadedPolls, say: Callable[[str], None]):
+    def __init__(
+        self,
+        updates: AsyncIterator[StreamUpdate],
+        polls: _ThreadedPolls,
+        say: Callable[[str], None],
+        kube: AsyncKube,
+    ):
         async def direct() -> _ThreadedPolls:
             return polls
 
         super().__init__(updates, direct, say)
         self._polls = polls
         self._quiet = False
+        self._kube = kube
+        self._follower: LogFollower | None = None
+
+    async def read_log(self, request: ReadLog) -> str:
+        follower = self._follower
+        if follower is not None and follower.serves(request):
+            return follower.take()
+        text = await super().read_log(request)
+        # A read at the wait's pace (it has a cursor: since_seconds) of a pod whose stream is not open: follow it
+        # from the last line this read brought. Tails of failed pods and previous runs are read once: not followed.
+        if request.since_seconds is not None and not request.previous and not request.last:
+            await self.close()
+            since = last_stamp(text) or _stamp(time.time() - request.since_seconds)
+            self._follower = LogFollower(self._kube, request, since)
+        elif request.last and follower is not None and follower.request.pod == request.pod:
+            await self.close()
+        return text
+
+    async def close(self) -> None:
+        """Stop following (the wait ended, or another pod's log is read now)."""
+        follower, self._follower = self._follower, None
+        if follower is not None:
+            await follower.close()
 
     async def sleep_until_changed(self, ref: JobRef, seconds: float) -> None:
         started = time.monotonic()
@@ -107,6 +157,91 @@ class _WatchedJob(SharedSource):
             self._quiet = False
             return await self._polls.snapshot(ref)
         return await super().snapshot(ref)
+
+
+def _stamp(at: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(at))
+
+
+def last_stamp(text: str) -> str | None:
+    """The timestamp of the last line of a timestamped log read, in whole seconds (what ``sinceTime`` takes)."""
+    for line in reversed(text.splitlines()):
+        stamp = line.partition(" ")[0]
+        if len(stamp) >= 20 and stamp[:4].isdigit() and stamp.endswith("Z"):
+            return stamp[:19] + "Z"
+    return None
+
+
+class LogFollower:
+    """One pod's log followed as a stream (``follow=true``): its lines wait, at most :data:`FOLLOW_MAX_LINES` and
+    ``limit_bytes``, until the wait's next read takes them (:meth:`take`). A stream that ends is opened again from the
+    second of its last line (``sinceTime``); the wait's cursor drops what the two have in common. Refused (401, 403,
+    404): it stops, and the wait reads the log from the API as before.
+    """
+
+    def __init__(self, kube: AsyncKube, request: ReadLog, since_time: str | None) -> None:
+        self.request = request
+        self._kube = kube
+        self._since = since_time
+        self._lines: deque[str] = deque()
+        self._chars = 0  # in the lines kept: at most the request's limit_bytes, as a read from the API brings
+        self._dropped = 0
+        #: Why the stream stopped for good (401, 403, 404, or an error of this code): the wait reads from the API.
+        self.refused: Exception | None = None
+        self.streams = 0  # how many times the stream was opened
+        self._task = asyncio.create_task(self._run(), name=f"torchelastic-follow-{request.pod}")
+
+    def serves(self, request: ReadLog) -> bool:
+        """Whether this stream answers ``request``: a paced read of the same pod's container, while not refused."""
+        mine = self.request
+        same = (request.pod, request.namespace, request.container) == (mine.pod, mine.namespace, mine.container)
+        paced = request.since_seconds is not None and not request.previous and not request.last
+        return same and paced and self.refused is None
+
+    def take(self) -> str:
+        """The lines that came since the last call, preceded by a note when some gave way."""
+        lines = list(self._lines)
+        self._lines.clear()
+        self._chars = 0
+        if self._dropped:
+            lines.insert(
+                0, f"[... {self._dropped} earlier lines not shown: more came between two reads than one holds]"
+            )
+            self._dropped = 0
+        return "\n".join(lines)
+
+    async def close(self) -> None:
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
+
+    async def _run(self) -> None:
+        pause = FOLLOW_RETRY
+        while True:
+            came = False
+            self.streams += 1
+            try:
+                async for line in self._kube.stream(calls.follow_log(self.request, self._since)):
+                    self._keep(line)
+                    came = True
+            except KubeError as e:
+                if e.status in (401, 403, 404):
+                    self.refused = e
+                    return
+            except Exception as e:  # a bug here must not cost the task its log: the wait reads it as before
+                self.refused = e
+                return
+            # Ended: a cut connection, a read timeout, or the container's end (then reopening brings nothing).
+            pause = FOLLOW_RETRY if came else min(pause * 2, FOLLOW_RETRY_MAX)
+            await asyncio.sleep(pause)
+
+    def _keep(self, line: str) -> None:
+        self._lines.append(line)
+        self._chars += len(line)
+        while len(self._lines) > FOLLOW_MAX_LINES or self._chars > self.request.limit_bytes:
+            self._chars -= len(self._lines.popleft())
+            self._dropped += 1
+        self._since = last_stamp(line) or self._since
 
 
 class _ThreadedPolls:

@@ -75,10 +75,13 @@ class Match:
     #: The path (without the query) ends with this: ``/pods/x`` matches the pod, not ``/pods/x/log``.
     path_endswith: str | None = None
     watch: bool | None = None
+    #: A query parameter and its value: ``("follow", "true")`` matches a followed log, not a read of it.
+    query: tuple[str, str] | None = None
 
     def __call__(self, request: ProxiedRequest) -> bool:
         return (
-            (self.method is None or request.method == self.method.upper())
+            (self.query is None or self.query[1] in request.query.get(self.query[0], []))
+            and (self.method is None or request.method == self.method.upper())
             and (self.path_contains is None or self.path_contains in request.path)
             and (self.path_endswith is None or request.path.endswith(self.path_endswith))
             and (self.watch is None or request.watch == self.watch)

@@ -170,3 +170,48 @@ def test_a_watch_refused_by_rbac_falls_back_to_polling(namespace: Namespace, kub
     assert ended(decision), decision
     assert sum(FALLBACK in line for line in waiter.lines) == 1
     assert any("403" in line for line in waiter.lines), waiter.lines
+
+
+#: A container that prints numbered lines over a few seconds (the simulated kubelet runs it on this machine).
+PRINTER = "import time\nfor i in range({n}):\n    print(f'line {{i}}', flush=True)\n    time.sleep({pause})\n"
+
+
+def printing_pod(namespace: Namespace, suffix: str, *, lines: int, pause: float) -> str:
+    from tests.cluster import held_jobs
+
+    name = f"{namespace.prefix}-{suffix}"
+    body = held_jobs.held_pod(name, namespace.ns)
+    body["metadata"]["annotations"] = {}  # not held: it runs its command, and ends when that ends
+    body["spec"]["containers"][0]["command"] = ["python", "-c", PRINTER.format(n=lines, pause=pause)]
+    namespace.core.create_namespaced_pod(namespace.ns, body)
+    namespace.pods.append(name)
+    return name
+
+
+def log_requests(proxy: FaultProxy, pod: str) -> tuple[int, int]:
+    """(log reads, log streams opened) of ``pod`` that the proxy saw."""
+    logs = [r for r in proxy.requests if r.method == "GET" and r.path.endswith(f"/pods/{pod}/log")]
+    followed = sum(1 for r in logs if "true" in r.query.get("follow", []))
+    return len(logs) - followed, followed
+
+
+def test_rank_0_log_is_followed_as_a_stream_reopened_from_its_last_line_when_cut(
+    namespace: Namespace, proxied: Path, fault_proxy: FaultProxy
+) -> None:
+    """Every line once and in order, through a stream the proxy breaks off mid-way, in far fewer requests than a
+    read per interval: the stream is opened again from the time of its last line, and the wait's cursor drops what
+    the two streams share."""
+    count = 40
+    pod = printing_pod(namespace, "follow", lines=count, pause=0.25)
+    fault_proxy.cut_watch_next(after_bytes=600, match=Match(path_endswith=f"/{pod}/log", query=("follow", "true")))
+    waiter = Waiter(JobRef(kind="Pod", name=pod, namespace=namespace.ns), proxied, poll_interval=1.0)
+    decision = waiter.result(90)
+    assert decision.phase.is_terminal and "Succeeded" in decision.progress, decision
+    shown = [line.split("] ", 1)[1] for line in waiter.lines if line.startswith(f"[{pod}] line ")]
+    assert shown == [f"line {i}" for i in range(count)], waiter.lines
+    reads, streams = log_requests(fault_proxy, pod)
+    # The cut took effect (a stream of the pod's log was broken off), and the follower opened another.
+    assert fault_proxy.pending_faults == 0 and streams >= 2, (reads, streams)
+    # About ten seconds of printing at a one-second pace: a read per interval would be about ten. Followed: the
+    # first two reads (the tail, then the first paced one, which starts the stream) and the last one at the end.
+    assert reads <= 4, (reads, streams, [r.query for r in fault_proxy.requests if r.path.endswith("/log")])
