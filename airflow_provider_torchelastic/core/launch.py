@@ -8,7 +8,7 @@ and local execution passes it per node process.
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Final
 
@@ -57,9 +57,10 @@ class LaunchSpec:
     max_nodes: int
     nproc_per_node: int | str
     start_method: str
-    monitor_interval: float
-    max_restarts: int
-    rdzv_configs: Mapping[str, Any]
+    #: The defaults below are a static job's (:class:`~.config.PyTorch`): it has no knobs for them.
+    monitor_interval: float = DEFAULT_MONITOR_INTERVAL
+    max_restarts: int = 0
+    rdzv_configs: Mapping[str, Any] = field(default_factory=dict)
     #: True for a PyTorch Master/Worker job: static ranks, Master is node 0.
     static_ranks: bool = False
 
@@ -83,15 +84,13 @@ def config_to_launch_spec(config: TaskConfig) -> LaunchSpec:
             rdzv_configs=config.rdzv_configs,
         )
     if isinstance(config, PyTorch):
+        # A fixed node count, never restarted in place, with no rendezvous to tune: the defaults.
         return LaunchSpec(
+            static_ranks=True,
             min_nodes=config.nnodes,
             max_nodes=config.nnodes,
             nproc_per_node=config.nproc_per_node,
             start_method=config.start_method,
-            monitor_interval=DEFAULT_MONITOR_INTERVAL,
-            max_restarts=0,
-            rdzv_configs={},
-            static_ranks=True,
         )
     raise TypeError(f"task_config: expected Elastic(...) or PyTorch(...), got {config!r}")
 

@@ -104,7 +104,9 @@ def note_preemption(watch: QueueWatch, job: Mapping[str, Any]) -> bool:
     return preempted
 
 
-def _failed(ref: JobRef, state: str, verdict: Verdict) -> WaitDecision:
+def _failed(ref: JobRef, state: str, *, recoverable: bool, cause: str, reason: str, detail: str) -> WaitDecision:
+    """A failed decision that stops the job; its verdict says why."""
+    verdict = Verdict(succeeded=False, recoverable=recoverable, cause=cause, reason=reason, detail=detail)
     return WaitDecision(phase=Phase.FAILED, progress=f"{ref.kind} {ref.name}: {state}", verdict=verdict, stop=True)
 
 
@@ -117,15 +119,12 @@ def preemption_limit(ref: JobRef, limits: QueueLimits, watch: QueueWatch) -> Wai
     return _failed(
         ref,
         f"failed (preempted {total} times)",
-        Verdict(
-            succeeded=False,
-            recoverable=True,
-            cause=causes.PREEMPTED,
-            reason="Preempted",
-            detail=f"{ref.kind} {ref.namespace}/{ref.name} was preempted (suspended by its queue after it ran): "
-            f"preemption {total} of this task instance{earlier} reaches max_preemptions={limits.max_preemptions}, "
-            "so the try fails instead of waiting to be admitted again; the job was deleted",
-        ),
+        recoverable=True,
+        cause=causes.PREEMPTED,
+        reason="Preempted",
+        detail=f"{ref.kind} {ref.namespace}/{ref.name} was preempted (suspended by its queue after it ran): "
+        f"preemption {total} of this task instance{earlier} reaches max_preemptions={limits.max_preemptions}, "
+        "so the try fails instead of waiting to be admitted again; the job was deleted",
     )
 
 
@@ -158,18 +157,15 @@ def admitted_but_held(
         return _failed(
             ref,
             "failed (admitted by Kueue, yet still suspended)",
-            Verdict(
-                succeeded=False,
-                recoverable=False,
-                cause=causes.CONFIGURATION,
-                reason="AdmittedButSuspended",
-                detail=f"Kueue Workload {ref.namespace}/{name} was admitted{where} {now - since:.0f} s ago, yet "
-                f"{ref.kind} {ref.namespace}/{ref.name} is still suspended (longer than pending_grace_seconds="
-                f"{grace:g}): Kueue and the job's controller disagree on the job, most likely a version skew "
-                "between Kueue and the training operator or Trainer (kueue#11931); check that your Kueue version "
-                f"supports this {ref.kind} API and its integration is enabled (`kubectl describe workload -n "
-                f"{ref.namespace} {name}`). The job was deleted; a retry will not help until the versions match",
-            ),
+            recoverable=False,
+            cause=causes.CONFIGURATION,
+            reason="AdmittedButSuspended",
+            detail=f"Kueue Workload {ref.namespace}/{name} was admitted{where} {now - since:.0f} s ago, yet "
+            f"{ref.kind} {ref.namespace}/{ref.name} is still suspended (longer than pending_grace_seconds="
+            f"{grace:g}): Kueue and the job's controller disagree on the job, most likely a version skew "
+            "between Kueue and the training operator or Trainer (kueue#11931); check that your Kueue version "
+            f"supports this {ref.kind} API and its integration is enabled (`kubectl describe workload -n "
+            f"{ref.namespace} {name}`). The job was deleted; a retry will not help until the versions match",
         )
     return None
 

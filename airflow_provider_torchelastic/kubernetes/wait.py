@@ -388,21 +388,29 @@ class _Step:
     on_error: Callable[[KubeError], Any]
 
 
+@dataclass(frozen=True)
+class _Done:
+    """The last step: the flow returned ``value``."""
+
+    value: Any
+
+
 def _steps(
     flow: Generator[Request, Any, Any],
     source: JobSource | AsyncJobSource,
     log: Callable[[str], None],
     detach: Callable[[DeleteJob], None] | None,
-) -> Generator[_Step | Sleep, Any, Any]:
+) -> Generator[_Step | Sleep | _Done, Any, None]:
     """``flow`` with what needs no I/O done (log lines, detached deletions): what is left for a driver is a
-    :class:`_Step` (answered with its result) or a :class:`Sleep`. Both drivers run this, so they differ only in
-    whether they await."""
+    :class:`_Step` (answered with its result) or a :class:`Sleep` (answered with None), until :class:`_Done`. Both
+    drivers run this, so they differ only in whether they await."""
     answer: Any = None
     while True:
         try:
             request = flow.send(answer)
         except StopIteration as stop:
-            return stop.value
+            yield _Done(stop.value)
+            return
         answer = None
         if isinstance(request, EmitLog):
             log(request.line)
@@ -447,23 +455,24 @@ def drive_sync(
     """Carry out a flow's requests with blocking calls; returns what the flow returns.
 
     ``detach``: starts a deletion that nobody waits for (:attr:`DeleteJob.background`) and returns at once."""
+    steps = _steps(flow, source, log, detach)
+    step = next(steps)
+    while not isinstance(step, _Done):
+        step = steps.send(_carry_out_sync(step, log, sleep))
+    return step.value
+
+
+def _carry_out_sync(step: _Step | Sleep, log: Callable[[str], None], sleep: Callable[[float], None]) -> Any:
+    """One step with blocking calls: the source's call (retried where the step says so), or a sleep."""
     from airflow_provider_torchelastic.kubernetes.client import retry_sync
 
-    steps = _steps(flow, source, log, detach)
-    answer: Any = None
-    while True:
-        try:
-            step = steps.send(answer)
-        except StopIteration as stop:
-            return stop.value
-        answer = None
-        if isinstance(step, Sleep):
-            sleep(step.seconds)
-            continue
-        try:
-            answer = retry_sync(step.call, log, sleep) if step.retried else step.call()
-        except KubeError as e:
-            answer = step.on_error(e)
+    if isinstance(step, Sleep):
+        sleep(step.seconds)
+        return None
+    try:
+        return retry_sync(step.call, log, sleep) if step.retried else step.call()
+    except KubeError as e:
+        return step.on_error(e)
 
 
 async def drive_async(
@@ -477,20 +486,23 @@ async def drive_async(
     """The same as :func:`drive_sync`, awaiting. A shared watch passes a ``sleep`` that wakes up early when the
     job changed (:mod:`~airflow_provider_torchelastic.kubernetes.watch`). The triggerer passes no ``detach``: a
     deletion started on the shared stream's client could outlive it (the stream closes with its last trigger)."""
+    steps = _steps(flow, source, log, detach)
+    step = next(steps)
+    while not isinstance(step, _Done):
+        step = steps.send(await _carry_out_async(step, log, sleep))
+    return step.value
+
+
+async def _carry_out_async(
+    step: _Step | Sleep, log: Callable[[str], None], sleep: Callable[[float], Awaitable[None]]
+) -> Any:
+    """:func:`_carry_out_sync`, awaiting."""
     from airflow_provider_torchelastic.kubernetes.client import retry_async
 
-    steps = _steps(flow, source, log, detach)
-    answer: Any = None
-    while True:
-        try:
-            step = steps.send(answer)
-        except StopIteration as stop:
-            return stop.value
-        answer = None
-        if isinstance(step, Sleep):
-            await sleep(step.seconds)
-            continue
-        try:
-            answer = await (retry_async(step.call, log) if step.retried else step.call())
-        except KubeError as e:
-            answer = step.on_error(e)
+    if isinstance(step, Sleep):
+        await sleep(step.seconds)
+        return None
+    try:
+        return await (retry_async(step.call, log) if step.retried else step.call())
+    except KubeError as e:
+        return step.on_error(e)

@@ -24,27 +24,6 @@ from airflow_provider_torchelastic.core.public import OPERATORS_MODULE, publish
 if TYPE_CHECKING:
     from airflow_provider_torchelastic.core.outcome import Verdict
 
-__all__ = [
-    "CapacityTimeoutError",
-    "ConfigurationError",
-    "DeadlineExceededError",
-    "ImageTransientlyUnavailableError",
-    "ImageUnavailableError",
-    "InfrastructureError",
-    "NodeLostError",
-    "StalledError",
-    "OutOfMemoryError",
-    "PreemptedError",
-    "TrainingError",
-    "TrainingFailedError",
-    "TrainingRecoverableError",
-    "UserCodeError",
-    "UserCodeFailedError",
-    "UserCodeRecoverableError",
-    "error_for_verdict",
-    "for_retry_policy",
-]
-
 #: The lines of a worker's traceback an exception keeps (the end, where the error is).
 TRACEBACK_TAIL_LINES = 30
 
@@ -207,6 +186,10 @@ _ALL: tuple[type[TrainingError], ...] = (
     *_BY_CAUSE.values(),
 )
 _PUBLIC: dict[str, type[TrainingError]] = {cls.__name__: cls for cls in _ALL}
+
+# From the classes themselves, so that a new class is exported where it is added (operators/__init__.py spells out
+# their public path).
+__all__ = [*_PUBLIC, "error_for_verdict", "for_retry_policy"]
 
 
 def class_for(cause: str, *, recoverable: bool) -> type[TrainingError]:

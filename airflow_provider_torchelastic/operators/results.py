@@ -170,7 +170,7 @@ def result_or_raise(
     ``task_context``: the try's, from which the only acceptable result reference and artifact location are
     recomputed; without it a verdict that carries a reference fails. ``artifacts``: the try's artifact storage.
     """
-    value = _result_or_raise(log, verdict, storage, last_metrics=last_metrics, task_context=task_context)
+    value = _value_or_raise(log, verdict, storage, task_context, last_metrics)
     found = checked_artifacts(value, artifacts, task_context)
     if found:
         total = sum(ref.bytes for ref in found)
@@ -180,14 +180,10 @@ def result_or_raise(
     return value
 
 
-def _result_or_raise(
-    log: Log,
-    verdict: Verdict,
-    storage: ResultStorage | None,
-    *,
-    last_metrics: str = "",
-    task_context: TaskContext | None = None,
+def _value_or_raise(
+    log: Log, verdict: Verdict, storage: ResultStorage | None, task_context: TaskContext | None, last_metrics: str
 ) -> Any:
+    """Rank 0's value (read from the result storage when the verdict carries a reference), or the task's exception."""
     suffix = f"; {last_metrics}" if last_metrics else ""
     if verdict.succeeded and verdict.result_ref is not None:
         url = expected_result_ref(verdict.result_ref, storage, task_context)
