@@ -12,6 +12,7 @@ from airflow_provider_torchelastic.core.config import Elastic, TaskConfig
 from airflow_provider_torchelastic.core.launch import config_to_launch_spec
 from airflow_provider_torchelastic.core.naming import TRAINING_CONTAINER
 from airflow_provider_torchelastic.core.outcome import Verdict, decide_run
+from airflow_provider_torchelastic.kubernetes import status
 from airflow_provider_torchelastic.kubernetes.kinds.descriptor import JobKind
 from airflow_provider_torchelastic.kubernetes.pod_template import (
     JsonDict,
@@ -23,20 +24,7 @@ from airflow_provider_torchelastic.kubernetes.pod_template import (
     render_pod_template,
     set_field,
 )
-from airflow_provider_torchelastic.kubernetes.status import (
-    JobRef,
-    Observed,
-    Phase,
-    Snapshot,
-    WaitDecision,
-    WaitPolicy,
-    describe_wait,
-    job_gone,
-    out_of_patience,
-    phase_of,
-    stuck_decision,
-    with_pods,
-)
+from airflow_provider_torchelastic.kubernetes.status import JobRef, Observed, Phase, Snapshot, WaitDecision, WaitPolicy
 
 __all__ = ["KIND", "decide_pod", "pod_finished", "render_pod"]
 
@@ -99,25 +87,25 @@ def pod_finished(pod: Mapping[str, Any]) -> bool:
 def decide_pod(ref: JobRef, snapshot: Snapshot, policy: WaitPolicy) -> WaitDecision:
     """A single Pod (one node): it is its own only pod."""
     decision = _decide_pod(ref, snapshot, policy)
-    return with_pods(decision, snapshot, [snapshot.job] if snapshot.job is not None else [])
+    return status.with_pods(decision, snapshot, [snapshot.job] if snapshot.job is not None else [])
 
 
 def _decide_pod(ref: JobRef, snapshot: Snapshot, policy: WaitPolicy) -> WaitDecision:
     job = snapshot.job
     if job is None:
-        return job_gone(ref)
+        return status.job_gone(ref)
     seen = Observed(ref=ref, job=job, pods=[job], total=1, now=snapshot.now, pull_errors=snapshot.pull_errors)
-    stuck = stuck_decision(seen, policy)
+    stuck = status.stuck_decision(seen, policy)
     if stuck is not None:
         return stuck
     phase = job.get("status", {}).get("phase", "Pending")
     if pod_finished(job):
         reports = seen.reports()
         verdict = decide_run(reports) if reports else Verdict(succeeded=False, detail=f"pod ended {phase}")
-        return seen.decision(phase_of(verdict), phase, verdict=verdict)
+        return seen.decision(status.phase_of(verdict), phase, verdict=verdict)
     waits = seen.waiting_for_capacity
     if waits:
-        return out_of_patience(seen, policy, waits[0].since, describe_wait(waits[0]), waits[0].pod)
+        return status.out_of_patience(seen, policy, waits[0].since, status.describe_wait(waits[0]), waits[0].pod)
     return seen.decision(Phase.RUNNING if phase == "Running" else Phase.PENDING, phase)
 
 
