@@ -237,7 +237,9 @@ def _container_states(body: Any) -> set[str]:
 def phases(events: Iterable[AuditEvent], run: Mapping[str, float], job_resource: str) -> dict[str, float | None]:
     """One run's phase times (absolute), from the audit events while its task ran (``run``: start, end, first and
     last line). Only this run's pods count: those the scheduler bound while it ran."""
-    window = [e for e in events if run["start"] - 0.5 <= e.received <= run["end"] + 0.5]
+    # Runs follow each other within a second: only what the API received while this task ran is this run's (the
+    # harness deletes KubernetesPodOperator's pod after the task's end, outside the window).
+    window = [e for e in events if run["start"] <= e.received <= run["end"]]
     bindings = [e for e in window if e.verb == "create" and e.resource == "pods/binding"]
     pods = {e.name for e in bindings}
     task_user = next(
