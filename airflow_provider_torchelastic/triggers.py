@@ -315,11 +315,12 @@ class TorchElasticJobTrigger(BaseEventTrigger):
     async def open_shared_stream(cls, kwargs: dict[str, Any]) -> AsyncIterator[Any]:
         """One client and one list+watch for the namespace; only the key's fields (connection, namespace) count."""
         from airflow_provider_torchelastic.kubernetes.client import AsyncKube
-        from airflow_provider_torchelastic.kubernetes.watch import watch_namespace
+        from airflow_provider_torchelastic.kubernetes.watch import stream_key, watch_namespace
 
         args = _watch_args(kwargs)
+        key = stream_key(args.namespace, args.connection)
         async with async_hook(args.connection).get_conn() as api:
-            async for update in watch_namespace(AsyncKube(api), args.namespace):
+            async for update in watch_namespace(AsyncKube(api), args.namespace, key=key):
                 yield update
 
     async def filter_shared_stream(self, shared_stream: AsyncIterator[Any]) -> AsyncIterator[TriggerEvent]:
@@ -352,7 +353,8 @@ class TorchElasticJobTrigger(BaseEventTrigger):
                 if updates is None:
                     decision = await drive_async(flow, await direct(), log)
                 else:
-                    source = SharedSource(updates, direct, log)
+                    source = SharedSource(updates, direct, log, key=self.shared_stream_key())
+                    stack.push_async_callback(source.leave)
                     sleep = functools.partial(source.sleep_until_changed, args.ref)
                     decision = await drive_async(flow, source, log, sleep=sleep)
                     hold = source.hold  # keeps taking the subscription's updates: a stalled subscriber overflows

@@ -14,10 +14,13 @@ backoff. A 401/403 (an identity that may not list or watch) ends the stream: eve
 
 The contract with the triggers:
 
-* A late joiner gets the current state: updates carry the cache itself, and a tick is broadcast every
-  :data:`TICK_SECONDS` even when nothing changed, so a new trigger reads its job within a tick of joining. A job
-  the cache has not seen (created a moment ago) is fetched once by the stream (:meth:`JobCache.want`), not by the
-  trigger.
+* Every update wakes every trigger of the stream (Airflow's triggerer puts each one in each subscriber's queue), so
+  the stream broadcasts only changes, at most one update per :data:`BROADCAST_GAP` (a burst of hundreds of jobs
+  ending costs a few broadcasts), and a heartbeat every :data:`TICK_SECONDS`. Nothing waits for a broadcast that
+  does not concern it: each trigger takes its updates in a task of its own and keeps its deadlines with timers.
+* A late joiner reads the current state at once: the live stream's cache is found by its key
+  (:func:`live_cache`), without waiting for the next update. A job the cache has not seen (created a moment ago)
+  is fetched once by the stream (:meth:`JobCache.want`), not by the trigger.
 * The key is a fingerprint of the connection settings (Airflow logs keys; settings may hold a token).
 * A trigger whose queue overflowed, or whose stream ended, polls on its own from then on and says so once.
 * One API client per stream; the triggers' own requests (log reads, the final delete) go through it, at most
@@ -33,7 +36,7 @@ import hashlib
 import json
 import random
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
@@ -61,21 +64,26 @@ __all__ = [
     "SharedSource",
     "StreamUnavailable",
     "StreamUpdate",
+    "live_cache",
     "stream_key",
     "watch_namespace",
 ]
 
 T = TypeVar("T")
 
-#: Updates are broadcast at least this often, so that a late joiner and a deadline need no change to wake up.
-TICK_SECONDS: Final = 1.0
+#: A heartbeat: an update at least this often, though nothing changed. Late joiners and deadlines do not need it
+#: (:func:`live_cache`, the sources' own timers); it retries a fetch that failed.
+TICK_SECONDS: Final = 30.0
 #: How long a change waits for others to share its broadcast.
 BATCH_SECONDS: Final = 0.05
+#: The least time between two updates of a shared stream: each wakes every trigger of the stream, so at 1,000 jobs
+#: ending together this bounds the wake-ups to 4,000 a second, and adds at most this much to seeing a job's end.
+BROADCAST_GAP: Final = 0.25
 #: Requests the triggers of one stream may have in flight at once (log reads, deletes, the stream's own GETs); the
 #: client's pool (100 connections) keeps the rest for the watches, so log reads never starve them.
 MAX_CONCURRENT_REQUESTS: Final = 8
-#: Updates (about a second each) a trigger waits for the stream to know its job before it polls on its own.
-MAX_UNKNOWN_TICKS: Final = 60
+#: Seconds a trigger waits for the stream to know its job before it polls on its own.
+UNKNOWN_SECONDS: Final = 60.0
 #: How long the server keeps one watch open; resumed from the last version afterwards (jittered, as informers do).
 WATCH_SECONDS: Final = 290
 #: Backoff after a failed list or watch: 1, 2, 4... seconds, capped, jittered.
@@ -317,21 +325,41 @@ async def _fetch_wanted(cache: JobCache) -> None:
         cache._mark({name})
 
 
-async def watch_namespace(
-    kube: Any, namespace: str, *, job: JobRef | None = None
-) -> AsyncGenerator[StreamUpdate, None]:
-    """The shared stream: yields an update on every change and at least every :data:`TICK_SECONDS`, forever.
+#: The cache of each live shared stream, by its key: what a trigger reads before its first update.
+_LIVE: dict[Hashable, JobCache] = {}
 
-    ``kube`` is an :class:`~.client.AsyncKube`; it is used only here and through :meth:`JobCache.request`.
+
+def live_cache(key: Hashable) -> JobCache | None:
+    """The cache of the live stream of ``key`` (:func:`stream_key`), if one runs in this process."""
+    cache = _LIVE.get(key)
+    return cache if cache is not None and not cache.closed else None
+
+
+async def watch_namespace(
+    kube: Any, namespace: str, *, job: JobRef | None = None, key: Hashable | None = None
+) -> AsyncGenerator[StreamUpdate, None]:
+    """The shared stream: yields an update on every change (at most one per :data:`BROADCAST_GAP`) and at least
+    every :data:`TICK_SECONDS`, forever.
+
+    ``kube`` is an :class:`~.client.AsyncKube`; it is used only here and through :meth:`JobCache.request`. ``job``
+    makes it a private stream of that one job (one subscriber: no gap between updates). ``key``: the stream is
+    found by :func:`live_cache` while it runs.
     """
     cache = JobCache(namespace, kube, job=job.name if job is not None else None)
     scope = namespace_scope() if job is None else job_scope(job)
     cache.kinds = tuple(sorted(watched.key for watched in scope))
+    gap = BROADCAST_GAP if job is None else 0.0
     watchers = [
         asyncio.create_task(_list_and_watch(cache, watched), name=f"torchelastic-watch-{watched.key}")
         for watched in scope
     ]
+    for task in watchers:
+        task.add_done_callback(lambda _: cache._wake.set())  # a watcher only ends by failing: say so at once
     fetcher: asyncio.Task[None] | None = None
+    if key is not None:
+        _LIVE[key] = cache
+    loop = asyncio.get_running_loop()
+    last = -gap
     try:
         while True:
             with contextlib.suppress(TimeoutError):
@@ -339,15 +367,18 @@ async def watch_namespace(
             if cache._wake.is_set():
                 # Gather what else arrives in the next moment into the same update: every update wakes every
                 # trigger of the stream, so a burst of events (hundreds of jobs ending) costs a few broadcasts.
-                await asyncio.sleep(BATCH_SECONDS)
+                await asyncio.sleep(max(BATCH_SECONDS, last + gap - loop.time()))
             for task in watchers:
                 if task.done():
                     task.result()  # raises what ended it (StreamUnavailable); a watcher never returns
             if cache.wanted and cache.ready and (fetcher is None or fetcher.done()):
                 fetcher = asyncio.create_task(_fetch_wanted(cache))
+            last = loop.time()
             yield StreamUpdate(cache=cache, changed=cache.take_changes())
     finally:
         cache.closed = True
+        if key is not None and _LIVE.get(key) is cache:
+            del _LIVE[key]
         for task in [*watchers, *([fetcher] if fetcher else [])]:
             task.cancel()
         for task in [*watchers, *([fetcher] if fetcher else [])]:
@@ -359,7 +390,13 @@ class SharedSource:
     """An :class:`~requests.AsyncJobSource` fed by a shared stream, polling on its own once the stream fails it.
 
     ``updates`` is the trigger's subscription; ``direct`` opens a client of the trigger's own (an
-    :class:`~.client.AsyncKube`) when it must poll. ``say`` is the trigger's log.
+    :class:`~.client.AsyncKube`) when it must poll. ``say`` is the trigger's log. ``key`` (:func:`stream_key`) finds
+    the live stream's cache before the first update comes.
+
+    A task of its own takes the subscription's updates from the first call on until :meth:`leave`: a subscriber
+    that stops reading (in a slow log read, holding an event) fills its queue, and the triggerer fails a subscriber
+    whose queue overflows. So the wait sleeps on timers and on an event that task sets when its job changed, and an
+    update about other jobs wakes only that task.
     """
 
     def __init__(
@@ -367,13 +404,21 @@ class SharedSource:
         updates: AsyncIterator[StreamUpdate],
         direct: Callable[[], Awaitable[Any]],
         say: Callable[[str], None],
+        *,
+        key: Hashable | None = None,
     ) -> None:
         self._updates = updates
         self._open_direct = direct
         self._say = say
+        self._key = key
         self._cache: JobCache | None = None
-        self._last_changed: frozenset[str] | None = None
         self._direct: Any = None
+        self._taker: asyncio.Task[None] | None = None
+        self._failure: str | None = None  # why the subscription ended, once it has
+        self._job: str | None = None  # the name of the job this source answers for, once asked
+        self._dirty = False  # the job changed since the last sleep
+        self._changed = asyncio.Event()  # set with _dirty, and when the subscription ends
+        self._updated = asyncio.Event()  # set by any update
 
     @property
     def polling(self) -> bool:
@@ -385,67 +430,80 @@ class SharedSource:
             self._direct = await self._open_direct()
         return self._direct
 
-    async def _next(self) -> bool:
-        """Wait for the next update; False once this trigger has fallen back to polling."""
-        if self._direct is not None:
-            return False
+    def _take(self) -> bool:
+        """Start taking the updates (once); False once the subscription has ended or this source polls."""
+        if self._taker is None and self._direct is None:
+            self._cache = live_cache(self._key) if self._key is not None else None
+            self._taker = asyncio.create_task(self._take_updates(), name="torchelastic-subscription")
+        return self._direct is None and self._failure is None
+
+    async def _take_updates(self) -> None:
         try:
-            update = await anext(self._updates)
-        except Exception as e:  # overflow, or the stream ended (403, a bug): never leave the task unobserved
-            await self._fall_back(f"{type(e).__name__}: {e}")
-            return False
-        self._cache = update.cache
-        self._last_changed = update.changed
-        return True
+            async for update in self._updates:
+                self._cache = update.cache
+                changed = update.changed
+                if changed is None or self._job is None or self._job in changed:
+                    self._dirty = True
+                    self._changed.set()
+                self._updated.set()
+            self._failure = "the shared watch ended"
+        except Exception as e:  # overflow, or the stream failed (403, a bug): never leave the task unobserved
+            self._failure = f"{type(e).__name__}: {e}"
+        self._changed.set()
+        self._updated.set()
+
+    async def leave(self) -> None:
+        """Stop taking the subscription's updates (the wait is over)."""
+        taker, self._taker = self._taker, None
+        if taker is not None and not taker.done():
+            taker.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await taker
 
     def _usable(self, ref: JobRef) -> JobCache | None:
         cache = self._cache
         return cache if cache is not None and not cache.closed and cache.watches(ref) else None
 
     async def snapshot(self, ref: JobRef) -> Snapshot:
-        waited = 0
-        while self._direct is None:
+        self._job = ref.name
+        deadline = time.monotonic() + UNKNOWN_SECONDS
+        while self._take():
             cache = self._cache
             if cache is not None and cache.ready and not cache.watches(ref):
                 await self._fall_back(f"{ref.kind} {ref.name} lacks the label {SELECTOR}")
                 break
             if cache is not None and not cache.closed and cache.knows(ref):
                 return cache.snapshot(ref)
-            if waited >= MAX_UNKNOWN_TICKS:  # the stream cannot list, or cannot fetch this job: do not wait forever
-                await self._fall_back(f"it did not see {ref.kind} {ref.name} within {waited} updates")
+            if (left := deadline - time.monotonic()) <= 0:  # the stream cannot list, or cannot fetch this job
+                await self._fall_back(f"it did not see {ref.kind} {ref.name} within {UNKNOWN_SECONDS:g} s")
                 break
             if cache is not None and cache.ready:
                 cache.want(ref)
-            await self._next()
-            waited += 1
-        direct = self._direct or await self._fall_back("the shared watch ended")
+            self._updated.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._updated.wait(), left)
+        direct = self._direct or await self._fall_back(self._failure or "the shared watch ended")
         snapshot: Snapshot = await direct.snapshot(ref)
         return snapshot
 
     async def hold(self, seconds: float) -> None:
-        """Sleep ``seconds`` while still taking the subscription's updates: a subscriber that stops reading fills
-        its queue, and the triggerer fails a subscriber whose queue overflows."""
-        deadline = time.monotonic() + seconds
-        # Ticks arrive every TICK_SECONDS; a stream that fails now only shortens the hold (the decision is made).
-        with contextlib.suppress(Exception):
-            while self._direct is None and time.monotonic() < deadline:
-                await anext(self._updates)
-        if (left := deadline - time.monotonic()) > 0:
-            await asyncio.sleep(left)
+        """Sleep ``seconds``; the subscription's updates are still taken meanwhile."""
+        self._take()
+        await asyncio.sleep(seconds)
 
     async def sleep_until_changed(self, ref: JobRef, seconds: float) -> None:
         """Sleep up to ``seconds``, waking up as soon as the stream reports a change of the job or its pods."""
+        self._job = ref.name
         deadline = time.monotonic() + seconds
-        while self._direct is None and time.monotonic() < deadline:
-            # Ticks arrive every TICK_SECONDS, so the deadline is kept to about a tick without a timer of our own
-            # (cancelling a pending read of the subscription would close it).
-            if not await self._next():
-                break
-            changed = self._last_changed
-            if changed is None or ref.name in changed:
-                return
+        if self._take() and not self._dirty:
+            self._changed.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._changed.wait(), seconds)
+        self._dirty = False
+        if self._failure is not None and self._direct is None:
+            await self._fall_back(self._failure)
         if self._direct is not None and (left := deadline - time.monotonic()) > 0:
-            await asyncio.sleep(left)
+            await asyncio.sleep(left)  # polling: the deadline is the poll's pace
 
     async def _through(self, call: Callable[[Any], Awaitable[T]], ref: JobRef | None = None) -> T:
         """``call`` on the stream's client while the stream lives (at most :data:`MAX_CONCURRENT_REQUESTS` at once),

@@ -101,6 +101,7 @@ async def _drive(
         updates = await stack.enter_async_context(contextlib.aclosing(watch_namespace(kube, ref.namespace, job=ref)))
         source = _WatchedJob(updates, _ThreadedPolls(polls), log, kube)
         stack.push_async_callback(source.close)
+        stack.push_async_callback(source.leave)
         sleep = functools.partial(source.sleep_until_changed, ref)
         return await drive_async(flow, source, log, sleep=sleep, detach=detach)
 

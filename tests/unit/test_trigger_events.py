@@ -178,15 +178,16 @@ def test_a_wait_failed_event_is_held_too(monkeypatch: pytest.MonkeyPatch) -> Non
 
 
 def test_a_held_trigger_keeps_taking_its_shared_subscription() -> None:
-    from airflow_provider_torchelastic.kubernetes.watch import SharedSource
+    from airflow_provider_torchelastic.kubernetes.watch import JobCache, SharedSource, StreamUpdate
 
     taken: list[int] = []
 
     async def ticks() -> Any:
+        cache = JobCache("ml", None)
         for i in range(1000):
             taken.append(i)
             await asyncio.sleep(0.01)
-            yield i
+            yield StreamUpdate(cache=cache, changed=frozenset({f"other-{i}"}))
 
     async def no_direct() -> Any:
         raise AssertionError("a hold needs no client of its own")
@@ -194,6 +195,110 @@ def test_a_held_trigger_keeps_taking_its_shared_subscription() -> None:
     source = SharedSource(ticks(), no_direct, lambda line: None)
     asyncio.run(source.hold(0.3))
     assert len(taken) >= 10, "a held subscriber that stops reading would fill its queue"
+
+
+def _pod_cache(*names: str) -> Any:
+    from airflow_provider_torchelastic.kubernetes.watch import JobCache
+
+    cache = JobCache("ml", None)
+    cache.kinds, cache.synced = ("Pod",), {"Pod"}
+    cache.objects["Pod"] = {name: {"metadata": {"name": name, "resourceVersion": "1"}} for name in names}
+    return cache
+
+
+def test_a_shared_source_wakes_for_its_own_job_only_and_keeps_its_deadline_without_updates() -> None:
+    """Updates about other jobs do not end the sleep; one naming the job does, at once; with no update at all the
+    deadline still holds (the stream's heartbeat is 30 s: the source keeps its own timer)."""
+    from airflow_provider_torchelastic.kubernetes.watch import SharedSource, StreamUpdate
+
+    cache = _pod_cache("mine", "other")
+    updates: asyncio.Queue[StreamUpdate] = asyncio.Queue()
+
+    async def subscription() -> Any:
+        while True:
+            yield await updates.get()
+
+    async def no_direct() -> Any:
+        raise AssertionError("the stream serves this job")
+
+    async def scenario() -> tuple[float, float, float]:
+        source = SharedSource(subscription(), no_direct, lambda line: None)
+        ref = JobRef(kind="Pod", name="mine", namespace="ml")
+        updates.put_nowait(StreamUpdate(cache=cache, changed=frozenset()))  # the first update (a heartbeat)
+        await asyncio.wait_for(source.snapshot(ref), 0.5)
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        await source.sleep_until_changed(ref, 0.3)  # nothing comes: the timer ends it
+        quiet = loop.time() - started
+
+        async def feed() -> None:
+            for _ in range(5):
+                await updates.put(StreamUpdate(cache=cache, changed=frozenset({"other"})))
+                await asyncio.sleep(0.02)
+            await asyncio.sleep(0.2)
+            await updates.put(StreamUpdate(cache=cache, changed=frozenset({"mine"})))
+
+        started = loop.time()
+        feeder = asyncio.create_task(feed())
+        await source.sleep_until_changed(ref, 5.0)
+        woken = loop.time() - started
+        await feeder
+        # A change that came while the wait was busy ends the next sleep at once.
+        await updates.put(StreamUpdate(cache=cache, changed=frozenset({"mine"})))
+        await asyncio.sleep(0.05)
+        started = loop.time()
+        await source.sleep_until_changed(ref, 5.0)
+        pending = loop.time() - started
+        await source.leave()
+        return quiet, woken, pending
+
+    quiet, woken, pending = asyncio.run(scenario())
+    assert 0.25 <= quiet < 1.0, quiet
+    assert 0.25 <= woken < 1.0, woken  # after the other jobs' updates (0.1 s) and the 0.2 s pause, not before
+    assert pending < 0.05, pending
+
+
+def test_a_late_joiner_reads_the_live_stream_at_once_and_a_failed_subscription_falls_back_once() -> None:
+    """A trigger that joins finds the stream's cache by its key before any update; when its subscription fails (the
+    triggerer's queue overflow), it says so once and polls on its own."""
+    from airflow.triggers.shared_stream import _SubscriberOverflow
+
+    from airflow_provider_torchelastic.kubernetes import watch
+    from airflow_provider_torchelastic.kubernetes.status import Snapshot
+
+    key = ("torchelastic-watch", "ml", "test")
+    said: list[str] = []
+    ended = asyncio.Event()
+
+    async def subscription() -> Any:
+        await ended.wait()
+        raise _SubscriberOverflow("queue full")
+        yield  # an async generator
+
+    class Direct:
+        async def snapshot(self, ref: JobRef) -> Snapshot:
+            return Snapshot(job=None, pods=(), now=0.0)
+
+    async def direct() -> Any:
+        return Direct()
+
+    async def scenario() -> tuple[Any, Any]:
+        watch._LIVE[key] = _pod_cache("mine")
+        try:
+            source = watch.SharedSource(subscription(), direct, said.append, key=key)
+            ref = JobRef(kind="Pod", name="mine", namespace="ml")
+            first = await asyncio.wait_for(source.snapshot(ref), 0.5)
+            ended.set()
+            await source.sleep_until_changed(ref, 5.0)  # the failure ends the sleep: then it polls
+            await source.sleep_until_changed(ref, 0.05)
+            return first, await source.snapshot(ref)
+        finally:
+            del watch._LIVE[key]
+
+    first, polled = asyncio.run(scenario())
+    assert first.job is not None and first.job["metadata"]["name"] == "mine"
+    assert polled.job is None  # from Direct
+    assert len(said) == 1 and "_SubscriberOverflow" in said[0] and "polls the API on its own" in said[0], said
 
 
 # --- execute_complete reads the events of both the code before and this one -----------------------------------------
