@@ -28,6 +28,7 @@ __all__ = [
     "REPLICA_TYPE_LABEL",
     "TRAINING_CONTAINER",
     "RunIdentity",
+    "TaskInstanceRef",
     "fit_job_name",
     "identity_annotations",
     "identity_labels",
@@ -101,14 +102,31 @@ def _hash(text: str, length: int) -> str:
 
 
 @dataclass(frozen=True, kw_only=True)
-class RunIdentity:
-    """Which task instance try a job belongs to."""
+class TaskInstanceRef:
+    """A task instance by Airflow's keys, without its try: what a checked :class:`RunIdentity` and the UI's unchecked
+    claim of one (``plugin.views.Identity``, whose try may be unknown) both name."""
 
     dag_id: str
     task_id: str
     run_id: str
     #: ``-1`` for an unmapped task.
     map_index: int = -1
+
+    def try_of(self, try_number: int) -> RunIdentity:
+        """The identity of this task instance's try ``try_number``; raises as :class:`RunIdentity` does."""
+        return RunIdentity(
+            dag_id=self.dag_id,
+            task_id=self.task_id,
+            run_id=self.run_id,
+            map_index=self.map_index,
+            try_number=try_number,
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunIdentity(TaskInstanceRef):
+    """Which task instance try a job belongs to."""
+
     #: Part of the identity, so every try gets a fresh job while a restarted worker re-attaches within its try.
     try_number: int = 1
 

@@ -26,7 +26,7 @@ from airflow_provider_torchelastic.core.naming import (
     DNS_1123_SUBDOMAIN,
     LABEL_MAP_INDEX,
     LABEL_TRY_NUMBER,
-    RunIdentity,
+    TaskInstanceRef,
     is_job_name_of,
 )
 from airflow_provider_torchelastic.core.stall import forensics_location
@@ -78,13 +78,10 @@ def is_object_name(text: object) -> bool:
 
 
 @dataclass(frozen=True, kw_only=True)
-class Identity:
-    """The task instance try a job belongs to."""
+class Identity(TaskInstanceRef):
+    """The task instance try a job belongs to, as its labels or an XCom row claim it: unchecked, and without a try
+    where none is known (:func:`is_job_of` checks the claim)."""
 
-    dag_id: str
-    task_id: str
-    run_id: str
-    map_index: int = -1
     try_number: int | None = None
 
 
@@ -260,13 +257,7 @@ def is_job_of(name: object, identity: Identity) -> bool:
         return False
     for try_number in {identity.try_number, identity.try_number - 1}:
         try:
-            claimed = RunIdentity(
-                dag_id=identity.dag_id,
-                task_id=identity.task_id,
-                run_id=identity.run_id,
-                map_index=identity.map_index,
-                try_number=try_number,
-            )
+            claimed = identity.try_of(try_number)
         except (TypeError, ValueError):
             continue
         if is_job_name_of(name, claimed):
