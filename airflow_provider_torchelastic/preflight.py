@@ -33,8 +33,8 @@ from airflow_provider_torchelastic.kubernetes import preflight as decide
 from airflow_provider_torchelastic.kubernetes.client import SyncKube
 from airflow_provider_torchelastic.kubernetes.preflight import Check, Report, Rule
 from airflow_provider_torchelastic.kubernetes.render import payload_secret_owner_reference, render_manifests
-from airflow_provider_torchelastic.kubernetes.status import JobRef, Phase, WaitPolicy
 from airflow_provider_torchelastic.kubernetes.wait import drive_sync, wait_for_job
+from airflow_provider_torchelastic.kubernetes.wait_types import JobRef, Phase, WaitPolicy
 
 __all__ = ["DEFAULT_CONN_ID", "PreflightError", "check_cluster", "main", "run_preflight"]
 

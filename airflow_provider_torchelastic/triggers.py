@@ -30,7 +30,7 @@ from airflow_provider_torchelastic.core.validation import short_repr
 from airflow_provider_torchelastic.hooks import async_hook
 from airflow_provider_torchelastic.kubernetes.connection import ClusterConnection
 from airflow_provider_torchelastic.kubernetes.queue_limits import QueueLimits
-from airflow_provider_torchelastic.kubernetes.status import JobRef, WaitDecision, WaitPolicy
+from airflow_provider_torchelastic.kubernetes.wait_types import JobRef, WaitDecision, WaitPolicy
 
 __all__ = [
     "EVENT_DONE",
@@ -334,8 +334,8 @@ class TorchElasticJobTrigger(BaseEventTrigger):
     async def _wait(self, updates: AsyncIterator[Any] | None) -> AsyncIterator[TriggerEvent]:
         from airflow_provider_torchelastic.core.tap import MetricsTap
         from airflow_provider_torchelastic.kubernetes.client import AsyncKube
+        from airflow_provider_torchelastic.kubernetes.shared_source import SharedSource
         from airflow_provider_torchelastic.kubernetes.wait import drive_async, wait_for_job
-        from airflow_provider_torchelastic.kubernetes.watch import SharedSource
 
         args = self.args
         # Rank 0's metrics lines become progress lines here too; what the tap kept travels in the event, so that

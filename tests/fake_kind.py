@@ -23,17 +23,8 @@ from airflow_provider_torchelastic import Elastic
 from airflow_provider_torchelastic.core.outcome import decide_run
 from airflow_provider_torchelastic.kubernetes import kinds
 from airflow_provider_torchelastic.kubernetes.pod_template import RenderInputs, job_metadata
-from airflow_provider_torchelastic.kubernetes.status import (
-    JobRef,
-    Observed,
-    Phase,
-    Snapshot,
-    WaitDecision,
-    WaitPolicy,
-    job_gone,
-    phase_of,
-    with_pods,
-)
+from airflow_provider_torchelastic.kubernetes.status import Observed, job_gone, phase_of, with_pods
+from airflow_provider_torchelastic.kubernetes.wait_types import JobRef, Phase, Snapshot, WaitDecision, WaitPolicy
 
 ENTRY_POINT = "fakejob = tests.fake_kind:FAKE_JOB"
 GROUP: Final = "example.dev"

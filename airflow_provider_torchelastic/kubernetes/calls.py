@@ -27,7 +27,7 @@ from airflow_provider_torchelastic.kubernetes import kinds
 from airflow_provider_torchelastic.kubernetes.kinds import OwnerQuery
 from airflow_provider_torchelastic.kubernetes.pod_template import payload_secret_name
 from airflow_provider_torchelastic.kubernetes.requests import ReadLog
-from airflow_provider_torchelastic.kubernetes.status import JobRef, Snapshot
+from airflow_provider_torchelastic.kubernetes.wait_types import JobRef, Snapshot
 from airflow_provider_torchelastic.kubernetes.workloads import (
     JOB_UID_LABEL,
     WORKLOAD_GROUP,

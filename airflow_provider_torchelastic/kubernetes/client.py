@@ -29,7 +29,7 @@ from airflow_provider_torchelastic.kubernetes.requests import ReadLog
 from airflow_provider_torchelastic.kubernetes.retry import LONGEST_WAIT as LONGEST_WAIT
 from airflow_provider_torchelastic.kubernetes.retry import MAX_RECOVERABLE_FAILURES as MAX_RECOVERABLE_FAILURES
 from airflow_provider_torchelastic.kubernetes.retry import retry_async, retry_sync
-from airflow_provider_torchelastic.kubernetes.status import JobRef, Snapshot
+from airflow_provider_torchelastic.kubernetes.wait_types import JobRef, Snapshot
 
 __all__ = ["AsyncKube", "KubeError", "SyncKube", "retry_async", "retry_sync", "sync_kube_from_config"]
 

@@ -28,15 +28,8 @@ from airflow_provider_torchelastic.core import causes
 from airflow_provider_torchelastic.core.outcome import Verdict
 from airflow_provider_torchelastic.kubernetes.kinds.held import suspended_since
 from airflow_provider_torchelastic.kubernetes.requests import EmitLog, ReadWorkloads, Request
-from airflow_provider_torchelastic.kubernetes.status import (
-    JobRef,
-    Phase,
-    WaitDecision,
-    WaitPolicy,
-    parse_time,
-    queue_name,
-    true_condition,
-)
+from airflow_provider_torchelastic.kubernetes.status import parse_time, queue_name, true_condition
+from airflow_provider_torchelastic.kubernetes.wait_types import JobRef, Phase, WaitDecision, WaitPolicy
 from airflow_provider_torchelastic.kubernetes.workloads import JOB_UID_LABEL
 
 __all__ = [
@@ -56,7 +49,7 @@ WORKLOAD_READ_MAX_INTERVAL: Final = 60.0
 
 @dataclass(frozen=True, kw_only=True)
 class QueueLimits:
-    """What the wait enforces on a queued job besides :class:`~.status.WaitPolicy` (the operator's arguments)."""
+    """What the wait enforces on a queued job besides :class:`~.wait_types.WaitPolicy` (the operator's arguments)."""
 
     #: The task instance's preemption at which the try fails instead of waiting again; None: never.
     max_preemptions: int | None = None

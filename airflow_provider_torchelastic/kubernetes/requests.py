@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Final, Protocol, TypeAlias
 
 from airflow_provider_torchelastic.core.naming import TRAINING_CONTAINER
-from airflow_provider_torchelastic.kubernetes.status import JobRef, Snapshot
+from airflow_provider_torchelastic.kubernetes.wait_types import JobRef, Snapshot
 
 __all__ = [
     "AsyncJobSource",
@@ -32,7 +32,7 @@ __all__ = [
 
 @dataclass(frozen=True)
 class FetchJob:
-    """Get the job and its pods; answered with a :class:`~status.Snapshot`, or :class:`FetchFailed`."""
+    """Get the job and its pods; answered with a :class:`~.wait_types.Snapshot`, or :class:`FetchFailed`."""
 
     ref: JobRef
 

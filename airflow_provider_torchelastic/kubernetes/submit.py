@@ -18,7 +18,8 @@ from airflow_provider_torchelastic.core.naming import LABEL_PREFIX
 from airflow_provider_torchelastic.errors import KubeError
 from airflow_provider_torchelastic.kubernetes import kinds
 from airflow_provider_torchelastic.kubernetes.render import payload_secret_owner_reference
-from airflow_provider_torchelastic.kubernetes.status import JobRef, is_suspended, queue_name
+from airflow_provider_torchelastic.kubernetes.status import is_suspended, queue_name
+from airflow_provider_torchelastic.kubernetes.wait_types import JobRef
 
 if TYPE_CHECKING:
     from airflow_provider_torchelastic.kubernetes.client import SyncKube

@@ -49,7 +49,7 @@ from airflow_provider_torchelastic.kubernetes.deadline import (
     not_after,
     with_deadline,
 )
-from airflow_provider_torchelastic.kubernetes.status import JobRef
+from airflow_provider_torchelastic.kubernetes.wait_types import JobRef
 
 if TYPE_CHECKING:
     from airflow_provider_torchelastic.kubernetes.client import SyncKube

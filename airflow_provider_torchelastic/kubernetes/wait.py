@@ -5,7 +5,7 @@ and decide from the answers:
 
 * :func:`wait_for_job` polls until the job ended, logs progress and the pods' logs, enforces the deadline
   (``execution_timeout``), turns a failure to observe the job into a recoverable failure, and deletes the job as
-  ``on_finish_action``, the deadline or the failure say. It returns the :class:`~status.WaitDecision`.
+  ``on_finish_action``, the deadline or the failure say. It returns the :class:`~.wait_types.WaitDecision`.
 * :func:`stop_job` is what a kill does: delete the job unless it has already finished (a finished job that
   ``on_finish_action="keep"`` kept stays, even when a stale trigger is cancelled long after).
 
@@ -42,16 +42,8 @@ from airflow_provider_torchelastic.kubernetes.requests import (
     Request,
     Sleep,
 )
-from airflow_provider_torchelastic.kubernetes.status import (
-    JobRef,
-    LogCursor,
-    Phase,
-    Snapshot,
-    WaitDecision,
-    WaitPolicy,
-    new_log_lines,
-    restarted_run,
-)
+from airflow_provider_torchelastic.kubernetes.status import LogCursor, new_log_lines, restarted_run
+from airflow_provider_torchelastic.kubernetes.wait_types import JobRef, Phase, Snapshot, WaitDecision, WaitPolicy
 
 # The requests the generators yield, and the sources that answer them, are :mod:`~.requests`' to export.
 __all__ = [

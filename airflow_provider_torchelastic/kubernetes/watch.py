@@ -2,10 +2,11 @@
 
 The triggerer runs :func:`watch_namespace` once per :func:`stream_key` (``open_shared_stream``) and broadcasts its
 :class:`StreamUpdate` s to the triggers of that key. Each trigger keeps driving the one wait core
-(:func:`~wait.wait_for_job`); only its :class:`~requests.AsyncJobSource` changes: a :class:`SharedSource` answers "what
-does the job look like now" from the stream's :class:`JobCache` and sleeps until the stream says that the job
-changed. So there is no second state machine, and deciding needs no request. The worker's synchronous wait runs
-the same stream for its one job in a private event loop (``watch_namespace(job=...)``, :mod:`~.worker_wait`).
+(:func:`~wait.wait_for_job`); only its :class:`~requests.AsyncJobSource` changes: a
+:class:`~.shared_source.SharedSource` answers "what does the job look like now" from the stream's :class:`JobCache`
+and sleeps until the stream says that the job changed. So there is no second state machine, and deciding needs no
+request. The worker's synchronous wait runs the same stream for its one job in a private event loop
+(``watch_namespace(job=...)``, :mod:`~.worker_wait`).
 
 What the stream does, as a client-go informer does: list each registered kind of job and the pods, all by the
 provider's ``managed-by`` label, then watch from the list's ``resourceVersion`` with bookmarks; a watch that the
@@ -36,17 +37,15 @@ import hashlib
 import json
 import random
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Hashable, Mapping, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final, TypeVar
+from typing import TYPE_CHECKING, Any, Final
 
 from airflow_provider_torchelastic.core.naming import LABEL_MANAGED_BY, MANAGED_BY
 from airflow_provider_torchelastic.errors import KubeError
 from airflow_provider_torchelastic.kubernetes import calls, kinds
-from airflow_provider_torchelastic.kubernetes.requests import ReadLog
-from airflow_provider_torchelastic.kubernetes.status import JobRef, Snapshot
+from airflow_provider_torchelastic.kubernetes.wait_types import JobRef, Snapshot
 from airflow_provider_torchelastic.kubernetes.watch_scope import (
-    SELECTOR,
     Watched,
     intermediate_key,
     job_scope,
@@ -61,15 +60,12 @@ __all__ = [
     "MAX_CONCURRENT_REQUESTS",
     "TICK_SECONDS",
     "JobCache",
-    "SharedSource",
     "StreamUnavailable",
     "StreamUpdate",
     "live_cache",
     "stream_key",
     "watch_namespace",
 ]
-
-T = TypeVar("T")
 
 #: A heartbeat: an update at least this often, though nothing changed. Late joiners and deadlines do not need it
 #: (:func:`live_cache`, the sources' own timers); it retries a fetch that failed.
@@ -82,8 +78,6 @@ BROADCAST_GAP: Final = 0.25
 #: Requests the triggers of one stream may have in flight at once (log reads, deletes, the stream's own GETs); the
 #: client's pool (100 connections) keeps the rest for the watches, so log reads never starve them.
 MAX_CONCURRENT_REQUESTS: Final = 8
-#: Seconds a trigger waits for the stream to know its job before it polls on its own.
-UNKNOWN_SECONDS: Final = 60.0
 #: How long the server keeps one watch open; resumed from the last version afterwards (jittered, as informers do).
 WATCH_SECONDS: Final = 290
 #: Backoff after a failed list or watch: 1, 2, 4... seconds, capped, jittered.
@@ -126,6 +120,11 @@ def _version(obj: Mapping[str, Any]) -> int:
         return 0
 
 
+def _label(obj: Mapping[str, Any] | None, key: str) -> str | None:
+    value = (((obj or {}).get("metadata") or {}).get("labels") or {}).get(key)
+    return str(value) if value is not None else None
+
+
 #: Bounds of a stream's record of jobs confirmed gone (:meth:`JobCache.gone`).
 MAX_ABSENT: Final = 10_000
 ABSENT_SECONDS: Final = 3600.0
@@ -156,6 +155,11 @@ class JobCache:
         self._changed: set[str] = set()
         self._all_changed = False
         self._wake = asyncio.Event()
+        #: Pods by the label that files them under their job (each kind's ``pod_owner_label``) and its value: a
+        #: trigger's snapshot reads its job's few pods, not every pod of the namespace (1,000 triggers each
+        #: scanning 1,000 pods was the stream's main cost).
+        self._owner_labels = frozenset(k.pod_owner_label for k in kinds.registered() if k.pod_owner_label)
+        self._pods_by_owner: dict[tuple[str, str], dict[str, dict[str, Any]]] = {}
 
     # -- read by the triggers (no I/O) --------------------------------------------------------------------------
 
@@ -175,12 +179,17 @@ class JobCache:
         job = self.objects.get(ref.kind, {}).get(ref.name)
         descriptor = kinds.get(ref.kind)
         pods: Sequence[Mapping[str, Any]] = ()
-        if job is not None and descriptor.pod_owner_label is not None:
+        label = descriptor.pod_owner_label
+        if job is not None and label is not None:
             # The kind's one answer over the cache: the pods its selector would list, that the job controls (through
             # the objects in between, which only a private stream of a kind that has them watches).
             keys = [intermediate_key(query) for query in descriptor.intermediates]
             owners = [owner for key in keys for owner in self.objects.get(key, {}).values()]
-            pods = descriptor.pods_of(ref.name).pick(job, self.objects.get("Pod", {}).values(), owners)
+            pods_of = descriptor.pods_of(ref.name)
+            candidates: Iterable[Mapping[str, Any]] = self.objects.get("Pod", {}).values()
+            if pods_of.labels.get(label) == ref.name:  # the selector asks for the label the index files pods by
+                candidates = self._pods_by_owner.get((label, ref.name), {}).values()
+            pods = pods_of.pick(job, candidates, owners)
         return Snapshot(job=job, pods=pods, now=time.time())
 
     def want(self, ref: JobRef) -> None:
@@ -215,9 +224,24 @@ class JobCache:
         owner = kinds.owner_of_pod(obj)
         return owner[1] if owner is not None else str(meta.get("name", ""))
 
+    def _file_pod(self, name: str, old: Mapping[str, Any] | None, new: dict[str, Any] | None) -> None:
+        """Keep :attr:`_pods_by_owner` in step with a pod that changed from ``old`` to ``new`` (None: absent)."""
+        for key in self._owner_labels:
+            was, now = _label(old, key), _label(new, key)
+            if was is not None and was != now and (bucket := self._pods_by_owner.get((key, was))) is not None:
+                bucket.pop(name, None)
+                if not bucket:
+                    del self._pods_by_owner[(key, was)]
+            if now is not None and new is not None:
+                self._pods_by_owner.setdefault((key, now), {})[name] = new
+
     def replace(self, kind: str, items: list[dict[str, Any]]) -> None:
         """A (re)list: the whole set of objects of ``kind`` as of the list's version."""
         self.objects[kind] = {item["metadata"]["name"]: item for item in items}
+        if kind == "Pod":
+            self._pods_by_owner = {}
+            for name, pod in self.objects[kind].items():
+                self._file_pod(name, None, pod)
         for item in items:
             self.absent.pop((kind, item["metadata"]["name"]), None)
         self.synced.add(kind)
@@ -229,13 +253,17 @@ class JobCache:
             return
         store = self.objects.setdefault(kind, {})
         if event_type == "DELETED":
-            store.pop(name, None)
+            old = store.pop(name, None)
+            if kind == "Pod":
+                self._file_pod(name, old, None)
             self.gone(kind, name)
         else:
             current = store.get(name)
             if current is not None and _version(current) > _version(obj):
                 return  # an older copy (a GET that raced the watch)
             store[name] = obj
+            if kind == "Pod":
+                self._file_pod(name, current, obj)
             self.absent.pop((kind, name), None)
             self.unwatched.discard((kind, name))
         self._mark({self._owner(kind, obj)})
@@ -384,148 +412,3 @@ async def watch_namespace(
         for task in [*watchers, *([fetcher] if fetcher else [])]:
             with contextlib.suppress(BaseException):
                 await task
-
-
-class SharedSource:
-    """An :class:`~requests.AsyncJobSource` fed by a shared stream, polling on its own once the stream fails it.
-
-    ``updates`` is the trigger's subscription; ``direct`` opens a client of the trigger's own (an
-    :class:`~.client.AsyncKube`) when it must poll. ``say`` is the trigger's log. ``key`` (:func:`stream_key`) finds
-    the live stream's cache before the first update comes.
-
-    A task of its own takes the subscription's updates from the first call on until :meth:`leave`: a subscriber
-    that stops reading (in a slow log read, holding an event) fills its queue, and the triggerer fails a subscriber
-    whose queue overflows. So the wait sleeps on timers and on an event that task sets when its job changed, and an
-    update about other jobs wakes only that task.
-    """
-
-    def __init__(
-        self,
-        updates: AsyncIterator[StreamUpdate],
-        direct: Callable[[], Awaitable[Any]],
-        say: Callable[[str], None],
-        *,
-        key: Hashable | None = None,
-    ) -> None:
-        self._updates = updates
-        self._open_direct = direct
-        self._say = say
-        self._key = key
-        self._cache: JobCache | None = None
-        self._direct: Any = None
-        self._taker: asyncio.Task[None] | None = None
-        self._failure: str | None = None  # why the subscription ended, once it has
-        self._job: str | None = None  # the name of the job this source answers for, once asked
-        self._dirty = False  # the job changed since the last sleep
-        self._changed = asyncio.Event()  # set with _dirty, and when the subscription ends
-        self._updated = asyncio.Event()  # set by any update
-
-    @property
-    def polling(self) -> bool:
-        return self._direct is not None
-
-    async def _fall_back(self, why: str) -> Any:
-        if self._direct is None:
-            self._say(f"Shared watch unavailable ({why}); this trigger polls the API on its own from now on")
-            self._direct = await self._open_direct()
-        return self._direct
-
-    def _take(self) -> bool:
-        """Start taking the updates (once); False once the subscription has ended or this source polls."""
-        if self._taker is None and self._direct is None:
-            self._cache = live_cache(self._key) if self._key is not None else None
-            self._taker = asyncio.create_task(self._take_updates(), name="torchelastic-subscription")
-        return self._direct is None and self._failure is None
-
-    async def _take_updates(self) -> None:
-        try:
-            async for update in self._updates:
-                self._cache = update.cache
-                changed = update.changed
-                if changed is None or self._job is None or self._job in changed:
-                    self._dirty = True
-                    self._changed.set()
-                self._updated.set()
-            self._failure = "the shared watch ended"
-        except Exception as e:  # overflow, or the stream failed (403, a bug): never leave the task unobserved
-            self._failure = f"{type(e).__name__}: {e}"
-        self._changed.set()
-        self._updated.set()
-
-    async def leave(self) -> None:
-        """Stop taking the subscription's updates (the wait is over)."""
-        taker, self._taker = self._taker, None
-        if taker is not None and not taker.done():
-            taker.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await taker
-
-    def _usable(self, ref: JobRef) -> JobCache | None:
-        cache = self._cache
-        return cache if cache is not None and not cache.closed and cache.watches(ref) else None
-
-    async def snapshot(self, ref: JobRef) -> Snapshot:
-        self._job = ref.name
-        deadline = time.monotonic() + UNKNOWN_SECONDS
-        while self._take():
-            cache = self._cache
-            if cache is not None and cache.ready and not cache.watches(ref):
-                await self._fall_back(f"{ref.kind} {ref.name} lacks the label {SELECTOR}")
-                break
-            if cache is not None and not cache.closed and cache.knows(ref):
-                return cache.snapshot(ref)
-            if (left := deadline - time.monotonic()) <= 0:  # the stream cannot list, or cannot fetch this job
-                await self._fall_back(f"it did not see {ref.kind} {ref.name} within {UNKNOWN_SECONDS:g} s")
-                break
-            if cache is not None and cache.ready:
-                cache.want(ref)
-            self._updated.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._updated.wait(), left)
-        direct = self._direct or await self._fall_back(self._failure or "the shared watch ended")
-        snapshot: Snapshot = await direct.snapshot(ref)
-        return snapshot
-
-    async def hold(self, seconds: float) -> None:
-        """Sleep ``seconds``; the subscription's updates are still taken meanwhile."""
-        self._take()
-        await asyncio.sleep(seconds)
-
-    async def sleep_until_changed(self, ref: JobRef, seconds: float) -> None:
-        """Sleep up to ``seconds``, waking up as soon as the stream reports a change of the job or its pods."""
-        self._job = ref.name
-        deadline = time.monotonic() + seconds
-        if self._take() and not self._dirty:
-            self._changed.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._changed.wait(), seconds)
-        self._dirty = False
-        if self._failure is not None and self._direct is None:
-            await self._fall_back(self._failure)
-        if self._direct is not None and (left := deadline - time.monotonic()) > 0:
-            await asyncio.sleep(left)  # polling: the deadline is the poll's pace
-
-    async def _through(self, call: Callable[[Any], Awaitable[T]], ref: JobRef | None = None) -> T:
-        """``call`` on the stream's client while the stream lives (at most :data:`MAX_CONCURRENT_REQUESTS` at once),
-        else on this trigger's own. With ``ref``: only while the stream watches that job."""
-        cache = self._cache if ref is None else self._usable(ref)
-        if self._direct is None and cache is not None and not cache.closed:
-            kube = cache.kube
-            return await cache.request(lambda: call(kube))  # type: ignore[no-any-return]
-        direct = self._direct or await self._fall_back("the shared watch ended")
-        return await call(direct)
-
-    async def read_log(self, request: ReadLog) -> str:
-        return await self._through(lambda kube: kube.read_log(request))
-
-    async def delete_job(self, ref: JobRef) -> bool:
-        return await self._through(lambda kube: kube.delete_job(ref), ref)
-
-    async def pod_events(self, pod: str, namespace: str) -> list[dict[str, Any]]:
-        return await self._through(lambda kube: kube.pod_events(pod, namespace))
-
-    async def label_job(self, ref: JobRef, labels: Mapping[str, str]) -> None:
-        await self._through(lambda kube: kube.label_job(ref, labels), ref)
-
-    async def workloads(self, namespace: str, job_uid: str) -> list[dict[str, Any]]:
-        return await self._through(lambda kube: kube.workloads(namespace, job_uid))

@@ -13,7 +13,7 @@ from typing import Final
 from airflow_provider_torchelastic.core.naming import MANAGED_SELECTOR
 from airflow_provider_torchelastic.kubernetes import kinds
 from airflow_provider_torchelastic.kubernetes.kinds import OwnerQuery
-from airflow_provider_torchelastic.kubernetes.status import JobRef
+from airflow_provider_torchelastic.kubernetes.wait_types import JobRef
 
 __all__ = ["SELECTOR", "Watched", "intermediate_key", "job_scope", "namespace_scope"]
 

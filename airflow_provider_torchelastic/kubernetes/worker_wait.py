@@ -1,11 +1,11 @@
 """The worker's wait (``deferrable=False``), event-driven: the triggerer's list+watch of one job, in a private loop.
 
 The worker drives the one wait core (:func:`~.wait.wait_for_job`) with :func:`~.wait.drive_async` over the shared
-watch's own :class:`~.watch.SharedSource`, fed by :func:`~.watch.watch_namespace` for this one job (the job by name,
-its pods, and a TrainJob's JobSet and Jobs) rather than for the whole namespace. So the decisions are the trigger's,
-a change of the job or its pods wakes the wait at once instead of a ``poll_interval`` later, and what the shared
-watch does when watching fails happens here too: a 410 relists, a cut stream resumes from the last version seen, and
-a watch the identity may not make (401/403) ends the stream, after which the wait polls on its own.
+watch's own :class:`~.shared_source.SharedSource`, fed by :func:`~.watch.watch_namespace` for this one job (the job
+by name, its pods, and a TrainJob's JobSet and Jobs) rather than for the whole namespace. So the decisions are the
+trigger's, a change of the job or its pods wakes the wait at once instead of a ``poll_interval`` later, and what the
+shared watch does when watching fails happens here too: a 410 relists, a cut stream resumes from the last version
+seen, and a watch the identity may not make (401/403) ends the stream, after which the wait polls on its own.
 
 ``poll_interval`` stays the pace of that fall-back, of the progress lines and of the log reads, and the safety net:
 a pause that passes without any change of the job is followed by a read of the job from the API, as a poll would
@@ -37,9 +37,10 @@ from airflow_provider_torchelastic.errors import KubeError
 from airflow_provider_torchelastic.kubernetes import calls
 from airflow_provider_torchelastic.kubernetes.requests import DeleteJob, JobSource, ReadLog, Request
 from airflow_provider_torchelastic.kubernetes.retry import retry_sync
-from airflow_provider_torchelastic.kubernetes.status import JobRef, Snapshot
+from airflow_provider_torchelastic.kubernetes.shared_source import SharedSource
 from airflow_provider_torchelastic.kubernetes.wait import drive_async
-from airflow_provider_torchelastic.kubernetes.watch import SharedSource, StreamUpdate, watch_namespace
+from airflow_provider_torchelastic.kubernetes.wait_types import JobRef, Snapshot
+from airflow_provider_torchelastic.kubernetes.watch import StreamUpdate, watch_namespace
 
 if TYPE_CHECKING:
     from airflow_provider_torchelastic.kubernetes.client import AsyncKube

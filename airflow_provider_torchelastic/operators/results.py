@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from airflow_provider_torchelastic.core.naming import RunIdentity
     from airflow_provider_torchelastic.core.summary import JobSummary
     from airflow_provider_torchelastic.core.tap import MetricsTap
-    from airflow_provider_torchelastic.kubernetes.status import JobRef, WaitDecision
+    from airflow_provider_torchelastic.kubernetes.wait_types import JobRef, WaitDecision
     from airflow_provider_torchelastic.local.run import LocalRun
 
 __all__ = [

@@ -25,7 +25,7 @@ from airflow_provider_torchelastic.hooks import connect
 from airflow_provider_torchelastic.kubernetes import kinds
 from airflow_provider_torchelastic.kubernetes.client import SyncKube
 from airflow_provider_torchelastic.kubernetes.requests import ReadLog
-from airflow_provider_torchelastic.kubernetes.status import JobRef
+from airflow_provider_torchelastic.kubernetes.wait_types import JobRef
 from airflow_provider_torchelastic.plugin.views import (
     SUMMARY_XCOM_KEY,
     Identity,

@@ -32,7 +32,8 @@ from airflow_provider_torchelastic.core.naming import (
 from airflow_provider_torchelastic.core.stall import forensics_location
 from airflow_provider_torchelastic.core.summary import XCOM_KEY, JobSummary, pod_summaries
 from airflow_provider_torchelastic.kubernetes import kinds
-from airflow_provider_torchelastic.kubernetes.status import JobRef, Phase, Snapshot, WaitPolicy, parse_time
+from airflow_provider_torchelastic.kubernetes.status import parse_time
+from airflow_provider_torchelastic.kubernetes.wait_types import JobRef, Phase, Snapshot, WaitPolicy
 
 __all__ = [
     "LOCAL_NAMESPACE",

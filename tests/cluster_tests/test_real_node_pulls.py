@@ -15,8 +15,8 @@ import pytest
 
 from airflow_provider_torchelastic.core import causes
 from airflow_provider_torchelastic.kubernetes.client import sync_kube_from_config
-from airflow_provider_torchelastic.kubernetes.status import JobRef, Phase, WaitDecision, WaitPolicy
 from airflow_provider_torchelastic.kubernetes.wait import drive_sync, wait_for_job
+from airflow_provider_torchelastic.kubernetes.wait_types import JobRef, Phase, WaitDecision, WaitPolicy
 from tests.cluster import registry
 from tests.cluster.pytest_plugin import REAL_NODE_GROUP, RealNodeCluster
 

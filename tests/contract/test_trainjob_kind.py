@@ -24,7 +24,7 @@ from airflow_provider_torchelastic.core.outcome import WorkerFailure, encode_fai
 from airflow_provider_torchelastic.core.pod_options import PodOptions
 from airflow_provider_torchelastic.kubernetes import kinds
 from airflow_provider_torchelastic.kubernetes.kinds import trainjob
-from airflow_provider_torchelastic.kubernetes.status import JobRef, Phase, Snapshot, WaitPolicy
+from airflow_provider_torchelastic.kubernetes.wait_types import JobRef, Phase, Snapshot, WaitPolicy
 from tests.contract.trainjob_schemas import TORCH_DISTRIBUTED, load, validate_training_runtime
 
 T0 = 1_800_000_000.0

@@ -614,8 +614,8 @@ def test_the_waiter_renews_the_lease_of_a_job_without_a_deadline_with_the_docume
 
     from airflow_provider_torchelastic.kubernetes import sweep
     from airflow_provider_torchelastic.kubernetes.client import AsyncKube, SyncKube
-    from airflow_provider_torchelastic.kubernetes.status import JobRef, WaitPolicy
     from airflow_provider_torchelastic.kubernetes.wait import drive_async, drive_sync, wait_for_job
+    from airflow_provider_torchelastic.kubernetes.wait_types import JobRef, WaitPolicy
     from tests.cluster import held_jobs
 
     lease, ns, sa = 2.0, cluster.namespace, str(kube_cluster.sa_kubeconfig)

@@ -37,7 +37,7 @@ def test_a_webhook_denial_is_an_admission_refusal_and_rbac_is_a_permission_refus
 
     from airflow_provider_torchelastic.errors import KubeError
     from airflow_provider_torchelastic.kubernetes.client import SyncKube
-    from airflow_provider_torchelastic.kubernetes.status import JobRef
+    from airflow_provider_torchelastic.kubernetes.wait_types import JobRef
     from airflow_provider_torchelastic.operators.backends.kubernetes import _submit_error
 
     namespace = kube_cluster.namespace
@@ -67,7 +67,7 @@ def test_a_trainjob_naming_a_missing_runtime_is_refused_at_submit_with_the_hint(
     from airflow_provider_torchelastic.errors import KubeError
     from airflow_provider_torchelastic.kubernetes.client import SyncKube
     from airflow_provider_torchelastic.kubernetes.kinds import trainjob
-    from airflow_provider_torchelastic.kubernetes.status import JobRef
+    from airflow_provider_torchelastic.kubernetes.wait_types import JobRef
     from airflow_provider_torchelastic.operators.backends.kubernetes import _submit_error
     from airflow_provider_torchelastic.operators.exceptions import ConfigurationError
     from tests.contract.test_trainjob_render import render

@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 
 from airflow_provider_torchelastic.kubernetes.client import sync_kube_from_config
-from airflow_provider_torchelastic.kubernetes.status import JobRef, WaitDecision, WaitPolicy
 from airflow_provider_torchelastic.kubernetes.wait import wait_for_job
+from airflow_provider_torchelastic.kubernetes.wait_types import JobRef, WaitDecision, WaitPolicy
 from airflow_provider_torchelastic.kubernetes.worker_wait import BackgroundDeletes, wait_watching
 from tests.cluster.proxy import FaultProxy, Match
 from tests.e2e.test_shared_watch import FALLBACK, Namespace, lists, single_gets, watches

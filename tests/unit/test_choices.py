@@ -18,7 +18,7 @@ from airflow_provider_torchelastic import (
     TrainingJobKind,
 )
 from airflow_provider_torchelastic.core import public
-from airflow_provider_torchelastic.kubernetes import kinds, status
+from airflow_provider_torchelastic.kubernetes import kinds, wait_types
 from airflow_provider_torchelastic.settings import EXECUTIONS
 
 
@@ -33,7 +33,7 @@ def operator(**kwargs: object) -> TorchElasticOperator:
 def test_the_enums_are_the_tables_the_checks_use() -> None:
     assert EXECUTIONS == tuple(Execution) == ("kubernetes", "local")
     assert kinds.JOB_KIND_CHOICES == tuple(TrainingJobKind) == ("auto", "pytorchjob", "trainjob")
-    assert status.FINISH_ACTIONS == tuple(OnFinishAction) == ("delete_succeeded", "delete", "keep")
+    assert wait_types.FINISH_ACTIONS == tuple(OnFinishAction) == ("delete_succeeded", "delete", "keep")
 
 
 @pytest.mark.parametrize(

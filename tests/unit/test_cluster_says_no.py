@@ -25,13 +25,13 @@ from airflow_provider_torchelastic.kubernetes.queue_limits import (
     preemption_limit,
 )
 from airflow_provider_torchelastic.kubernetes.requests import EmitLog, FetchJob, ReadWorkloads, Sleep
-from airflow_provider_torchelastic.kubernetes.status import JobRef, Phase, Snapshot, WaitPolicy
 from airflow_provider_torchelastic.kubernetes.training_resources import (
     missing_memory,
     training_resources,
     with_training_resources,
 )
 from airflow_provider_torchelastic.kubernetes.wait import wait_for_job
+from airflow_provider_torchelastic.kubernetes.wait_types import JobRef, Phase, Snapshot, WaitPolicy
 from airflow_provider_torchelastic.pod import PodOptions
 
 IMAGE = "local/torchelastic-runner:test"

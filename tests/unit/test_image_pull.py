@@ -11,8 +11,8 @@ from airflow_provider_torchelastic.core import causes
 from airflow_provider_torchelastic.core.image_pull import PullError, backed_off_images, classify_pull, pull_error_of
 from airflow_provider_torchelastic.kubernetes import kinds
 from airflow_provider_torchelastic.kubernetes.requests import FetchJob, ReadEvents, ReadLog
-from airflow_provider_torchelastic.kubernetes.status import JobRef, Phase, Snapshot, WaitDecision, WaitPolicy
 from airflow_provider_torchelastic.kubernetes.wait import wait_for_job
+from airflow_provider_torchelastic.kubernetes.wait_types import JobRef, Phase, Snapshot, WaitDecision, WaitPolicy
 from airflow_provider_torchelastic.operators import (
     ImageTransientlyUnavailableError,
     ImageUnavailableError,

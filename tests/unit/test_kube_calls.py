@@ -13,7 +13,7 @@ from airflow_provider_torchelastic.errors import KubeError
 from airflow_provider_torchelastic.kubernetes import calls, discovery, kinds
 from airflow_provider_torchelastic.kubernetes.client import AsyncKube, SyncKube
 from airflow_provider_torchelastic.kubernetes.requests import ReadLog
-from airflow_provider_torchelastic.kubernetes.status import JobRef
+from airflow_provider_torchelastic.kubernetes.wait_types import JobRef
 from tests.unit.fake_kube_api import Answer, fake_api, items, json_answer, status_answer
 
 JOB = JobRef(kind="PyTorchJob", name="train-abc", namespace="ml")

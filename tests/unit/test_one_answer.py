@@ -15,7 +15,7 @@ from airflow_provider_torchelastic.hooks import async_hook, connect
 from airflow_provider_torchelastic.kubernetes import kinds
 from airflow_provider_torchelastic.kubernetes.connection import ClusterConnection
 from airflow_provider_torchelastic.kubernetes.queue_limits import QueueLimits
-from airflow_provider_torchelastic.kubernetes.status import JobRef, WaitPolicy
+from airflow_provider_torchelastic.kubernetes.wait_types import JobRef, WaitPolicy
 from airflow_provider_torchelastic.triggers import WatchArgs
 
 # --- one cluster connection ------------------------------------------------------------------------------------------

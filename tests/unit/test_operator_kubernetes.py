@@ -14,7 +14,7 @@ from airflow.sdk.module_loading import import_string
 from airflow_provider_torchelastic import Elastic, Master, PyTorch, TorchElasticOperator, Worker
 from airflow_provider_torchelastic.core.pod_options import PodOptions
 from airflow_provider_torchelastic.kubernetes.render import UI_FOOTER
-from airflow_provider_torchelastic.kubernetes.status import Phase, WaitDecision
+from airflow_provider_torchelastic.kubernetes.wait_types import Phase, WaitDecision
 from airflow_provider_torchelastic.triggers import JobEnded, TorchElasticJobTrigger, WatchArgs, event_from_payload
 
 

@@ -12,8 +12,8 @@ import pytest
 
 from airflow_provider_torchelastic.core.outcome import WorkerFailure, encode_failure, encode_success
 from airflow_provider_torchelastic.kubernetes import kinds
-from airflow_provider_torchelastic.kubernetes.status import JobRef, Phase, Snapshot, WaitDecision, WaitPolicy
 from airflow_provider_torchelastic.kubernetes.wait import drive_async, drive_sync, wait_for_job
+from airflow_provider_torchelastic.kubernetes.wait_types import JobRef, Phase, Snapshot, WaitDecision, WaitPolicy
 
 T0 = 1_800_000_000.0
 STAMP0 = "2027-01-15T08:00:00Z"  # == T0

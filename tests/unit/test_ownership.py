@@ -82,7 +82,7 @@ def test_each_kind_says_its_chain() -> None:
 
 
 def test_the_shared_watch_files_only_controlled_pods_under_a_job() -> None:
-    from airflow_provider_torchelastic.kubernetes.status import JobRef
+    from airflow_provider_torchelastic.kubernetes.wait_types import JobRef
     from airflow_provider_torchelastic.kubernetes.watch import JobCache
 
     cache = JobCache("ns", kube=None)

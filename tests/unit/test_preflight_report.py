@@ -179,8 +179,8 @@ def test_bad_usage_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_a_refused_submission_names_what_serves_its_kind_not_another_kinds_controller(tmp_path) -> None:
     from airflow_provider_torchelastic.errors import KubeError
-    from airflow_provider_torchelastic.kubernetes.status import JobRef
     from airflow_provider_torchelastic.kubernetes.submit import refusal
+    from airflow_provider_torchelastic.kubernetes.wait_types import JobRef
     from tests import fake_kind
 
     gone = KubeError(404, "Not Found", "the server could not find the requested resource")

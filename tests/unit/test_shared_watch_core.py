@@ -11,8 +11,8 @@ import pytest
 from airflow_provider_torchelastic.core.outcome import encode_success
 from airflow_provider_torchelastic.kubernetes.connection import ClusterConnection
 from airflow_provider_torchelastic.kubernetes.requests import EmitLog, FetchJob, ReadEvents, ReadLog, Sleep
-from airflow_provider_torchelastic.kubernetes.status import JobRef, Snapshot, WaitPolicy
 from airflow_provider_torchelastic.kubernetes.wait import wait_for_job
+from airflow_provider_torchelastic.kubernetes.wait_types import JobRef, Snapshot, WaitPolicy
 from airflow_provider_torchelastic.kubernetes.watch import JobCache, stream_key
 
 T0 = 1_800_000_000.0
@@ -71,6 +71,44 @@ def test_the_cache_files_pods_under_their_job_and_answers_only_once_listed() -> 
     assert not c.knows(unknown)  # created after the list: the stream fetches it (want), the trigger does not
     c.want(unknown)
     assert c.wanted == {("PyTorchJob", "new")}
+
+
+def test_a_snapshot_reads_its_jobs_pods_through_the_index_as_a_scan_of_every_pod_would() -> None:
+    """The cache files pods by their owner label, so that each of 1,000 triggers does not scan every pod of the
+    namespace; across adds, relabels, deletes, stale copies and relists it answers what the full scan answers."""
+    import random
+
+    from airflow_provider_torchelastic.kubernetes import kinds
+
+    rng = random.Random(7)
+    c = cache()
+    jobs = [f"j{i}" for i in range(6)]
+    c.replace("PyTorchJob", [job(name) for name in jobs])
+    c.replace("Pod", [])
+    descriptor = kinds.get("PyTorchJob")
+    version = 1
+    for step in range(600):
+        version += 1
+        name = f"p{rng.randrange(20)}"
+        owner = rng.choice([*jobs, None])
+        move = rng.random()
+        if move < 0.6:
+            c.apply("Pod", "MODIFIED", pod(name, owner, rv=version))
+        elif move < 0.8:
+            c.apply("Pod", "DELETED", pod(name, owner, rv=version))
+        elif move < 0.95:
+            c.apply("Pod", "ADDED", pod(name, owner, rv=version - rng.randrange(5)))  # maybe a stale copy
+        else:
+            kept = rng.sample(sorted(c.objects["Pod"].values(), key=str), k=len(c.objects["Pod"]) // 2)
+            c.replace("Pod", [pod(p["metadata"]["name"], rng.choice(jobs), rv=version) for p in kept])
+        for name in jobs:
+            ref = JobRef(kind="PyTorchJob", name=name, namespace="ml")
+            scanned = descriptor.pods_of(name).pick(c.objects["PyTorchJob"][name], c.objects["Pod"].values())
+            assert sorted(p["metadata"]["name"] for p in c.snapshot(ref).pods) == sorted(
+                p["metadata"]["name"] for p in scanned
+            ), step
+    filed = {pod_name for bucket in c._pods_by_owner.values() for pod_name in bucket}
+    assert filed <= set(c.objects["Pod"]) and all(c._pods_by_owner.values())  # nothing stale, no empty bucket
 
 
 def running_pods(n: int, job_name: str = "j") -> list[dict[str, Any]]:

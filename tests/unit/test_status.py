@@ -9,16 +9,9 @@ import pytest
 from airflow_provider_torchelastic.core.outcome import WorkerFailure, encode_failure, encode_success
 from airflow_provider_torchelastic.kubernetes import kinds
 from airflow_provider_torchelastic.kubernetes.requests import DeleteJob, EmitLog, FetchJob, ReadLog, Sleep
-from airflow_provider_torchelastic.kubernetes.status import (
-    JobRef,
-    LogCursor,
-    Phase,
-    Snapshot,
-    WaitDecision,
-    WaitPolicy,
-    new_log_lines,
-)
+from airflow_provider_torchelastic.kubernetes.status import LogCursor, new_log_lines
 from airflow_provider_torchelastic.kubernetes.wait import wait_for_job
+from airflow_provider_torchelastic.kubernetes.wait_types import JobRef, Phase, Snapshot, WaitDecision, WaitPolicy
 
 T0 = 1_800_000_000.0
 STAMP0 = "2027-01-15T08:00:00Z"  # == T0

@@ -10,7 +10,7 @@ import pytest
 
 from airflow_provider_torchelastic.errors import KubeError
 from airflow_provider_torchelastic.kubernetes import submit
-from airflow_provider_torchelastic.kubernetes.status import JobRef
+from airflow_provider_torchelastic.kubernetes.wait_types import JobRef
 
 REF = JobRef(kind="PyTorchJob", name="te-job", namespace="ml")
 TOKEN = "a" * 32

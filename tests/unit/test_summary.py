@@ -27,7 +27,7 @@ from airflow_provider_torchelastic.core.summary import (
     with_log_tails,
 )
 from airflow_provider_torchelastic.kubernetes import kinds
-from airflow_provider_torchelastic.kubernetes.status import JobRef, Phase, Snapshot, WaitDecision, WaitPolicy
+from airflow_provider_torchelastic.kubernetes.wait_types import JobRef, Phase, Snapshot, WaitDecision, WaitPolicy
 
 STAMP0 = "2027-01-15T08:00:00Z"
 T0 = 1_800_000_000.0

@@ -10,7 +10,7 @@ import pytest
 from airflow_provider_torchelastic.core.naming import LABEL_MANAGED_BY, MANAGED_BY
 from airflow_provider_torchelastic.errors import KubeError
 from airflow_provider_torchelastic.kubernetes import kinds, sweep
-from airflow_provider_torchelastic.kubernetes.status import JobRef
+from airflow_provider_torchelastic.kubernetes.wait_types import JobRef
 
 NOW = 2_000_000_000.0
 
@@ -126,7 +126,7 @@ class LeasedSource:
         self.renewed: list[float] = []
 
     def snapshot(self, ref: JobRef) -> Any:
-        from airflow_provider_torchelastic.kubernetes.status import Snapshot
+        from airflow_provider_torchelastic.kubernetes.wait_types import Snapshot
 
         self.polls += 1
         if self.polls > self.end_after:
@@ -150,8 +150,8 @@ class LeasedSource:
 
 
 def _wait_leased(source: LeasedSource, lease: float | None) -> list[str]:
-    from airflow_provider_torchelastic.kubernetes.status import WaitPolicy
     from airflow_provider_torchelastic.kubernetes.wait import drive_sync, wait_for_job
+    from airflow_provider_torchelastic.kubernetes.wait_types import WaitPolicy
 
     lines: list[str] = []
     policy = WaitPolicy(poll_interval=600, lease_seconds=lease, finish_action="keep")

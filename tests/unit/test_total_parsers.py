@@ -36,7 +36,7 @@ from airflow_provider_torchelastic.core.naming import REPLICA_INDEX_LABEL, REPLI
 from airflow_provider_torchelastic.core.outcome import SCHEMA, NodeOutcome, decode_outcome
 from airflow_provider_torchelastic.core.summary import JobSummary, PodSummary, pod_summaries, pod_summary
 from airflow_provider_torchelastic.core.tap import MetricsTap
-from airflow_provider_torchelastic.kubernetes.status import Phase
+from airflow_provider_torchelastic.kubernetes.wait_types import Phase
 from airflow_provider_torchelastic.plugin import views
 from airflow_provider_torchelastic.plugin.service import JobsService
 from airflow_provider_torchelastic.plugin.views import Identity

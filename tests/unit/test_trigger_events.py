@@ -14,7 +14,7 @@ from airflow.sdk.module_loading import import_string
 
 from airflow_provider_torchelastic import TorchElasticOperator
 from airflow_provider_torchelastic.core.summary import XCOM_KEY
-from airflow_provider_torchelastic.kubernetes.status import JobRef, Phase, WaitDecision
+from airflow_provider_torchelastic.kubernetes.wait_types import JobRef, Phase, WaitDecision
 from airflow_provider_torchelastic.operators import InfrastructureError
 from airflow_provider_torchelastic.operators.links import XCOM_JOB_KIND, XCOM_JOB_NAME, XCOM_JOB_NAMESPACE
 from airflow_provider_torchelastic.triggers import (
@@ -178,7 +178,8 @@ def test_a_wait_failed_event_is_held_too(monkeypatch: pytest.MonkeyPatch) -> Non
 
 
 def test_a_held_trigger_keeps_taking_its_shared_subscription() -> None:
-    from airflow_provider_torchelastic.kubernetes.watch import JobCache, SharedSource, StreamUpdate
+    from airflow_provider_torchelastic.kubernetes.shared_source import SharedSource
+    from airflow_provider_torchelastic.kubernetes.watch import JobCache, StreamUpdate
 
     taken: list[int] = []
 
@@ -209,7 +210,8 @@ def _pod_cache(*names: str) -> Any:
 def test_a_shared_source_wakes_for_its_own_job_only_and_keeps_its_deadline_without_updates() -> None:
     """Updates about other jobs do not end the sleep; one naming the job does, at once; with no update at all the
     deadline still holds (the stream's heartbeat is 30 s: the source keeps its own timer)."""
-    from airflow_provider_torchelastic.kubernetes.watch import SharedSource, StreamUpdate
+    from airflow_provider_torchelastic.kubernetes.shared_source import SharedSource
+    from airflow_provider_torchelastic.kubernetes.watch import StreamUpdate
 
     cache = _pod_cache("mine", "other")
     updates: asyncio.Queue[StreamUpdate] = asyncio.Queue()
@@ -264,7 +266,8 @@ def test_a_late_joiner_reads_the_live_stream_at_once_and_a_failed_subscription_f
     from airflow.triggers.shared_stream import _SubscriberOverflow
 
     from airflow_provider_torchelastic.kubernetes import watch
-    from airflow_provider_torchelastic.kubernetes.status import Snapshot
+    from airflow_provider_torchelastic.kubernetes.shared_source import SharedSource
+    from airflow_provider_torchelastic.kubernetes.wait_types import Snapshot
 
     key = ("torchelastic-watch", "ml", "test")
     said: list[str] = []
@@ -285,7 +288,7 @@ def test_a_late_joiner_reads_the_live_stream_at_once_and_a_failed_subscription_f
     async def scenario() -> tuple[Any, Any]:
         watch._LIVE[key] = _pod_cache("mine")
         try:
-            source = watch.SharedSource(subscription(), direct, said.append, key=key)
+            source = SharedSource(subscription(), direct, said.append, key=key)
             ref = JobRef(kind="Pod", name="mine", namespace="ml")
             first = await asyncio.wait_for(source.snapshot(ref), 0.5)
             ended.set()

@@ -23,13 +23,6 @@ from airflow_provider_torchelastic.kubernetes import kinds
 from airflow_provider_torchelastic.kubernetes.client import retry_sync
 from airflow_provider_torchelastic.kubernetes.render import render_manifests
 from airflow_provider_torchelastic.kubernetes.requests import LOG_READ_LIMIT_BYTES, ReadLog
-from airflow_provider_torchelastic.kubernetes.status import (
-    JobRef,
-    Phase,
-    Snapshot,
-    WaitDecision,
-    WaitPolicy,
-)
 from airflow_provider_torchelastic.kubernetes.wait import (
     drive_async,
     drive_sync,
@@ -37,6 +30,7 @@ from airflow_provider_torchelastic.kubernetes.wait import (
     until_first_pause,
     wait_for_job,
 )
+from airflow_provider_torchelastic.kubernetes.wait_types import JobRef, Phase, Snapshot, WaitDecision, WaitPolicy
 from tests import fake_kind
 
 T0 = 1_800_000_000.0
@@ -357,7 +351,7 @@ def test_every_job_source_takes_what_the_drivers_pass() -> None:
 
     from airflow_provider_torchelastic.kubernetes.client import AsyncKube, SyncKube
     from airflow_provider_torchelastic.kubernetes.requests import AsyncJobSource, JobSource
-    from airflow_provider_torchelastic.kubernetes.watch import SharedSource
+    from airflow_provider_torchelastic.kubernetes.shared_source import SharedSource
 
     for protocol, implementations in ((JobSource, [SyncKube]), (AsyncJobSource, [AsyncKube, SharedSource])):
         for name in ("snapshot", "read_log", "pod_events", "delete_job", "label_job"):

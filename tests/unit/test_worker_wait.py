@@ -11,8 +11,8 @@ from airflow_provider_torchelastic.core.outcome import encode_success
 from airflow_provider_torchelastic.errors import KubeError
 from airflow_provider_torchelastic.kubernetes import kinds
 from airflow_provider_torchelastic.kubernetes.requests import DeleteJob
-from airflow_provider_torchelastic.kubernetes.status import JobRef, Phase, WaitPolicy
 from airflow_provider_torchelastic.kubernetes.wait import drive_sync, wait_for_job
+from airflow_provider_torchelastic.kubernetes.wait_types import JobRef, Phase, WaitPolicy
 from airflow_provider_torchelastic.kubernetes.watch_scope import SELECTOR, intermediate_key, job_scope, namespace_scope
 from airflow_provider_torchelastic.kubernetes.worker_wait import BackgroundDeletes
 from tests.unit.test_wait import POD, FakeSource, pod

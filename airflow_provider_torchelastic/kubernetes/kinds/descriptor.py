@@ -11,7 +11,7 @@ from airflow_provider_torchelastic.core.naming import TRAINING_CONTAINER
 from airflow_provider_torchelastic.errors import KubeError
 from airflow_provider_torchelastic.kubernetes.ownership import controlled_pods, uid_of
 from airflow_provider_torchelastic.kubernetes.pod_template import RenderInputs
-from airflow_provider_torchelastic.kubernetes.status import JobRef, Snapshot, WaitDecision, WaitPolicy
+from airflow_provider_torchelastic.kubernetes.wait_types import JobRef, Snapshot, WaitDecision, WaitPolicy
 
 __all__ = ["DENIED", "NOT_SERVED", "JobKind", "OwnerQuery", "PodsOf"]
 

@@ -11,13 +11,12 @@ from typing import Any
 
 from airflow_provider_torchelastic.kubernetes.status import (
     Observed,
-    WaitDecision,
-    WaitPolicy,
     out_of_patience,
     parse_time,
     queue_name,
     true_condition,
 )
+from airflow_provider_torchelastic.kubernetes.wait_types import WaitDecision, WaitPolicy
 
 __all__ = ["suspended_decision", "suspended_since"]
 

@@ -24,7 +24,8 @@ from airflow_provider_torchelastic.kubernetes.pod_template import (
     render_pod_template,
     set_field,
 )
-from airflow_provider_torchelastic.kubernetes.status import JobRef, Observed, Phase, Snapshot, WaitDecision, WaitPolicy
+from airflow_provider_torchelastic.kubernetes.status import Observed
+from airflow_provider_torchelastic.kubernetes.wait_types import JobRef, Phase, Snapshot, WaitDecision, WaitPolicy
 
 __all__ = ["KIND", "decide_pod", "pod_finished", "render_pod"]
 

@@ -34,12 +34,7 @@ from airflow_provider_torchelastic.kubernetes.pod_template import (
     render_pod_template,
 )
 from airflow_provider_torchelastic.kubernetes.status import (
-    JobRef,
     Observed,
-    Phase,
-    Snapshot,
-    WaitDecision,
-    WaitPolicy,
     describe_wait,
     is_suspended,
     job_gone,
@@ -51,6 +46,7 @@ from airflow_provider_torchelastic.kubernetes.status import (
     true_condition,
     with_pods,
 )
+from airflow_provider_torchelastic.kubernetes.wait_types import JobRef, Phase, Snapshot, WaitDecision, WaitPolicy
 
 __all__ = [
     "API_VERSION",

@@ -56,7 +56,8 @@ from airflow_provider_torchelastic.kubernetes.pod_template import (
     pod_runner_command,
     render_pod_template,
 )
-from airflow_provider_torchelastic.kubernetes.status import JobRef, Observed, Phase, Snapshot, WaitDecision, WaitPolicy
+from airflow_provider_torchelastic.kubernetes.status import Observed
+from airflow_provider_torchelastic.kubernetes.wait_types import JobRef, Phase, Snapshot, WaitDecision, WaitPolicy
 
 __all__ = [
     "API_VERSION",

@@ -23,7 +23,7 @@ from airflow_provider_torchelastic.kubernetes import render as kubernetes_render
 from airflow_provider_torchelastic.kubernetes.connection import ClusterConnection
 from airflow_provider_torchelastic.kubernetes.queue_limits import QueueLimits
 from airflow_provider_torchelastic.kubernetes.render import elide_payload, summarize_for_ui, task_context_for
-from airflow_provider_torchelastic.kubernetes.status import JobRef, WaitDecision, WaitPolicy
+from airflow_provider_torchelastic.kubernetes.wait_types import JobRef, WaitDecision, WaitPolicy
 from airflow_provider_torchelastic.operators import results, retries
 from airflow_provider_torchelastic.operators.backends.attempt import identity_of
 from airflow_provider_torchelastic.operators.backends.base import Attempt, Plan, TaskSpec
