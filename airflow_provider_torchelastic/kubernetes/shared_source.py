@@ -119,7 +119,8 @@ class SharedSource:
                 cache.want(ref)
             self._updated.clear()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._updated.wait(), left)
+                async with asyncio.timeout(left):
+                    await self._updated.wait()
         direct = self._direct or await self._fall_back(self._failure or "the shared watch ended")
         snapshot: Snapshot = await direct.snapshot(ref)
         return snapshot
@@ -135,8 +136,10 @@ class SharedSource:
         deadline = time.monotonic() + seconds
         if self._take() and not self._dirty:
             self._changed.clear()
+            # asyncio.timeout, not wait_for: no task per sleep (1,000 triggers sleep and wake every poll_interval).
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._changed.wait(), seconds)
+                async with asyncio.timeout(seconds):
+                    await self._changed.wait()
         self._dirty = False
         if self._failure is not None and self._direct is None:
             await self._fall_back(self._failure)

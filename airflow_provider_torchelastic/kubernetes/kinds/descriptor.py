@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
 from airflow_provider_torchelastic.core.config import TaskConfig
@@ -51,6 +53,13 @@ def _controlled(
     return controlled_pods(job, pods, chain, between)
 
 
+@functools.lru_cache(maxsize=4096)
+def _selector_labels(selector: str) -> Mapping[str, str]:
+    # Read for every pod a snapshot looks at, by every trigger of a shared watch: parsed once per selector.
+    terms = (term.partition("=") for term in selector.split(",") if term)
+    return MappingProxyType({key.strip(): value.strip() for key, _, value in terms})
+
+
 @dataclass(frozen=True, kw_only=True)
 class PodsOf:
     """The pods of one job, in the two forms its readers need: the label selector a list or watch sends to the API,
@@ -68,10 +77,9 @@ class PodsOf:
     chain: tuple[str, ...]
 
     @property
-    def labels(self) -> dict[str, str]:
+    def labels(self) -> Mapping[str, str]:
         """The selector's terms as labels a pod must carry (none for a job that is its own pod)."""
-        terms = (term.partition("=") for term in (self.selector or "").split(",") if term)
-        return {key.strip(): value.strip() for key, _, value in terms}
+        return _selector_labels(self.selector or "")
 
     def labelled(self, pod: Mapping[str, Any]) -> bool:
         """Whether ``pod`` carries the labels the selector asks for (what the API would have listed)."""
