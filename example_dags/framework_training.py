@@ -49,6 +49,7 @@ def train_transformers(steps: int = 6, save_steps: int = 2, interrupt: bool = Fa
         disable_tqdm=True,
         seed=0,
     )
+    torch.manual_seed(0)  # the Trainer's seed is set after the model exists: seed its initial weights here
     model = GPT2LMHeadModel(GPT2Config(vocab_size=32, n_positions=8, n_embd=16, n_layer=2, n_head=2))
     trainer = Trainer(
         model=model,
@@ -110,8 +111,8 @@ def train_lightning(steps: int = 8, save_every: int = 2, interrupt: bool = False
         enable_model_summary=False,
         **kwargs,
     )
+    pl.seed_everything(0)  # before the model: every run (and the first try a retry resumes) starts from these weights
     model = Regression()
-    pl.seed_everything(0)
     trainer.fit(model, data, ckpt_path=te_lightning.ckpt_path())  # the last checkpoint of an earlier try, or None
     # [END lightning]
     return {
