@@ -120,11 +120,6 @@ def _version(obj: Mapping[str, Any]) -> int:
         return 0
 
 
-def _label(obj: Mapping[str, Any] | None, key: str) -> str | None:
-    value = (((obj or {}).get("metadata") or {}).get("labels") or {}).get(key)
-    return str(value) if value is not None else None
-
-
 #: Bounds of a stream's record of jobs confirmed gone (:meth:`JobCache.gone`).
 MAX_ABSENT: Final = 10_000
 ABSENT_SECONDS: Final = 3600.0
@@ -158,7 +153,7 @@ class JobCache:
         #: Pods by the label that files them under their job (each kind's ``pod_owner_label``) and its value: a
         #: trigger's snapshot reads its job's few pods, not every pod of the namespace (1,000 triggers each
         #: scanning 1,000 pods was the stream's main cost).
-        self._owner_labels = frozenset(k.pod_owner_label for k in kinds.registered() if k.pod_owner_label)
+        self._owning_kinds = tuple(k for k in kinds.registered() if k.pod_owner_label)
         self._pods_by_owner: dict[tuple[str, str], dict[str, dict[str, Any]]] = {}
 
     # -- read by the triggers (no I/O) --------------------------------------------------------------------------
@@ -226,8 +221,10 @@ class JobCache:
 
     def _file_pod(self, name: str, old: Mapping[str, Any] | None, new: dict[str, Any] | None) -> None:
         """Keep :attr:`_pods_by_owner` in step with a pod that changed from ``old`` to ``new`` (None: absent)."""
-        for key in self._owner_labels:
-            was, now = _label(old, key), _label(new, key)
+        for kind in self._owning_kinds:
+            key = str(kind.pod_owner_label)
+            was = kind.owner_of(old) if old is not None else None
+            now = kind.owner_of(new) if new is not None else None
             if was is not None and was != now and (bucket := self._pods_by_owner.get((key, was))) is not None:
                 bucket.pop(name, None)
                 if not bucket:
