@@ -28,8 +28,8 @@ class SharedSource:
     """An :class:`~requests.AsyncJobSource` fed by a shared stream, polling on its own once the stream fails it.
 
     ``updates`` is the trigger's subscription; ``direct`` opens a client of the trigger's own (an
-    :class:`~.client.AsyncKube`) when it must poll. ``say`` is the trigger's log. ``key`` (:func:`stream_key`) finds
-    the live stream's cache before the first update comes.
+    :class:`~.client.AsyncKube`) when it must poll. ``say`` is the trigger's log. ``key``
+    (:func:`~.watch.stream_key`) finds the live stream's cache before the first update comes.
 
     A task of its own takes the subscription's updates from the first call on until :meth:`leave`: a subscriber
     that stops reading (in a slow log read, holding an event) fills its queue, and the triggerer fails a subscriber
@@ -147,8 +147,9 @@ class SharedSource:
             await asyncio.sleep(left)  # polling: the deadline is the poll's pace
 
     async def _through(self, call: Callable[[Any], Awaitable[T]], ref: JobRef | None = None) -> T:
-        """``call`` on the stream's client while the stream lives (at most :data:`MAX_CONCURRENT_REQUESTS` at once),
-        else on this trigger's own. With ``ref``: only while the stream watches that job."""
+        """``call`` on the stream's client while the stream lives (at most
+        :data:`~.watch.MAX_CONCURRENT_REQUESTS` at once), else on this trigger's own. With ``ref``: only while the
+        stream watches that job."""
         cache = self._cache if ref is None else self._usable(ref)
         if self._direct is None and cache is not None and not cache.closed:
             kube = cache.kube
