@@ -824,6 +824,18 @@ def _release_host(state_dir: Path) -> None:
         reg["holders"] = [h for h in reg["holders"] if h != str(state_dir) and _holder_alive(Path(h))]
 
 
+def reclaim_host() -> list[str]:
+    """Give back what SIGKILLed clusters (a killed run, a restarted machine) still hold, and return the state dirs
+    pruned. Their recorded originals are restored once no live cluster is left, so the host looks as it did before
+    any node, not as a dead node left it: what a caller about to snapshot the host needs."""
+    if not (REGISTRY_DIR / "registry.json").exists():
+        return []
+    with _registry() as reg:
+        dead = [h for h in reg["holders"] if not _holder_alive(Path(h))]
+        reg["holders"] = [h for h in reg["holders"] if h not in dead]
+    return dead
+
+
 def live_holders() -> list[str]:
     """The state dirs of the real-node clusters that hold this host now (whose node still runs)."""
     try:

@@ -152,6 +152,9 @@ class RealCluster:
 def host_before() -> dict[str, Any]:
     # The snapshot is the whole host's: a node that another run (a second `make test`, a `make cluster-up`) keeps up
     # would be in it, and its `down` meanwhile would look like ours leaving things behind, or taking too much away.
+    # A node that was SIGKILLed (a killed run, a restarted machine) left its sysctls and dirs behind; our own `down`
+    # would give them back, so the snapshot is taken after they are, or it would record the dead node's host.
+    rn.reclaim_host()
     others = rn.live_holders()
     assert not others, (
         f"another real node is up on this host ({', '.join(others)}): these tests compare the whole host before and "

@@ -90,3 +90,22 @@ def test_oci_archive_names_its_image(tmp_path: Path) -> None:
         digest = images[rn.PAUSE_IMAGE].split(":", 1)[1]
         assert {"oci-layout", "index.json", f"blobs/sha256/{digest}"} <= set(names)
     assert rn.archive_images(tmp_path / "missing.oci.tar") == {}
+
+
+def test_a_dead_holders_claims_are_given_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # CI once snapshotted a host that a SIGKILLed node (the machine restarted mid-run) still held: the dead holder's
+    # sysctls and dirs were "before", and our own `down`, restoring the originals, looked like it took too much away.
+    registry, made = tmp_path / "registry", tmp_path / "var" / "lib" / "kubelet"
+    made.mkdir(parents=True)
+    registry.mkdir()
+    dead_state = tmp_path / "dead-cluster"  # no pid records: not alive
+    (registry / "registry.json").write_text(
+        json.dumps({"sysctls": {"kernel.panic": "0"}, "created_dirs": [str(made)], "holders": [str(dead_state)]})
+    )
+    written: dict[str, str] = {}
+    monkeypatch.setattr(rn, "REGISTRY_DIR", registry)
+    monkeypatch.setattr(rn, "write_sysctl", written.__setitem__)
+    assert rn.live_holders() == []
+    assert rn.reclaim_host() == [str(dead_state)]
+    assert written == {"kernel.panic": "0"} and not made.exists() and not registry.exists()
+    assert rn.reclaim_host() == []  # nothing left to give back
