@@ -233,6 +233,41 @@ def test_missing_payload_file_is_a_usage_error(tmp_path: Path) -> None:
     assert "absent.bin" in proc.stderr
 
 
+# Runs the runner's ``__main__`` as ``python -m`` would, with an atexit handler that prints without flushing (stdout
+# is a pipe: block-buffered), and a module global whose ``__del__`` runs only if the interpreter tears its modules down.
+_EXIT_PROBE = """
+import atexit, runpy, sys, threading, time
+
+class Teardown:
+    def __del__(self):
+        print("modules torn down", flush=True)
+
+keep = Teardown()
+atexit.register(lambda: print("atexit ran"))
+if sys.argv[1] == "thread":
+    threading.Thread(target=lambda: (time.sleep(0.5), print("thread done", flush=True))).start()
+sys.argv = ["runner", *sys.argv[2:]]
+runpy.run_module("airflow_provider_torchelastic.runner", run_name="__main__")
+"""
+
+
+@pytest.mark.parametrize("thread", ["none", "thread"])
+def test_the_runner_exits_without_tearing_down_torch_unless_a_thread_must_end(tmp_path: Path, thread: str) -> None:
+    # The modules' teardown (torch's: about 0.5 s) comes after the outcome is written, and delays the container's end.
+    args = runner_command(tmp_path / "absent.bin", tmp_path / "result.json", nproc=2)[3:]
+    proc = subprocess.run(
+        [sys.executable, "-c", _EXIT_PROBE, thread, *args],
+        env=runner_env(), capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert proc.returncode == EXIT_USAGE, proc.stdout + proc.stderr
+    assert "absent.bin" in proc.stderr and "atexit ran" in proc.stdout, proc.stdout + proc.stderr
+    if thread == "thread":  # a non-daemon thread still running: the interpreter's own exit, which joins it
+        assert "thread done" in proc.stdout and "modules torn down" in proc.stdout, proc.stdout
+    else:
+        assert "modules torn down" not in proc.stdout, proc.stdout
+    assert json.loads((tmp_path / "result.json").read_text())["succeeded"] is False
+
+
 # --- being stopped -------------------------------------------------------------------------------------------------
 
 
