@@ -34,6 +34,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -240,37 +241,38 @@ class Cluster:
                 raise TimeoutError("namespace did not empty")
             time.sleep(2)
 
-    def requests_by_airflow(self, start: float, end: float) -> collections.Counter[str]:
-        """The Airflow identity's requests that completed in [start, end], by verb and resource."""
-        counts: collections.Counter[str] = collections.Counter()
+    def _airflow_events(self) -> Iterator[dict[str, Any]]:
+        """The audit log's events of the Airflow identity."""
         with self.audit.open() as f:
             for line in f:
                 event = json.loads(line)
-                if event.get("user", {}).get("username") != self.sa_user:
-                    continue
-                at = datetime.datetime.fromisoformat(event["stageTimestamp"].replace("Z", "+00:00")).timestamp()
-                if start <= at <= end:
-                    ref = event.get("objectRef") or {}
-                    resource = ref.get("resource", "?") + (f"/{ref['subresource']}" if ref.get("subresource") else "")
-                    counts[f"{event.get('verb')} {resource}"] += 1
+                if event.get("user", {}).get("username") == self.sa_user:
+                    yield event
+
+    def requests_by_airflow(self, start: float, end: float) -> collections.Counter[str]:
+        """The Airflow identity's requests that completed in [start, end], by verb and resource."""
+        counts: collections.Counter[str] = collections.Counter()
+        for event in self._airflow_events():
+            if start <= audit_time(event["stageTimestamp"]) <= end:
+                ref = event.get("objectRef") or {}
+                resource = ref.get("resource", "?") + (f"/{ref['subresource']}" if ref.get("subresource") else "")
+                counts[f"{event.get('verb')} {resource}"] += 1
         return counts
 
     def log_reads_by_airflow(self) -> dict[str, list[tuple[float, float]]]:
         """Each pod's log reads by the Airflow identity: (received, completed) by the apiserver, in order."""
         reads: dict[str, list[tuple[float, float]]] = collections.defaultdict(list)
-
-        def at(stamp: str) -> float:
-            return datetime.datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
-
-        with self.audit.open() as f:
-            for line in f:
-                event = json.loads(line)
-                ref = event.get("objectRef") or {}
-                if event.get("user", {}).get("username") == self.sa_user and ref.get("subresource") == "log":
-                    reads[ref.get("name", "?")].append(
-                        (at(event["requestReceivedTimestamp"]), at(event["stageTimestamp"]))
-                    )
+        for event in self._airflow_events():
+            ref = event.get("objectRef") or {}
+            if ref.get("subresource") == "log":
+                received, completed = audit_time(event["requestReceivedTimestamp"]), audit_time(event["stageTimestamp"])
+                reads[ref.get("name", "?")].append((received, completed))
         return {pod: sorted(r) for pod, r in reads.items()}
+
+
+def audit_time(stamp: str) -> float:
+    """An audit event's timestamp (RFC 3339, microseconds) as seconds since the epoch."""
+    return datetime.datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
 
 
 def split_delay(seen: float, event: float, reads: list[tuple[float, float]]) -> tuple[float, float, float] | None:
