@@ -67,9 +67,36 @@ def retry_sync(call: Callable[[], T], log: Callable[[str], None], sleep: Callabl
     Between tries it waits the server's ``Retry-After`` when the answer had one (capped at :data:`LONGEST_WAIT`),
     else a jittered exponential backoff.
     """
-    return tenacity.Retrying(sleep=sleep, **_retrying(log))(call)
+    # The first try outside tenacity: nearly every call succeeds at once (and every read of a shared watch's cache,
+    # which 1,000 waiting triggers make every poll), and tenacity's loop costs about as much as such a read.
+    try:
+        return call()
+    except KubeError as e:
+        if not e.recoverable:
+            raise
+        failed = [e]
+
+    def again() -> T:
+        # The loop starts from the first try's failure (it counts, and its backoff is logged), not a second call.
+        if failed:
+            raise failed.pop()
+        return call()
+
+    return tenacity.Retrying(sleep=sleep, **_retrying(log))(again)
 
 
 async def retry_async(call: Callable[[], Awaitable[T]], log: Callable[[str], None]) -> T:
     """The same as :func:`retry_sync`, awaiting."""
-    return await tenacity.AsyncRetrying(sleep=asyncio.sleep, **_retrying(log))(call)
+    try:
+        return await call()
+    except KubeError as e:
+        if not e.recoverable:
+            raise
+        failed = [e]
+
+    async def again() -> T:
+        if failed:
+            raise failed.pop()
+        return await call()
+
+    return await tenacity.AsyncRetrying(sleep=asyncio.sleep, **_retrying(log))(again)

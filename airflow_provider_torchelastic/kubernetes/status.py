@@ -8,8 +8,7 @@ JSON (camelCase dicts). No I/O, no Airflow, no kubernetes.
 
 from __future__ import annotations
 
-import calendar
-import time
+import datetime
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import cached_property
@@ -56,7 +55,8 @@ def parse_time(value: str | None) -> float | None:
     if not value:
         return None
     try:
-        return float(calendar.timegm(time.strptime(value[:19], "%Y-%m-%dT%H:%M:%S")))
+        # Not strptime: every waiting trigger parses its job's times on every poll, and strptime costs 20 us a call.
+        return datetime.datetime.fromisoformat(value[:19]).replace(tzinfo=datetime.UTC).timestamp()
     except ValueError:
         return None
 

@@ -93,6 +93,37 @@ def test_retry_after_still_counts_against_the_failures_tolerated(monkeypatch: py
     assert info.value.status == 429 and len(calls) == 3 and len(naps) == 2 and all(nap >= 1.0 for nap in naps)
 
 
+def test_the_async_loop_counts_and_logs_the_first_failure_as_the_sync_one_does(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first try runs outside tenacity (a call that succeeds pays for no loop); a first failure still counts
+    against the failures tolerated and is logged, and the call is not repeated at once."""
+    monkeypatch.setattr(retry, "MAX_RECOVERABLE_FAILURES", 2)
+    monkeypatch.setattr(retry, "_backoff", lambda state: 0.0)
+
+    def run(errors: list[KubeError]) -> tuple[list[int], list[str], str | KubeError]:
+        calls: list[int] = []
+        logged: list[str] = []
+
+        async def call() -> str:
+            calls.append(1)
+            if errors:
+                raise errors.pop(0)
+            return "ok"
+
+        try:
+            return calls, logged, asyncio.run(retry_async(call, logged.append))
+        except KubeError as e:
+            return calls, logged, e
+
+    calls, logged, result = run([])
+    assert (len(calls), logged, result) == (1, [], "ok")
+    calls, logged, result = run([KubeError(503, "ServiceUnavailable", "down")] * 2)
+    assert (len(calls), len(logged), result) == (3, 2, "ok") and "retrying" in logged[0]
+    calls, logged, result = run([KubeError(503, "ServiceUnavailable", "down")] * 3)
+    assert len(calls) == 3 and isinstance(result, KubeError) and result.status == 503
+    calls, logged, result = run([KubeError(404, "NotFound", "gone")])
+    assert len(calls) == 1 and logged == [] and isinstance(result, KubeError) and result.status == 404
+
+
 # --- reading the header ---------------------------------------------------------------------------------------------
 
 
