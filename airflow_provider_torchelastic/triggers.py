@@ -129,7 +129,7 @@ class WatchArgs:
     #: fails the task. Airflow does not enforce ``execution_timeout`` while a task is deferred.
     deadline: float | None = None
     #: What the trigger does with the job once it ended (``on_finish_action``).
-    finish_action: str = "delete_succeeded"
+    finish_action: str = WaitPolicy.finish_action
     #: Seconds the job may wait for capacity (``scheduling_timeout``); None: until the deadline.
     scheduling_timeout: float | None = None
     #: Unix time of the deferral, and the seconds after it before the event may fire (``[torch_elastic]

@@ -68,7 +68,7 @@ class WaitPolicy:
     #: Airflow does not enforce ``execution_timeout`` while a task is deferred, so the wait does, on both paths.
     deadline: float | None = None
     #: What the wait does with the job once it ended: one of :data:`FINISH_ACTIONS`.
-    finish_action: str = "delete_succeeded"
+    finish_action: str = choices.OnFinishAction.DELETE_SUCCEEDED.value
     #: Seconds a job may wait for capacity (pods Unschedulable before the job can start, a suspended or queued job)
     #: before the task fails as recoverable; None: as long as the deadline allows.
     scheduling_timeout: float | None = None
@@ -85,7 +85,8 @@ class WaitPolicy:
     def keeps(self, decision: WaitDecision) -> bool:
         """Whether the ended job stays (for debugging) rather than being deleted."""
         succeeded = decision.phase is Phase.SUCCEEDED
-        return self.finish_action == "keep" or (self.finish_action == "delete_succeeded" and not succeeded)
+        action, choice = self.finish_action, choices.OnFinishAction
+        return action == choice.KEEP or (action == choice.DELETE_SUCCEEDED and not succeeded)
 
 
 @dataclass(frozen=True, kw_only=True)
