@@ -43,6 +43,11 @@ def _wait(state: tenacity.RetryCallState) -> float:
     return backoff
 
 
+def _repeated(error: BaseException) -> bool:
+    """Whether a failed call is tried again: only for a recoverable API error (429, 5xx, a failed connection)."""
+    return isinstance(error, KubeError) and error.recoverable
+
+
 def _retrying(log: Callable[[str], None]) -> dict[str, Any]:
     """tenacity settings shared by both loops: repeat only recoverable API errors, waiting as :func:`_wait` says."""
 
@@ -53,7 +58,7 @@ def _retrying(log: Callable[[str], None]) -> dict[str, Any]:
         log(f"Kubernetes API error ({error}); retrying in {delay:.0f} s{asked}")
 
     return {
-        "retry": tenacity.retry_if_exception(lambda e: isinstance(e, KubeError) and e.recoverable),
+        "retry": tenacity.retry_if_exception(_repeated),
         "wait": _wait,
         "stop": tenacity.stop_after_attempt(MAX_RECOVERABLE_FAILURES + 1),
         "before_sleep": before_sleep,
@@ -71,8 +76,8 @@ def retry_sync(call: Callable[[], T], log: Callable[[str], None], sleep: Callabl
     # which 1,000 waiting triggers make every poll), and tenacity's loop costs about as much as such a read.
     try:
         return call()
-    except KubeError as e:
-        if not e.recoverable:
+    except Exception as e:
+        if not _repeated(e):
             raise
         failed = [e]
 
@@ -89,8 +94,8 @@ async def retry_async(call: Callable[[], Awaitable[T]], log: Callable[[str], Non
     """The same as :func:`retry_sync`, awaiting."""
     try:
         return await call()
-    except KubeError as e:
-        if not e.recoverable:
+    except Exception as e:
+        if not _repeated(e):
             raise
         failed = [e]
 
