@@ -389,6 +389,15 @@ def test_a_config_a_trainjob_cannot_run_is_an_error_naming_the_field_when_job_ki
     assert kinds.fixed_choice(Elastic(nnodes=2), "auto") is None, "auto with a fitting config asks the cluster"
 
 
+def test_auto_says_whole_why_a_config_a_trainjob_cannot_run_is_a_pytorchjob() -> None:
+    choice = kinds.fixed_choice(Elastic(nnodes="1:4"), "auto")
+    assert choice is not None
+    kind, why = choice
+    assert kind is kinds.PYTORCHJOB
+    # The whole reason reaches the task log (it was once cut at "a fixed number ", its end a statement of its own).
+    assert why.endswith("(a TrainJob runs a fixed number of nodes, with no restart policy of its own)"), why
+
+
 def test_a_trainjobs_pods_are_its_own_only_through_its_jobset_and_jobs_by_uid() -> None:
     job = {"metadata": {"name": NAME, "uid": "tj"}}
 

@@ -16,7 +16,8 @@ What stays here, read from the source (``if TYPE_CHECKING:`` blocks skipped, as 
 - no core module imports a private name from another module;
 - the bottom of the core (validation) imports only the standard library;
 - only compat.py imports Airflow's private modules and names;
-- no module is longer than about 500 lines.
+- no module is longer than about 500 lines;
+- no string literal stands as a statement of its own, but a docstring (a message cut in two, its end dropped).
 """
 
 from __future__ import annotations
@@ -242,3 +243,35 @@ def test_the_operator_class_is_at_most_150_lines_of_code() -> None:
         if name == "TorchElasticOperator"
     ]
     assert _code_lines(source, node) <= MAX_OPERATOR_CLASS_CODE_LINES
+
+
+def _stray_strings(source: str) -> list[int]:
+    """The lines of string literals that are statements of their own but not a module's, class's or function's
+    docstring: what is left of a message continued on the next line without parentheses."""
+    stray: list[int] = []
+    for node in ast.walk(ast.parse(source)):
+        body = getattr(node, "body", None)
+        if not isinstance(body, list):
+            continue
+        documented = isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)
+        stray.extend(
+            statement.lineno
+            for index, statement in enumerate(body)
+            if isinstance(statement, ast.Expr)
+            and isinstance(statement.value, ast.Constant)
+            and isinstance(statement.value.value, str)
+            and not (index == 0 and documented)
+        )
+    return stray
+
+
+def test_the_stray_string_finder_finds_a_message_cut_in_two() -> None:
+    cut = 'def f():\n    """Doc."""\n    return 1, "the first half "\n    "the second half"\n'
+    assert _stray_strings(cut) == [4]
+    assert _stray_strings('def f():\n    return 1, ("the first half "\n    "the second half")\n') == []
+
+
+@pytest.mark.parametrize("module", sorted(_modules(PACKAGE)))
+def test_no_string_is_a_statement_of_its_own_but_a_docstring(module: str) -> None:
+    stray = _stray_strings(_source(module).read_text())
+    assert not stray, f"{module}: string literals that are statements of their own at lines {stray}"

@@ -134,8 +134,10 @@ def fixed_choice(config: TaskConfig, job_kind: str) -> Choice | None:
         trainjob.check_trainjob_config(config)
         return TRAINJOB, "job_kind='trainjob'"
     if not TRAINJOB.accepts(config):
-        return PYTORCHJOB, "job_kind='auto': only a PyTorchJob runs this task config (a TrainJob runs a fixed number "
-        "of nodes, with no restart policy of its own)"
+        return PYTORCHJOB, (
+            "job_kind='auto': only a PyTorchJob runs this task config (a TrainJob runs a fixed number of nodes, with "
+            "no restart policy of its own)"
+        )
     return None
 
 
