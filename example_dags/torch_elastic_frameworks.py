@@ -14,8 +14,11 @@ from datetime import timedelta
 import pendulum
 from airflow.sdk import DAG
 
+# A module beside the DAG file: Airflow puts the DAG bundle's folder on sys.path while it parses and runs the file, and
+# the provider ships such a module with the payload, so the pods need no copy of it.
+from framework_training import train_accelerate, train_lightning, train_transformers
+
 from airflow_provider_torchelastic import Elastic, TorchElasticOperator
-from example_dags.framework_training import train_accelerate, train_lightning, train_transformers
 
 with DAG(
     "torch_elastic_frameworks",

@@ -61,9 +61,11 @@ class DagRunResult:
 
 
 def load_dag(dag_id: str, folder: Path = TEST_DAGS):
-    from airflow.dag_processing.dagbag import DagBag
+    from airflow.dag_processing.dagbag import BundleDagBag
 
-    bag = DagBag(dag_folder=str(folder), safe_mode=False)
+    # As Airflow's dag-processor and task runner read a bundle: its folder on sys.path, so that a DAG file imports the
+    # modules beside it (example_dags/torch_elastic_frameworks.py does).
+    bag = BundleDagBag(dag_folder=str(folder), bundle_path=folder, safe_mode=False)
     assert not bag.import_errors, bag.import_errors
     return bag.dags[dag_id]
 

@@ -257,8 +257,9 @@ def test_airflow_providers_list_shows_the_package() -> None:
 
 def test_quickstart_takes_its_image_from_the_airflow_option() -> None:
     code = """
-        from airflow.dag_processing.dagbag import DagBag
-        bag = DagBag(dag_folder="example_dags", safe_mode=False)
+        from pathlib import Path
+        from airflow.dag_processing.dagbag import BundleDagBag
+        bag = BundleDagBag(dag_folder="example_dags", bundle_path=Path("example_dags").resolve(), safe_mode=False)
         print(bag.import_errors)
         pod = bag.dags["torch_elastic_quickstart"].get_task("train").render_manifests()[1]
         print(pod["spec"]["containers"][0]["image"])
