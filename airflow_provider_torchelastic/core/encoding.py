@@ -181,7 +181,7 @@ def _container(value: Any, where: str, active: set[int]) -> Any:
         converted: dict[str, Any] = {}
         original: dict[str, Any] = {}
         for key, item in value.items():
-            name = _key_to_str(key, where, value)
+            name = _key_to_str(key, where)
             if name in converted:
                 raise _refuse(
                     where,
@@ -200,7 +200,7 @@ def _container(value: Any, where: str, active: set[int]) -> Any:
     }
 
 
-def _key_to_str(key: Any, where: str, mapping: Any) -> str:
+def _key_to_str(key: Any, where: str) -> str:
     """A mapping key as ``json`` writes it; enums and numpy scalars first become their value."""
     if isinstance(key, Enum):
         key = key.value

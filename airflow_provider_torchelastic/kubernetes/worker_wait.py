@@ -190,7 +190,6 @@ class LogFollower:
         self._dropped = 0
         #: Why the stream stopped for good (401, 403, 404, or an error of this code): the wait reads from the API.
         self.refused: Exception | None = None
-        self.streams = 0  # how many times the stream was opened
         self._task = asyncio.create_task(self._run(), name=f"torchelastic-follow-{request.pod}")
 
     def serves(self, request: ReadLog) -> bool:
@@ -221,7 +220,6 @@ class LogFollower:
         pause = FOLLOW_RETRY
         while True:
             came = False
-            self.streams += 1
             try:
                 async for line in self._kube.stream(calls.follow_log(self.request, self._since)):
                     self._keep(line)

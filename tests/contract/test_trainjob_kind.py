@@ -167,9 +167,10 @@ def test_a_jobs_pods_are_those_its_controller_chain_leads_to() -> None:
     jobset = owned("JobSet", NAME, "js-uid", "tj-uid", "TrainJob")
     batch_job = owned("Job", f"{NAME}-node-0", "job-uid", "js-uid", "JobSet")
     ours, foreign = node_pod(0), node_pod(1, owner="someone-elses-job")
-    assert trainjob.trainjob_pods(job, [ours, foreign], [jobset, batch_job]) == [ours]
+    pods_of = trainjob.KIND.pods_of(NAME)
+    assert pods_of.pick(job, [ours, foreign], [jobset, batch_job]) == [ours]
     # Labels alone count for nothing, and without the Job and JobSet the chain cannot be followed.
-    assert trainjob.trainjob_pods(job, [ours], []) == []
+    assert pods_of.pick(job, [ours], []) == []
     assert trainjob.KIND.controller_chain == ("Job", "JobSet", "TrainJob")
 
 
@@ -406,10 +407,12 @@ def test_a_trainjobs_pods_are_its_own_only_through_its_jobset_and_jobs_by_uid() 
 
     jobset, batch_job = owned("js", "TrainJob", "tj"), owned("j0", "JobSet", "js")
     pod = {**owned("p0", "Job", "j0"), "status": {}}
-    assert trainjob.KIND.controlled_pods(job, [pod], [jobset, batch_job]) == [pod]
-    assert trainjob.KIND.controlled_pods(job, [pod], [batch_job]) == [], "without the JobSet the chain is broken"
+    pod["metadata"]["labels"] = {trainjob.JOBSET_NAME_LABEL: NAME, trainjob.REPLICATED_JOB_LABEL: "node"}
+    pods_of = trainjob.KIND.pods_of(NAME)
+    assert pods_of.pick(job, [pod], [jobset, batch_job]) == [pod]
+    assert pods_of.pick(job, [pod], [batch_job]) == [], "without the JobSet the chain is broken"
     foreign = owned("js", "TrainJob", "another")
-    assert trainjob.KIND.controlled_pods(job, [pod], [foreign, batch_job]) == [], "a JobSet of another TrainJob"
+    assert pods_of.pick(job, [pod], [foreign, batch_job]) == [], "a JobSet of another TrainJob"
     queries = {
         (q.group, q.plural): (q.label_selector(NAME), q.field_selector(NAME)) for q in trainjob.KIND.intermediates
     }

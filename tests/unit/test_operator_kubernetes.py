@@ -192,13 +192,17 @@ def test_a_connection_with_two_ways_to_reach_a_cluster_fails_at_submit_without_r
 ) -> None:
     from airflow.providers.cncf.kubernetes.hooks.kubernetes import KubernetesHook
 
+    from airflow_provider_torchelastic.hooks import connection_of
     from airflow_provider_torchelastic.operators import ConfigurationError
-    from airflow_provider_torchelastic.operators.backends.kubernetes import _check_one_cluster_source
+    from airflow_provider_torchelastic.operators.backends.kubernetes import _refuse_two_sources
+
+    def check(conn_id: str) -> None:
+        _refuse_two_sources(connection_of(conn_id, KubernetesHook(conn_id=conn_id)))
 
     extra = {"in_cluster": True, "kube_config_path": "/etc/kube/config"}
     monkeypatch.setenv("AIRFLOW_CONN_TWO_WAYS", json.dumps({"conn_type": "kubernetes", "extra": extra}))
     with pytest.raises(ConfigurationError, match="connection 'two_ways' sets in_cluster and kube_config_path"):
-        _check_one_cluster_source("two_ways", KubernetesHook(conn_id="two_ways"))
+        check("two_ways")
     monkeypatch.setenv("AIRFLOW_CONN_ONE_WAY", json.dumps({"conn_type": "kubernetes", "extra": {"in_cluster": True}}))
-    _check_one_cluster_source("one_way", KubernetesHook(conn_id="one_way"))
-    _check_one_cluster_source("missing", KubernetesHook(conn_id="missing"))
+    check("one_way")
+    check("missing")

@@ -78,7 +78,7 @@ def test_each_kind_says_its_chain() -> None:
     assert kinds.POD.controller_chain == ()
     foreign = pod("foreign", owner(uid="other"))
     ours = pod("ours", owner())
-    assert names(kinds.PYTORCHJOB.controlled_pods(job(), [foreign, ours])) == ["ours"]
+    assert names(kinds.PYTORCHJOB.pods_of("te-job").pick(job(), [foreign, ours])) == ["ours"]
 
 
 def test_the_shared_watch_files_only_controlled_pods_under_a_job() -> None:

@@ -227,17 +227,6 @@ class JobKind:
         owner = ((pod.get("metadata") or {}).get("labels") or {}).get(self.pod_owner_label)
         return str(owner) if owner is not None else None
 
-    def controlled_pods(
-        self,
-        job: Mapping[str, Any] | None,
-        pods: Sequence[Mapping[str, Any]],
-        owners: Sequence[Mapping[str, Any]] = (),
-    ) -> list[Mapping[str, Any]]:
-        """The pods (found by label) that ``job`` controls: labels are anyone's to set, ownerReferences by uid
-        tell this job's pods from a foreign controller's, or from a pod made to look like rank 0. ``owners``: the
-        objects :attr:`intermediates` read, for a chain of more than one hop."""
-        return _controlled(job, pods, self.controller_chain, owners)
-
     def owner_reference(self, *, owner_name: str, owner_uid: str) -> JsonDict:
         """The merge-patch body that makes an object (the payload Secret) a dependent of this kind's job.
 

@@ -78,7 +78,6 @@ __all__ = [
     "runtime_from_manifest",
     "trainjob_finished",
     "trainjob_name",
-    "trainjob_pods",
 ]
 
 GROUP: Final = "trainer.kubeflow.org"
@@ -292,14 +291,6 @@ def _split_template(template: JsonDict, runtime: Runtime) -> tuple[JsonDict, Jso
 def pod_selector(name: str, runtime: Runtime = TORCH_DISTRIBUTED) -> str:
     """The trainer's pods of TrainJob ``name`` (its JobSet has its name), not those of other replicated jobs."""
     return f"{JOBSET_NAME_LABEL}={name},{REPLICATED_JOB_LABEL}={runtime.trainer_job}"
-
-
-def trainjob_pods(
-    job: Mapping[str, Any] | None, pods: Sequence[Mapping[str, Any]], owners: Sequence[Mapping[str, Any]]
-) -> list[Mapping[str, Any]]:
-    """The pods (found by label) that TrainJob ``job`` controls: each pod's controller chain, Pod -> Job -> JobSet
-    -> TrainJob, followed by uid through ``owners`` (the Jobs and the JobSet read beside the pods)."""
-    return KIND.controlled_pods(job, pods, owners)
 
 
 def is_rank0_pod(pod: Mapping[str, Any], runtime: Runtime = TORCH_DISTRIBUTED) -> bool:

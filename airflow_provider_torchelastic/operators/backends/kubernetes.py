@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Final, NoReturn
 from airflow_provider_torchelastic.core.outcome import Verdict
 from airflow_provider_torchelastic.core.redaction import redacting
 from airflow_provider_torchelastic.errors import KubeError
-from airflow_provider_torchelastic.hooks import async_hook, connect, connection_of
+from airflow_provider_torchelastic.hooks import async_hook, connect
 from airflow_provider_torchelastic.kubernetes import kinds, submit, sweep
 from airflow_provider_torchelastic.kubernetes import render as kubernetes_render
 from airflow_provider_torchelastic.kubernetes.connection import ClusterConnection
@@ -49,16 +49,12 @@ STATE_KEY: Final = "torchelastic_job"
 XCOM_MANIFESTS: Final = "manifests"
 
 
-def _check_one_cluster_source(conn_id: str, hook: Any) -> None:
+def _refuse_two_sources(connection: ClusterConnection) -> None:
     """Refuse a connection that names two ways to reach a cluster, before anything is created.
 
     The hook refuses the pair itself, but only when it first connects and with an AirflowException, which Airflow
     retries although every try fails the same way.
     """
-    _refuse_two_sources(connection_of(conn_id, hook))
-
-
-def _refuse_two_sources(connection: ClusterConnection) -> None:
     try:
         connection.check_one_source()
     except ValueError as e:  # the same connection fails every try the same way: no retries
