@@ -26,6 +26,7 @@ from typing import Final
 from airflow_provider_torchelastic.core.config import Elastic
 from airflow_provider_torchelastic.core.naming import RunIdentity
 from airflow_provider_torchelastic.core.payload import dump_payload
+from airflow_provider_torchelastic.core.public import command_name
 from airflow_provider_torchelastic.errors import KubeError
 from airflow_provider_torchelastic.hooks import connect
 from airflow_provider_torchelastic.kubernetes import discovery, kinds
@@ -234,7 +235,7 @@ def _smoke(kube: SyncKube, namespace: str, image: str | None, timeout: float, lo
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m airflow_provider_torchelastic.preflight",
+        prog=command_name("torchelastic-preflight", "airflow_provider_torchelastic.preflight"),
         description="Say what a Kubernetes cluster can run for airflow-provider-torchelastic, and what to fix.",
         epilog="Exit status: 0 ready, 1 something the provider needs is missing, 2 bad usage.",
     )

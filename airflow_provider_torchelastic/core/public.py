@@ -15,13 +15,19 @@ import sys
 import typing
 from typing import Any, Final
 
-__all__ = ["OPERATORS_MODULE", "PUBLIC_MODULE", "publish"]
+__all__ = ["OPERATORS_MODULE", "PUBLIC_MODULE", "command_name", "publish"]
 
 #: The package root, where the configuration types, the choices and the worker-side functions are imported from.
 PUBLIC_MODULE: Final = "airflow_provider_torchelastic"
 #: Where the operator, its links and its failure classes are imported from (a serialized DAG names its operator and
 #: links by this path, and task logs print the failure classes by it).
 OPERATORS_MODULE: Final = f"{PUBLIC_MODULE}.operators"
+
+
+def command_name(script: str, module: str) -> str:
+    """What a command-line tool calls itself in its usage: ``script``, its console script (``[project.scripts]``),
+    when it was run as that, else ``python -m <module>``, the path that needs no script on PATH."""
+    return script if sys.argv and sys.argv[0].rpartition("/")[2] == script else f"python -m {module}"
 
 
 def publish(*objects: Any, module: str = PUBLIC_MODULE) -> None:

@@ -36,6 +36,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
 from airflow_provider_torchelastic.core.naming import LABEL_MANAGED_BY, MANAGED_BY, MANAGED_SELECTOR
+from airflow_provider_torchelastic.core.public import command_name
 from airflow_provider_torchelastic.errors import KubeError
 from airflow_provider_torchelastic.kubernetes import kinds
 from airflow_provider_torchelastic.kubernetes.connection import ClusterConnection
@@ -130,7 +131,7 @@ def sweep_namespace(
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m airflow_provider_torchelastic.kubernetes.sweep --namespace NS [--kubeconfig PATH]``."""
     parser = argparse.ArgumentParser(
-        prog="python -m airflow_provider_torchelastic.kubernetes.sweep",
+        prog=command_name("torchelastic-sweep", "airflow_provider_torchelastic.kubernetes.sweep"),
         description="Delete the provider's jobs that still run past their task's deadline (execution_timeout), or "
         "past their lease (a task without one: its waiter renews the lease while it waits).",
     )

@@ -235,6 +235,10 @@ def test_the_command_line_tools_are_console_scripts() -> None:
         )
         assert proc.returncode == 0, proc.stderr
         assert "--namespace" in proc.stdout
+        assert proc.stdout.startswith(f"usage: {name} "), "its usage names the command that was run"
+        module = points[name].value.partition(":")[0]
+        proc = subprocess.run([sys.executable, "-m", module, "--help"], capture_output=True, text=True, timeout=120)
+        assert proc.stdout.startswith(f"usage: python -m {module}"), proc.stdout[:200]
 
 
 def test_airflow_providers_list_shows_the_package() -> None:
