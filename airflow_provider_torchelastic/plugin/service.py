@@ -122,12 +122,15 @@ class JobsService:
         chosen = {self.kube.default_namespace} | {ns for ns, dag_ids in candidates.items() if dag_ids & readable}
         return sorted(chosen)
 
-    def _kube_error(self, viewer: Viewer, where: str, error: Exception) -> str:
-        """Why the running jobs of ``where`` are missing; Kubernetes' own words only for those who may see them."""
+    def _kube_error(self, viewer: Viewer, namespace: str | None, error: Exception) -> str:
+        """The page's line on why the running jobs of ``namespace`` (None: of every namespace, the connection itself
+        failed) are missing; Kubernetes' own words only for those who may see them."""
         conn_id = self.kube.conn_id
+        where = f"namespace {namespace}" if namespace is not None else "any namespace"
         log.warning("torch_elastic UI: running jobs of %s could not be read (%s): %s", where, conn_id, error)
         why = f"{error}" if viewer.sees_kubernetes_errors() else GENERIC_KUBE_ERROR
-        return f"running jobs of {where} could not be read from Kubernetes ({conn_id}): {why}"
+        jobs = f"Running jobs in namespace {namespace}" if namespace is not None else "Running jobs"
+        return f"{jobs} are not shown, finished ones are: Kubernetes ({conn_id}) could not be read: {why}"
 
     def _live(self, viewer: Viewer) -> tuple[list[LiveJob], dict[str, str]]:
         """Running jobs, and why those of a namespace are missing (the others, and the finished ones, still show)."""
@@ -136,12 +139,12 @@ class JobsService:
         try:
             namespaces = self._namespaces(viewer, self.summaries.job_namespaces())
         except Exception as e:  # no connection: a page of finished jobs is still worth it
-            return [], {"": self._kube_error(viewer, "any namespace", e)}
+            return [], {"": self._kube_error(viewer, None, e)}
         for namespace in namespaces:
             try:
                 jobs.extend(self.kube.jobs(namespace))
             except Exception as e:  # no permission there, API down: only this namespace's jobs are missing
-                errors[namespace] = self._kube_error(viewer, f"namespace {namespace}", e)
+                errors[namespace] = self._kube_error(viewer, namespace, e)
         return jobs, errors
 
     def list_jobs(

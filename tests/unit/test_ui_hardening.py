@@ -306,6 +306,23 @@ def test_a_namespace_that_cannot_be_listed_hides_only_its_own_jobs() -> None:
     assert "team-b" in page["kubernetes_error"]
 
 
+def test_the_lines_on_missing_running_jobs_name_the_namespace_and_say_finished_jobs_still_show() -> None:
+    class NoCluster(CountingKube):
+        @property
+        def default_namespace(self) -> str:  # type: ignore[override]
+            raise ValueError("Invalid kube-config file. No configuration found.")
+
+    admin = FakeViewer({"team_a"}, admin=True)
+    page = _service(NoCluster()).list_jobs(admin)
+    # No cluster at all (a local-only deployment): one line, no empty namespace in it.
+    assert page["kubernetes_errors"] == {
+        "": "Running jobs are not shown, finished ones are: Kubernetes (kubernetes_default) could not be read: "
+        "Invalid kube-config file. No configuration found."
+    }
+    line = _service(CountingKube(failing=("ml",))).list_jobs(admin)["kubernetes_errors"]["ml"]
+    assert line.startswith("Running jobs in namespace ml are not shown, finished ones are: Kubernetes ")
+
+
 def test_kubernetes_words_reach_only_users_who_may_read_the_connection() -> None:
     kube = CountingKube(failing=("ml",))
     viewer_page = _service(kube).list_jobs(FakeViewer({"team_a"}))

@@ -35,10 +35,10 @@ export default function JobsPage() {
         {jobs.some((job) => isActive(job.phase)) && <span style={{ color: color.muted, fontSize: 12 }}>refreshing every 5 s</span>}
       </div>
       <ErrorLine error={error} />
-      {/* One line per namespace that could not be listed: the others' running jobs are shown. */}
-      {Object.entries(data?.kubernetes_errors || {}).map(([namespace, why]) => (
+      {/* One line per namespace that could not be listed (the server words it): the others' running jobs are shown. */}
+      {Object.entries(data?.kubernetes_errors || {}).map(([namespace, line]) => (
         <p key={namespace} role="alert" data-testid="namespace-error" data-namespace={namespace} style={{ color: color.muted }}>
-          Running jobs in namespace {namespace} are not shown (only its finished ones): {why}
+          {line}
         </p>
       ))}
       {loading ? <p>Loading…</p> : !jobs.length ? (
