@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
@@ -31,6 +32,11 @@ _NAMES: Final = (
     ("torch.distributed.elastic.multiprocessing.errors", "ChildFailedError"),
     ("torch.distributed.launcher.api", "LaunchConfig"),
     ("torch.distributed.launcher.api", "elastic_launch"),
+)
+#: Where the runner runs, and so where torch must be installed.
+_WHERE: Final = (
+    "in the image (Kubernetes), or in the Airflow worker's environment (local execution: "
+    "pip install 'airflow-provider-torchelastic[torch]')"
 )
 #: The ``LaunchConfig`` fields the runner sets.
 LAUNCH_FIELDS: Final = (
@@ -68,7 +74,15 @@ class ElasticApi:
 
 
 def elastic_api(import_module: Callable[[str], Any] = importlib.import_module) -> ElasticApi:
-    """The torch elastic objects the runner uses; :class:`TorchIncompatibleError` naming every one that is missing."""
+    """The torch elastic objects the runner uses; :class:`TorchIncompatibleError` naming every one that is missing,
+    or saying that torch itself is not installed."""
+    try:
+        import_module("torch")
+    except ImportError as e:  # not a torch that moved something: none at all, where a user most often meets it
+        raise TorchIncompatibleError(
+            f"torch is not installed for the runner's Python ({sys.executable}: {e}); install one of the versions the "
+            f"runner is tested with ({', '.join(TESTED_TORCH)}) {_WHERE}"
+        ) from None
     found: dict[str, Any] = {}
     missing: list[str] = []
     for module_name, name in _NAMES:
@@ -84,7 +98,7 @@ def elastic_api(import_module: Callable[[str], Any] = importlib.import_module) -
         raise TorchIncompatibleError(
             f"torch {_torch_version(import_module)} lacks what the runner uses of torch elastic: "
             f"{', '.join(missing)}; the runner is tested with torch {', '.join(TESTED_TORCH)}: install one of them "
-            "in the image"
+            f"{_WHERE}"
         )
     return ElasticApi(**found)
 

@@ -71,3 +71,19 @@ def test_a_launch_config_without_a_field_the_runner_sets_is_named() -> None:
     assert "logs_specs" in LAUNCH_FIELDS
     with pytest.raises(TorchIncompatibleError, match=r"LaunchConfig\.logs_specs"):
         elastic_api(import_module)
+
+
+def test_no_torch_at_all_says_so_and_where_to_install_it() -> None:
+    def import_module(wanted: str) -> Any:
+        if wanted == "torch" or wanted.startswith("torch."):
+            raise ModuleNotFoundError("No module named 'torch'", name="torch")
+        return importlib.import_module(wanted)
+
+    with pytest.raises(TorchIncompatibleError) as caught:
+        elastic_api(import_module)
+    message = str(caught.value)
+    # Not "torch (version unknown) lacks ...": the six internals are not the news, the missing torch is.
+    assert message.startswith("torch is not installed for the runner's Python (") and "lacks" not in message, message
+    assert "No module named 'torch'" in message and "2.13.0, 2.14.1, 2.15.0" in message, message
+    assert "in the image (Kubernetes)" in message and "airflow-provider-torchelastic[torch]" in message, message
+    assert isinstance(caught.value, RunnerUsageError)
