@@ -34,6 +34,7 @@ import dataclasses
 import datetime
 import json
 import math
+import re
 import sys
 from collections.abc import Callable, Mapping
 from enum import Enum
@@ -95,14 +96,19 @@ def value_to_jsonable(value: Any) -> Any:
         ) from None
 
 
+#: How Airflow names the module of a DAG file it loads (``unusual_prefix_<sha1 of the path>_<file name>``): a class
+#: defined in a DAG file is named by its file, as its author knows it, in types and default reprs alike.
+_DAG_FILE_MODULE: Final = re.compile(r"\bunusual_prefix_[0-9a-f]{40}_")
+
+
 def _type_name(value: Any) -> str:
     kind = type(value)
-    return f"{kind.__module__}.{kind.__qualname__}"
+    return f"{_DAG_FILE_MODULE.sub('', kind.__module__)}.{kind.__qualname__}"
 
 
 def _short_repr(value: Any, limit: int = 80) -> str:
     try:
-        text = repr(value)
+        text = _DAG_FILE_MODULE.sub("", repr(value))
     except Exception:  # a broken __repr__ must not hide the real problem
         return "<unprintable>"
     return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -289,6 +289,13 @@ def test_a_value_without_a_json_form_names_its_type_and_place(value: Any, messag
     assert isinstance(raised.value, TypeError)
 
 
+def test_a_class_of_a_dag_file_is_named_by_the_file_not_by_airflows_module_name() -> None:
+    thing = type("Thing", (), {"__module__": "unusual_prefix_" + "e5" * 20 + "_train_dag"})
+    with pytest.raises(ResultNotSerializableError, match=r"result has type train_dag\.Thing \(") as raised:
+        value_to_json(thing())
+    assert "unusual_prefix" not in str(raised.value)
+
+
 @pytest.mark.parametrize(
     ("value", "shape"),
     [
