@@ -6,6 +6,7 @@ import asyncio
 import datetime
 import json
 import re
+from pathlib import Path
 
 import pytest
 from airflow.sdk import DAG
@@ -185,6 +186,23 @@ def test_a_trigger_with_two_sources_of_cluster_settings_is_refused_when_built(
 ) -> None:
     with pytest.raises(ValueError, match=re.escape(words)):
         TorchElasticJobTrigger(kind="Pod", name="x", namespace="ml", **kwargs)
+
+
+def test_a_connection_that_gives_no_client_is_a_configuration_error_naming_it(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from airflow_provider_torchelastic.hooks import connect
+    from airflow_provider_torchelastic.operators import ConfigurationError
+    from airflow_provider_torchelastic.operators.backends.kubernetes import _client
+
+    extra = {"kube_config_path": str(tmp_path / "no-such-kubeconfig")}
+    monkeypatch.setenv("AIRFLOW_CONN_NOWHERE", json.dumps({"conn_type": "kubernetes", "extra": extra}))
+    with pytest.raises(ConfigurationError) as raised:
+        _client(connect("nowhere"))
+    message = str(raised.value)
+    assert message.startswith("connection 'nowhere' gives no Kubernetes client (ConfigException: "), message
+    assert "kube_config_path" in message and "torchelastic-preflight" in message
+    assert not ConfigurationError.recoverable, "the same configuration fails every try: Airflow must not retry it"
 
 
 def test_a_connection_with_two_ways_to_reach_a_cluster_fails_at_submit_without_retries(

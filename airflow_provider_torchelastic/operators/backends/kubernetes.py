@@ -61,6 +61,20 @@ def _refuse_two_sources(connection: ClusterConnection) -> None:
         raise ConfigurationError(str(e)) from e
 
 
+def _client(cluster: Cluster) -> SyncKube:
+    """The cluster's client. Building it reads the connection and its kubeconfig (or the pod's service account) and
+    sends nothing, so a failure is the configuration's, the same at every try: a ``ConfigurationError`` that names the
+    connection and the fix, not the Kubernetes library's ``ConfigException`` that Airflow would retry."""
+    try:
+        return cluster.sync_kube()
+    except Exception as e:  # ConfigException, the hook's AirflowException, OSError for a kubeconfig path: all config
+        raise ConfigurationError(
+            f"connection {cluster.connection.conn_id!r} gives no Kubernetes client ({type(e).__name__}: {e}): set "
+            "its in_cluster, kube_config_path or kube_config extra, or run the Airflow worker in a pod with a service "
+            "account (torchelastic-preflight --conn-id checks a connection)"
+        ) from e
+
+
 #: What each connection's cluster serves, by kind: ``(time read, served)``; asked again after this many seconds.
 _SERVED_TTL: Final = 300.0
 _served_cache: dict[tuple[str, str], tuple[float, bool]] = {}
@@ -219,7 +233,7 @@ class KubernetesBackend:
         else:
             cluster = self._cluster = connect(self.task.kubernetes_conn_id, namespace=self.task.namespace)
             _refuse_two_sources(cluster.connection)
-            self._kube = cluster.sync_kube()
+            self._kube = _client(cluster)
             manifests = _render_try(self.task, attempt, cluster, self._kube)
         # What the log, the XCom and the rendered-template view show: no payload bytes, no secret.
         secrets = self._secrets = sensitive_values(manifests)
