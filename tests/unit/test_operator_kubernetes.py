@@ -208,19 +208,15 @@ def test_a_connection_that_gives_no_client_is_a_configuration_error_naming_it(
 def test_a_connection_with_two_ways_to_reach_a_cluster_fails_at_submit_without_retries(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from airflow.providers.cncf.kubernetes.hooks.kubernetes import KubernetesHook
-
-    from airflow_provider_torchelastic.hooks import connection_of
+    from airflow_provider_torchelastic.hooks import connect
     from airflow_provider_torchelastic.operators import ConfigurationError
-    from airflow_provider_torchelastic.operators.backends.kubernetes import _refuse_two_sources
-
-    def check(conn_id: str) -> None:
-        _refuse_two_sources(connection_of(conn_id, KubernetesHook(conn_id=conn_id)))
+    from airflow_provider_torchelastic.operators.backends.kubernetes import _client
 
     extra = {"in_cluster": True, "kube_config_path": "/etc/kube/config"}
     monkeypatch.setenv("AIRFLOW_CONN_TWO_WAYS", json.dumps({"conn_type": "kubernetes", "extra": extra}))
-    with pytest.raises(ConfigurationError, match="connection 'two_ways' sets in_cluster and kube_config_path"):
-        check("two_ways")
+    with pytest.raises(ConfigurationError, match=r"^connection 'two_ways' sets in_cluster and kube_config_path"):
+        _client(connect("two_ways"))
+    # One way: past that check (here, outside a pod, the service account's refusal comes next).
     monkeypatch.setenv("AIRFLOW_CONN_ONE_WAY", json.dumps({"conn_type": "kubernetes", "extra": {"in_cluster": True}}))
-    check("one_way")
-    check("missing")
+    with pytest.raises(ConfigurationError, match=r"^connection 'one_way' gives no Kubernetes client"):
+        _client(connect("one_way"))

@@ -49,28 +49,19 @@ STATE_KEY: Final = "torchelastic_job"
 XCOM_MANIFESTS: Final = "manifests"
 
 
-def _refuse_two_sources(connection: ClusterConnection) -> None:
-    """Refuse a connection that names two ways to reach a cluster, before anything is created.
-
-    The hook refuses the pair itself, but only when it first connects and with an AirflowException, which Airflow
-    retries although every try fails the same way.
-    """
-    try:
-        connection.check_one_source()
-    except ValueError as e:  # the same connection fails every try the same way: no retries
-        raise ConfigurationError(str(e)) from e
-
-
 def _client(cluster: Cluster) -> SyncKube:
-    """The cluster's client. Building it reads the connection and its kubeconfig (or the pod's service account) and
-    sends nothing, so a failure is the configuration's, the same at every try: a ``ConfigurationError`` that names the
-    connection and the fix, not the Kubernetes library's ``ConfigException`` that Airflow would retry."""
+    """The cluster's client, or a ``ConfigurationError``: building one sends nothing, so a failure is the connection's
+    and the same at every try, not for Airflow's retries (as the library's ``ConfigException`` would be)."""
+    try:
+        cluster.connection.check_one_source()  # the hook refuses two ways to a cluster only once it connects
+    except ValueError as e:
+        raise ConfigurationError(str(e)) from e
     try:
         return cluster.sync_kube()
-    except Exception as e:  # ConfigException, the hook's AirflowException, OSError for a kubeconfig path: all config
+    except Exception as e:  # ConfigException, the hook's AirflowException, OSError for a kubeconfig path
         raise ConfigurationError(
-            f"connection {cluster.connection.conn_id!r} gives no Kubernetes client ({type(e).__name__}: {e}): set "
-            "its in_cluster, kube_config_path or kube_config extra, or run the Airflow worker in a pod with a service "
+            f"connection {cluster.connection.conn_id!r} gives no Kubernetes client ({type(e).__name__}: {e}): set its "
+            "in_cluster, kube_config_path or kube_config extra, or run the Airflow worker in a pod with a service "
             "account (torchelastic-preflight --conn-id checks a connection)"
         ) from e
 
@@ -232,7 +223,6 @@ class KubernetesBackend:
             manifests = render_objects(self.task, attempt, namespace)
         else:
             cluster = self._cluster = connect(self.task.kubernetes_conn_id, namespace=self.task.namespace)
-            _refuse_two_sources(cluster.connection)
             self._kube = _client(cluster)
             manifests = _render_try(self.task, attempt, cluster, self._kube)
         # What the log, the XCom and the rendered-template view show: no payload bytes, no secret.
