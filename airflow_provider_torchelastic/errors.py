@@ -36,6 +36,9 @@ One word for "a retry may help": **recoverable**. Every exception the package de
     │                                   allowed (artifacts.load(..., allow_pickle=True) trusts it)
     ├── FileNotFoundError
     │   └── ScriptNotFoundError         (worker.program) script= names no file where the workers run
+    ├── ImportError
+    │   └── ModuleNotFoundError
+    │       └── ModuleNotInstalledError (worker.program) module= names no module installed where the workers run
     ├── TypeError
     │   └── ResultNotSerializableError  (core.encoding; the runner re-exports it) rank 0 returned a value that
     │                                   cannot travel as JSON; the message names its type and where it sits

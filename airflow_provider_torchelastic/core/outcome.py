@@ -381,7 +381,14 @@ def _killed_for_a_known_reason(report: NodeReport) -> bool:
 
 #: What the runner itself raises when its settings or payload are unusable: the job's configuration, not the code.
 _RUNNER_CONFIGURATION_ERRORS: Final = frozenset(
-    {"RunnerUsageError", "TorchIncompatibleError", "PayloadError", "ResultTooLargeError", "ScriptNotFoundError"}
+    {
+        "RunnerUsageError",
+        "TorchIncompatibleError",
+        "PayloadError",
+        "ResultTooLargeError",
+        "ScriptNotFoundError",
+        "ModuleNotInstalledError",
+    }
 )
 
 

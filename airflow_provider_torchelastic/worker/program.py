@@ -13,6 +13,7 @@ Standard library only: it runs in images without Airflow.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import runpy
 import sys
@@ -22,7 +23,7 @@ from typing import Any
 
 from airflow_provider_torchelastic.core.public import publish
 
-__all__ = ["Program", "ScriptNotFoundError", "set_result"]
+__all__ = ["ModuleNotInstalledError", "Program", "ScriptNotFoundError", "set_result"]
 
 # What set_result() was given in this worker (a list, so that None is a value too).
 _RESULT: list[Any] = []
@@ -37,6 +38,30 @@ def set_result(value: Any) -> None:
 
 class ScriptNotFoundError(FileNotFoundError):
     """``script=`` names no file where the worker runs (the image, or the Airflow worker for local execution)."""
+
+
+class ModuleNotInstalledError(ModuleNotFoundError):
+    """``module=`` names a module that is not installed where the worker runs (the image, or the Airflow worker for
+    local execution). A module it imports that is missing is the module's own failure, raised as it is."""
+
+
+def _where() -> str:
+    return f"on {os.uname().nodename} (working directory {os.getcwd()})"
+
+
+def _check_installed(module: str) -> None:
+    try:
+        found = importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError as e:  # a parent package is missing, or something a parent's __init__ imports
+        if e.name is None or not (module == e.name or module.startswith(e.name + ".")):
+            raise
+        found = False
+    if not found:
+        raise ModuleNotInstalledError(
+            f"module={module!r}: not installed {_where()}; a module must be importable where the workers run: in "
+            "the image, or on the Airflow worker for local execution",
+            name=module,
+        )
 
 
 @dataclass(frozen=True)
@@ -57,15 +82,15 @@ class Program:
         saved_argv, saved_path = sys.argv[:], sys.path[:]
         try:
             if self.module is not None:
+                _check_installed(self.module)
                 sys.argv = [self.module, *self.args]  # runpy puts the module's file in argv[0], as `python -m` does
                 runpy.run_module(self.module, run_name="__main__", alter_sys=True)
             else:
                 path = Path(str(self.script))
                 if not path.is_file():
                     raise ScriptNotFoundError(
-                        f"script={self.script!r}: no such file on {os.uname().nodename} (working directory "
-                        f"{os.getcwd()}); a script must exist where the workers run: in the image, or on the Airflow "
-                        "worker for local execution"
+                        f"script={self.script!r}: no such file {_where()}; a script must exist where the workers run: "
+                        "in the image, or on the Airflow worker for local execution"
                     )
                 sys.argv = [str(path), *self.args]
                 sys.path.insert(0, str(path.resolve().parent))  # as `python script.py` does

@@ -77,3 +77,25 @@ def test_a_script_that_is_not_there_is_named_where_the_workers_run(tmp_path: Pat
     failure = run.outcome.failure  # type: ignore[union-attr]
     assert failure is not None and failure.exception == "ScriptNotFoundError", failure
     assert "script='jobs/no_such_train.py': no such file" in failure.message, failure
+
+
+def test_a_module_that_is_not_installed_is_named_where_the_workers_run(tmp_path: Path) -> None:
+    run = run_runner(tmp_path, Program(module="team.no_such_train"), start_method="fork", env=env())
+    assert run.returncode == EXIT_FAILED, run.describe()
+    failure = run.outcome.failure  # type: ignore[union-attr]
+    assert failure is not None and failure.exception == "ModuleNotInstalledError", failure
+    assert "module='team.no_such_train': not installed on " in failure.message, failure
+
+
+def test_a_module_whose_own_import_is_missing_fails_as_the_modules_error(tmp_path: Path) -> None:
+    package = tmp_path / "packages" / "brokendep"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "train.py").write_text("import no_such_dependency_of_train  # noqa: F401\n")
+    workers_env = runner_env(PYTHONPATH=f"{tmp_path / 'packages'}:{PROGRAMS}")
+    run = run_runner(tmp_path, Program(module="brokendep.train"), start_method="fork", env=workers_env)
+    assert run.returncode == EXIT_FAILED, run.describe()
+    failure = run.outcome.failure  # type: ignore[union-attr]
+    # The module is there; what it imports is not: the training code's own failure, named as Python names it.
+    assert failure is not None and failure.exception == "ModuleNotFoundError", failure
+    assert "no_such_dependency_of_train" in failure.message, failure

@@ -56,7 +56,7 @@ def test_templated_args_are_accepted_as_they_are() -> None:
     assert op(module="team.train", args=["--try", "{{ ti.try_number }}"]).args == ["--try", "{{ ti.try_number }}"]
 
 
-def test_a_missing_script_is_the_jobs_configuration_not_the_code() -> None:
+def test_a_missing_script_or_module_is_the_jobs_configuration_not_the_code() -> None:
     from airflow_provider_torchelastic.core import causes
     from airflow_provider_torchelastic.core.outcome import (
         NodeReport,
@@ -66,7 +66,8 @@ def test_a_missing_script_is_the_jobs_configuration_not_the_code() -> None:
         encode_failure,
     )
 
-    failure = WorkerFailure(rank=0, exception="ScriptNotFoundError", message="script='x.py': no such file")
-    report = NodeReport(name="pod-0", exit_code=1, outcome=decode_outcome(encode_failure(failure)))
-    verdict = decide_run([report])
-    assert (verdict.cause, verdict.recoverable) == (causes.CONFIGURATION, False), verdict
+    for exception in ("ScriptNotFoundError", "ModuleNotInstalledError"):
+        failure = WorkerFailure(rank=0, exception=exception, message="not there where the workers run")
+        report = NodeReport(name="pod-0", exit_code=1, outcome=decode_outcome(encode_failure(failure)))
+        verdict = decide_run([report])
+        assert (verdict.cause, verdict.recoverable) == (causes.CONFIGURATION, False), (exception, verdict)
