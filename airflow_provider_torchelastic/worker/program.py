@@ -45,8 +45,12 @@ class ModuleNotInstalledError(ModuleNotFoundError):
     local execution). A module it imports that is missing is the module's own failure, raised as it is."""
 
 
-def _where() -> str:
-    return f"on {os.uname().nodename} (working directory {os.getcwd()})"
+def _missing(what: str) -> str:
+    """``what`` (``script='x.py': no such file``), where it was looked for, and where it must be."""
+    return (
+        f"{what} on {os.uname().nodename} (working directory {os.getcwd()}); it must be where the workers run: in the "
+        "image, or on the Airflow worker for local execution"
+    )
 
 
 def _check_installed(module: str) -> None:
@@ -57,11 +61,7 @@ def _check_installed(module: str) -> None:
             raise
         found = False
     if not found:
-        raise ModuleNotInstalledError(
-            f"module={module!r}: not installed {_where()}; a module must be importable where the workers run: in "
-            "the image, or on the Airflow worker for local execution",
-            name=module,
-        )
+        raise ModuleNotInstalledError(_missing(f"module={module!r}: not installed"), name=module)
 
 
 @dataclass(frozen=True)
@@ -88,10 +88,7 @@ class Program:
             else:
                 path = Path(str(self.script))
                 if not path.is_file():
-                    raise ScriptNotFoundError(
-                        f"script={self.script!r}: no such file {_where()}; a script must exist where the workers run: "
-                        "in the image, or on the Airflow worker for local execution"
-                    )
+                    raise ScriptNotFoundError(_missing(f"script={self.script!r}: no such file"))
                 sys.argv = [str(path), *self.args]
                 sys.path.insert(0, str(path.resolve().parent))  # as `python script.py` does
                 runpy.run_path(str(path), run_name="__main__")

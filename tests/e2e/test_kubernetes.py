@@ -27,6 +27,7 @@ import pytest
 
 from tests.conftest import REPO_ROOT, TEST_DAGS
 from tests.dag_support import SIM_IMAGE
+from tests.e2e.test_local_execution import load_dag
 
 pytestmark = [pytest.mark.cluster, pytest.mark.usefixtures("airflow_db", "clean_namespace")]
 
@@ -58,16 +59,6 @@ class DagRunResult:
         from airflow_provider_torchelastic.core.naming import RunIdentity
 
         return RunIdentity(dag_id=self.dag_id, task_id=task_id, run_id=self.run_id, try_number=try_number)
-
-
-def load_dag(dag_id: str, folder: Path = TEST_DAGS):
-    from airflow.dag_processing.dagbag import BundleDagBag
-
-    # As Airflow's dag-processor and task runner read a bundle: its folder on sys.path, so that a DAG file imports the
-    # modules beside it (example_dags/torch_elastic_frameworks.py does).
-    bag = BundleDagBag(dag_folder=str(folder), bundle_path=folder, safe_mode=False)
-    assert not bag.import_errors, bag.import_errors
-    return bag.dags[dag_id]
 
 
 def read_run(dag_id: str, run_id: str) -> DagRunResult:

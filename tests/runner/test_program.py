@@ -71,20 +71,30 @@ def test_exit_0_keeps_the_result_set_before_it(tmp_path: Path) -> None:
     assert run.outcome.result == {"stopped": "early", "rank": 0}, run.describe()  # type: ignore[union-attr]
 
 
-def test_a_script_that_is_not_there_is_named_where_the_workers_run(tmp_path: Path) -> None:
-    run = run_runner(tmp_path, Program(script="jobs/no_such_train.py"), start_method="fork", env=env())
+@pytest.mark.parametrize(
+    ("program", "exception", "words"),
+    [
+        (
+            Program(script="jobs/no_such_train.py"),
+            "ScriptNotFoundError",
+            "script='jobs/no_such_train.py': no such file",
+        ),
+        (
+            Program(module="team.no_such_train"),
+            "ModuleNotInstalledError",
+            "module='team.no_such_train': not installed on ",
+        ),
+    ],
+    ids=["script", "module"],
+)
+def test_a_program_that_is_not_there_is_named_where_the_workers_run(
+    tmp_path: Path, program: Program, exception: str, words: str
+) -> None:
+    run = run_runner(tmp_path, program, start_method="fork", env=env())
     assert run.returncode == EXIT_FAILED, run.describe()
     failure = run.outcome.failure  # type: ignore[union-attr]
-    assert failure is not None and failure.exception == "ScriptNotFoundError", failure
-    assert "script='jobs/no_such_train.py': no such file" in failure.message, failure
-
-
-def test_a_module_that_is_not_installed_is_named_where_the_workers_run(tmp_path: Path) -> None:
-    run = run_runner(tmp_path, Program(module="team.no_such_train"), start_method="fork", env=env())
-    assert run.returncode == EXIT_FAILED, run.describe()
-    failure = run.outcome.failure  # type: ignore[union-attr]
-    assert failure is not None and failure.exception == "ModuleNotInstalledError", failure
-    assert "module='team.no_such_train': not installed on " in failure.message, failure
+    assert failure is not None and failure.exception == exception, failure
+    assert words in failure.message, failure
 
 
 def test_a_module_whose_own_import_is_missing_fails_as_the_modules_error(tmp_path: Path) -> None:
