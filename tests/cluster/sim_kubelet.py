@@ -1349,9 +1349,8 @@ class PodRunner:
         c.state = {"running": {"startedAt": c.started_at}}
         c.ready = not c.is_init
         self.kl.emit_event(self.pod, "Normal", "Started", f"Started container {c.name}", field_path=c)
-        threading.Thread(
-            target=self._watch_process, args=(c, proc, log_path), daemon=True, name=f"proc-{proc.pid}"
-        ).start()
+        # Armed before the output is read: a line the process prints at once must not pass the pump unwatched (a
+        # loaded machine can hold this thread back while the pump reads).
         if not c.is_init and self.fault == "OOMKilled" and c in self._faulted(self.main):
             if not self.kl.take_fault_budget(self.pod, "fail", True):
                 c.oom_at = None
@@ -1359,6 +1358,9 @@ class PodRunner:
                 c.oom_at = time.monotonic() + self.fault_after
             else:
                 c.oom_at, c.oom_after_line = None, self.fault_after_line  # armed by _pump, on that line
+        threading.Thread(
+            target=self._watch_process, args=(c, proc, log_path), daemon=True, name=f"proc-{proc.pid}"
+        ).start()
 
     def _watch_process(self, c: ContainerRuntime, proc: subprocess.Popen[bytes], log_path: Path) -> None:
         """Pump the output into the log; when the main process exits, kill the rest of its group (the container's
