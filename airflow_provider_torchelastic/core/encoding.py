@@ -47,6 +47,7 @@ __all__ = [
     "NEGATIVE_INFINITY",
     "POSITIVE_INFINITY",
     "ResultNotSerializableError",
+    "as_authored",
     "value_to_json",
     "value_to_jsonable",
 ]
@@ -101,14 +102,19 @@ def value_to_jsonable(value: Any) -> Any:
 _DAG_FILE_MODULE: Final = re.compile(r"\bunusual_prefix_[0-9a-f]{40}_")
 
 
+def as_authored(text: str) -> str:
+    """``text`` (a type name, a repr, a worker's traceback) with each DAG file's module named by its file."""
+    return _DAG_FILE_MODULE.sub("", text)
+
+
 def _type_name(value: Any) -> str:
     kind = type(value)
-    return f"{_DAG_FILE_MODULE.sub('', kind.__module__)}.{kind.__qualname__}"
+    return f"{as_authored(kind.__module__)}.{kind.__qualname__}"
 
 
 def _short_repr(value: Any, limit: int = 80) -> str:
     try:
-        text = _DAG_FILE_MODULE.sub("", repr(value))
+        text = as_authored(repr(value))
     except Exception:  # a broken __repr__ must not hide the real problem
         return "<unprintable>"
     return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from airflow_provider_torchelastic.core import causes
+from airflow_provider_torchelastic.core.encoding import as_authored
 from airflow_provider_torchelastic.core.public import OPERATORS_MODULE, publish
 
 if TYPE_CHECKING:
@@ -213,8 +214,12 @@ def error_for_verdict(verdict: Verdict, message: str) -> TrainingError:
         exception_type=failure.exception if user and failure else "",
         exception_module=failure.module if user and failure else "",
         exception_bases=failure.bases if user and failure else (),
-        traceback_tail="\n".join(failure.traceback.splitlines()[-TRACEBACK_TAIL_LINES:]) if user and failure else "",
+        traceback_tail=_tail(failure.traceback) if user and failure else "",
     )
+
+
+def _tail(traceback: str) -> str:
+    return "\n".join(as_authored(traceback).splitlines()[-TRACEBACK_TAIL_LINES:])
 
 
 # --- without a retry_policy: permanent causes fail at once ------------------------------------------------------

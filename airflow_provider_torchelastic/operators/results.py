@@ -8,6 +8,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from airflow_provider_torchelastic.core.artifact_ref import ArtifactRef, ArtifactRefError, check_refs_under
+from airflow_provider_torchelastic.core.encoding import as_authored
 from airflow_provider_torchelastic.core.outcome import Verdict
 from airflow_provider_torchelastic.core.run_context import TaskContext, artifact_location, result_location
 from airflow_provider_torchelastic.core.safe_files import local_path, read_regular, remove_file
@@ -202,7 +203,7 @@ def _value_or_raise(
         log.info("Training succeeded; rank 0's result: %r%s", verdict.result, suffix)
         return verdict.result
     if verdict.failure is not None and verdict.failure.traceback:
-        log.error("Root cause, %s, traceback:\n%s", verdict.failure.summary(), verdict.failure.traceback)
+        log.error("Root cause, %s, traceback:\n%s", verdict.failure.summary(), as_authored(verdict.failure.traceback))
     if last_metrics:
         log.info("Training failed; %s", last_metrics)
     cls = class_for(verdict.cause, recoverable=verdict.recoverable)

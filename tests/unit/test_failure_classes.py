@@ -31,6 +31,7 @@ from airflow_provider_torchelastic.operators import (
     UserExceptionRule,
 )
 from airflow_provider_torchelastic.operators.exceptions import class_for, error_for_verdict, for_retry_policy
+from airflow_provider_torchelastic.operators.results import result_or_raise
 
 
 def failure(exception: str = "ValueError", **fields: object) -> WorkerFailure:
@@ -119,6 +120,31 @@ def test_an_instance_carries_where_and_what_the_worker_raised() -> None:
     assert error.traceback_tail == "a\nb"
     oom = error_for_verdict(Verdict(succeeded=False, node="p", cause=causes.OUT_OF_MEMORY, reason="OOMKilled"), "m")
     assert (oom.reason, oom.exception_type, oom.rank) == ("OOMKilled", "", None)
+
+
+def test_a_traceback_names_a_dag_files_classes_by_the_file_in_the_log_and_the_exception() -> None:
+    """Airflow imports a DAG file as ``unusual_prefix_<sha1>_<file>``, and a class the file defines keeps that module
+    in the workers; a person knows it by the file. The carried module stays as it is: retry rules match it."""
+    module = "unusual_prefix_" + "ab" * 20 + "_train_dag"
+    found = failure("DataError", module=module, traceback=f"Traceback ...\n{module}.DataError: shard 7 is corrupt")
+    verdict = Verdict(succeeded=False, node="job-worker-1", failure=found, cause=causes.USER_CODE, exit_code=1)
+    error = error_for_verdict(verdict, "Training failed")
+    assert error.traceback_tail == "Traceback ...\ntrain_dag.DataError: shard 7 is corrupt"
+    assert error.exception_module == module
+    logged: list[str] = []
+
+    class Log:
+        def info(self, msg: str, /, *args: object) -> None: ...
+        def warning(self, msg: str, /, *args: object) -> None: ...
+        def error(self, msg: str, /, *args: object) -> None:
+            logged.append(msg % args)
+
+    with pytest.raises(UserCodeFailedError):
+        result_or_raise(Log(), verdict, None)
+    assert logged == [
+        "Root cause, rank 1 failed with DataError: bad shard, traceback:\n"
+        "Traceback ...\ntrain_dag.DataError: shard 7 is corrupt"
+    ]
 
 
 def test_without_a_policy_a_permanent_cause_fails_at_once_and_keeps_its_class() -> None:
