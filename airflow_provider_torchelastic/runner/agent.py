@@ -73,6 +73,10 @@ _NO_ERROR_FILE: Final = "<N/A>"
 #: Prefix of every worker output line; ``${rank}`` is the global rank (local ranks repeat across nodes).
 LOG_LINE_PREFIX: Final = "[rank${rank}]:"
 STANDALONE_ENDPOINT: Final = "localhost:0"
+#: Seconds between two refreshes of a tqdm progress bar (Hugging Face's Trainer, accelerate and Lightning draw one)
+#: where the user has not chosen: the workers' output is a log, not a terminal, and tqdm's own 0.1 s would add ten
+#: lines a second to it. tqdm (>= 4.66) reads ``TQDM_<parameter>`` as that parameter's default.
+TQDM_MININTERVAL: Final = "10"
 _SHA256_HEX: Final = re.compile(r"[0-9a-f]{64}")
 
 
@@ -483,6 +487,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     # Until torch's agent handles SIGINT (an immediate stop: local execution ends the other nodes with it when one
     # failed), it ends the runner at once, as a signal, not as a KeyboardInterrupt's traceback and exit 1.
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+    # Before torch is imported: it imports tqdm (torch.hub), which reads its defaults once, and forked workers inherit
+    # that import.
+    os.environ.setdefault("TQDM_MININTERVAL", TQDM_MININTERVAL)
     try:
         settings = parse_settings(argv, os.environ)
     except RunnerUsageError as e:

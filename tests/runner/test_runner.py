@@ -171,6 +171,36 @@ def test_omp_num_threads(tmp_path: Path, nproc: int, user_value: str | None, exp
     assert run.outcome.result == expected  # type: ignore[union-attr]
 
 
+def tqdm_refreshes(steps: int) -> int:
+    """How often a real tqdm bar over ``steps`` steps of 50 ms draws itself (its first and last draw included)."""
+    import io
+
+    from tqdm import tqdm
+
+    out = io.StringIO()
+    for _ in tqdm(range(steps), file=out):
+        time.sleep(0.05)
+    return out.getvalue().count("\r")
+
+
+@pytest.mark.parametrize(
+    ("start_method", "user_value", "most"),
+    [("fork", None, 3), ("spawn", None, 3), ("fork", "0.1", None)],
+    ids=["fork", "spawn", "user-value-kept"],
+)
+def test_a_tqdm_bar_draws_itself_seldom_unless_the_user_chose(
+    tmp_path: Path, start_method: str, user_value: str | None, most: int | None
+) -> None:
+    env = runner_env() if user_value is None else runner_env(TQDM_MININTERVAL=user_value)
+    run = run_runner(tmp_path, tqdm_refreshes, (40,), start_method=start_method, env=env)
+    assert run.returncode == EXIT_OK, run.describe()
+    refreshes = run.outcome.result  # type: ignore[union-attr]
+    if most is not None:
+        assert refreshes <= most  # the first and the last draw: 2 s is well under the 10 s default
+    else:
+        assert refreshes >= 10  # tqdm's own pace, 10 a second, as the user asked
+
+
 def test_pet_variables_are_honoured(tmp_path: Path) -> None:
     env = runner_env(PET_NNODES="1", PET_NPROC_PER_NODE="2")
     run = run_runner(tmp_path, world_size, nproc=None, start_method="fork", env=env)
