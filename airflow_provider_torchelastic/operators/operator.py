@@ -256,9 +256,11 @@ class TorchElasticOperator(BaseOperator):
         from airflow_provider_torchelastic.operators.backends.attempt import new_attempt
 
         execution = self.resolve_execution()
-        # Every option this try uses, read once: the rest of the try sees these values only.
-        settings = Settings.read(execution=execution, deferrable=self.deferrable, job_kind=self.job_kind)
         backend = backend_for(execution, _task_spec(self))
+        # Every option this try uses, read once: the rest of the try sees these values only. A backend that cannot
+        # defer waits in the task whatever ``deferrable`` says, so its try reads none of the deferral's options.
+        deferrable = self.deferrable and backend.can_defer
+        settings = Settings.read(execution=execution, deferrable=deferrable, job_kind=self.job_kind)
         with self._raising_for_retry_policy(context):
             call = self.training_call()
             attempt = new_attempt(backend.task, call, context, settings)
@@ -329,8 +331,7 @@ class TorchElasticOperator(BaseOperator):
             raise
 
     def on_kill(self) -> None:
-        running = self._running
-        if running is not None:
+        if (running := self._running) is not None:  # read once: execute() may clear it meanwhile
             backend, handle = running
             backend.stop(handle)
 

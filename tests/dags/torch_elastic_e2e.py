@@ -110,8 +110,11 @@ with DAG(
     catchup=False,
     default_args={"on_failure_callback": record_failure},
 ):
-    # execution is not set: [torch_elastic] execution decides, when the task runs.
-    TorchElasticOperator(task_id="train", python_callable=world_size, task_config=small(nproc_per_node=1))
+    # execution is not set: [torch_elastic] execution decides, when the task runs. deferrable=True is for Kubernetes:
+    # a local try waits in the task and reads none of the deferral's options.
+    TorchElasticOperator(
+        task_id="train", python_callable=world_size, task_config=small(nproc_per_node=1), deferrable=True
+    )
 
 
 def six_kilobytes() -> str:

@@ -131,6 +131,8 @@ def test_a_result_over_the_kubernetes_limit_fails_locally_too(failure_dir: Path)
 
 def test_execution_from_airflow_config_local(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("AIRFLOW__TORCH_ELASTIC__EXECUTION", "local")
+    # An option only a deferred wait reads: a local try, which cannot defer, must not fail on it.
+    monkeypatch.setenv("AIRFLOW__TORCH_ELASTIC__EARLY_EVENT_HOLD", "soon")
     result = run_dag("te_execution_from_config")
     assert result.state == "success", result
     assert result.xcom() == 1
