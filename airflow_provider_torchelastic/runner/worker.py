@@ -14,6 +14,7 @@ import json
 import os
 import signal
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -270,8 +271,68 @@ def _answer_trace_requests(folder: str, path: str) -> None:
             Path(path + _TRACE_SUFFIX).write_text(trace if trace is not None else "")
 
 
+#: What a spawn or forkserver child runs to import a module the payload shipped by value: the module's members,
+#: pickled by value beside this file by the worker that started the child.
+_SHIPPED_STUB: Final = """import pathlib as _pathlib, cloudpickle as _cloudpickle
+_members = _cloudpickle.loads(_pathlib.Path(__file__).with_suffix(".pkl").read_bytes())
+globals().update({_name: _cloudpickle.loads(_value) for _name, _value in _members.items()})
+"""
+
+
+def _write_shipped_modules(folder: Path) -> None:
+    """Each module the payload shipped by value (the DAG file's and its siblings', registered by the loader) as an
+    importable stub in ``folder``: its members by value, one by one, so one that cannot travel is only left out."""
+    import cloudpickle
+
+    from airflow_provider_torchelastic.core.unpickle import ShippedModule
+
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, module in list(sys.modules.items()):
+        if not isinstance(module, ShippedModule) or "." in name:
+            continue
+        members: dict[str, bytes] = {}
+        cloudpickle.register_pickle_by_value(module)
+        try:
+            for key, value in list(vars(module).items()):
+                if not key.startswith("__"):
+                    with contextlib.suppress(Exception):  # a lock, a connection: the child cannot have it anyway
+                        members[key] = cloudpickle.dumps(value)
+        finally:
+            cloudpickle.unregister_pickle_by_value(module)
+        folder.joinpath(f"{name}.pkl").write_bytes(cloudpickle.dumps(members))
+        folder.joinpath(f"{name}.py").write_text(_SHIPPED_STUB)
+
+
+def _ship_modules_to_child_processes() -> None:
+    """The training code's own spawn and forkserver children (a DataLoader's workers, a process pool; forkserver is
+    Python 3.14's default) are fresh interpreters that receive classes and functions by reference, by module name:
+    a class of the DAG file (``unusual_prefix_<sha1>_<file>``, shipped by value) would fail there with "No module
+    named ...". The first such child started makes those modules importable from a folder put on its ``sys.path``
+    (a fork child inherits them and needs nothing). The folder lies in the agent's, which the agent removes."""
+    import multiprocessing.spawn as spawn
+    import threading
+
+    prepare = spawn.get_preparation_data
+    folders: list[str] = []
+    written = threading.Lock()  # children started from two threads at once: the second must not read a half-written one
+
+    def preparation_data(name: str) -> dict[str, Any]:
+        data: dict[str, Any] = prepare(name)
+        with written:
+            if not folders:
+                beside = os.environ.get(_HEARTBEAT_DIR_ENV)
+                folder = Path(beside).parent if beside else Path(tempfile.mkdtemp(prefix="torchelastic-"))
+                _write_shipped_modules(folder / f"shipped-modules-{os.getpid()}")
+                folders.append(str(folder / f"shipped-modules-{os.getpid()}"))
+        data["sys_path"] = [*data.get("sys_path", sys.path), folders[0]]
+        return data
+
+    spawn.get_preparation_data = preparation_data
+
+
 def call_training_function(fn: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any]) -> str | None:
     """Run the user's function in a worker; rank 0 returns its value as JSON, the others None."""
+    _ship_modules_to_child_processes()
     _start_liveness()
     if os.environ.get("RANK", "0") == "0":  # with the "[rank0]:" prefix, it tells the trigger whose log to stream
         print("this node holds rank 0", flush=True)

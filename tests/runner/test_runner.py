@@ -17,6 +17,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -434,3 +435,33 @@ def test_a_malformed_digest_is_a_usage_error(tmp_path: Path) -> None:
     run = run_runner(tmp_path, world_size, nproc=1, extra=["--payload-sha256", "not-hex"])
     assert run.returncode == EXIT_USAGE, run.describe()
     assert "--payload-sha256: expected 64 lowercase hex digits" in run.output
+
+
+# --- the training code's own processes ------------------------------------------------------------------------------
+
+#: A DAG file's code as the workers get it: by value, under the module name Airflow imports a DAG file as, which no
+#: process can import.
+DAG_FILE_CODE = """
+class Squares:
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, index):
+        return index * index
+
+
+def load_in_child_processes(context):
+    import torch.utils.data as tud
+
+    loader = tud.DataLoader(Squares(), batch_size=2, num_workers=2, multiprocessing_context=context)
+    return [batch.tolist() for batch in loader]
+"""
+
+
+@pytest.mark.parametrize("context", ["spawn", "forkserver", "fork"])
+def test_a_dag_files_class_reaches_the_training_codes_own_child_processes(tmp_path: Path, context: str) -> None:
+    namespace: dict[str, Any] = {"__name__": "unusual_prefix_" + "cd" * 20 + "_train_dag"}
+    exec(compile(DAG_FILE_CODE, "train_dag.py", "exec"), namespace)
+    run = run_runner(tmp_path, namespace["load_in_child_processes"], (context,), nproc=1, start_method="spawn")
+    assert run.returncode == EXIT_OK, run.describe()
+    assert run.outcome.result == [[0, 1], [4, 9]]  # type: ignore[union-attr]
