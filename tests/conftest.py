@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import tempfile
 from collections.abc import Collection, Iterator
 from pathlib import Path
@@ -24,6 +26,7 @@ for _name in [n for n in os.environ if n in _AMBIENT_NAMES or n.startswith(_AMBI
     del os.environ[_name]
 
 _home = tempfile.mkdtemp(prefix="torchelastic-airflow-home-")
+atexit.register(shutil.rmtree, _home, ignore_errors=True)  # one per pytest process: left behind, they pile up in /tmp
 os.environ.update(
     AIRFLOW_HOME=_home,
     AIRFLOW__CORE__LOAD_EXAMPLES="False",
