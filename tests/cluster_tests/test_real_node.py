@@ -223,7 +223,15 @@ def test_cluster_dns_resolves_headless_services_and_pod_hostnames(real_cluster: 
     ip = wait_for(
         lambda: get(real_cluster.kubeconfig, "pod", "dns-target")["status"].get("podIP"), 120, "dns-target's IP"
     )
-    wait_for(lambda: get(real_cluster.kubeconfig, "endpoints", "dns-svc").get("subsets"), 60, "dns-svc's Endpoints")
+    # Ready addresses, not just subsets: a target that has its IP but is not Ready yet stands in notReadyAddresses,
+    # which cluster DNS (as CoreDNS) does not serve, and a fast probe would then get NXDOMAIN.
+    wait_for(
+        lambda: any(
+            s.get("addresses") for s in get(real_cluster.kubeconfig, "endpoints", "dns-svc").get("subsets") or []
+        ),
+        60,
+        "dns-svc's ready Endpoints",
+    )
     # busybox's nslookup does not walk the search list: full names here (glibc in the runner image does).
     fqdn = f"dns-svc.{ns}.svc.{rn.CLUSTER_DOMAIN}"
     probe = pod("dns-probe", f"nslookup {fqdn} && nslookup host0.{fqdn} && cat /etc/resolv.conf")
