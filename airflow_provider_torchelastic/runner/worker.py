@@ -286,10 +286,14 @@ def _write_shipped_modules(folder: Path) -> None:
 
     from airflow_provider_torchelastic.core.unpickle import ShippedModule
 
-    folder.mkdir(parents=True, exist_ok=True)
     for name, module in list(sys.modules.items()):
-        if not isinstance(module, ShippedModule) or "." in name:
+        if not isinstance(module, ShippedModule):
             continue
+        # A package beside the DAG file (``team.data``): the loader ships its parents too, as packages.
+        stub = folder.joinpath(*name.split("."))
+        if module.__spec__ is not None and module.__spec__.submodule_search_locations is not None:
+            stub = stub / "__init__"
+        stub.parent.mkdir(parents=True, exist_ok=True)
         members: dict[str, bytes] = {}
         cloudpickle.register_pickle_by_value(module)
         try:
@@ -299,8 +303,8 @@ def _write_shipped_modules(folder: Path) -> None:
                         members[key] = cloudpickle.dumps(value)
         finally:
             cloudpickle.unregister_pickle_by_value(module)
-        folder.joinpath(f"{name}.pkl").write_bytes(cloudpickle.dumps(members))
-        folder.joinpath(f"{name}.py").write_text(_SHIPPED_STUB)
+        stub.with_suffix(".pkl").write_bytes(cloudpickle.dumps(members))
+        stub.with_suffix(".py").write_text(_SHIPPED_STUB)
 
 
 def _ship_modules_to_child_processes() -> None:

@@ -458,9 +458,18 @@ def load_in_child_processes(context):
 """
 
 
-@pytest.mark.parametrize("context", ["spawn", "forkserver", "fork"])
-def test_a_dag_files_class_reaches_the_training_codes_own_child_processes(tmp_path: Path, context: str) -> None:
-    namespace: dict[str, Any] = {"__name__": "unusual_prefix_" + "cd" * 20 + "_train_dag"}
+DAG_FILE_MODULE = "unusual_prefix_" + "cd" * 20 + "_train_dag"
+
+
+@pytest.mark.parametrize(
+    ("module", "context"),
+    [(DAG_FILE_MODULE, "spawn"), (DAG_FILE_MODULE, "forkserver"), (DAG_FILE_MODULE, "fork"), ("team.data", "spawn")],
+    ids=["spawn", "forkserver", "fork", "package-beside-the-dag-file"],
+)
+def test_a_dag_files_class_reaches_the_training_codes_own_child_processes(
+    tmp_path: Path, module: str, context: str
+) -> None:
+    namespace: dict[str, Any] = {"__name__": module}
     exec(compile(DAG_FILE_CODE, "train_dag.py", "exec"), namespace)
     run = run_runner(tmp_path, namespace["load_in_child_processes"], (context,), nproc=1, start_method="spawn")
     assert run.returncode == EXIT_OK, run.describe()
