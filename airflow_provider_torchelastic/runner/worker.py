@@ -325,9 +325,10 @@ def _ship_modules_to_child_processes() -> None:
         with written:
             if not folders:
                 beside = os.environ.get(_HEARTBEAT_DIR_ENV)
-                folder = Path(beside).parent if beside else Path(tempfile.mkdtemp(prefix="torchelastic-"))
-                _write_shipped_modules(folder / f"shipped-modules-{os.getpid()}")
-                folders.append(str(folder / f"shipped-modules-{os.getpid()}"))
+                agents = Path(beside).parent if beside else Path(tempfile.mkdtemp(prefix="torchelastic-"))
+                folder = agents / f"shipped-modules-{os.getpid()}"
+                _write_shipped_modules(folder)
+                folders.append(str(folder))
         data["sys_path"] = [*data.get("sys_path", sys.path), folders[0]]
         return data
 
