@@ -3,6 +3,7 @@ carries, and how a task's retry_policy meets them (a permanent cause fails at on
 
 from __future__ import annotations
 
+import logging
 import pickle
 
 import pytest
@@ -122,7 +123,9 @@ def test_an_instance_carries_where_and_what_the_worker_raised() -> None:
     assert (oom.reason, oom.exception_type, oom.rank) == ("OOMKilled", "", None)
 
 
-def test_a_traceback_names_a_dag_files_classes_by_the_file_in_the_log_and_the_exception() -> None:
+def test_a_traceback_names_a_dag_files_classes_by_the_file_in_the_log_and_the_exception(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     """Airflow imports a DAG file as ``unusual_prefix_<sha1>_<file>``, and a class the file defines keeps that module
     in the workers; a person knows it by the file. The carried module stays as it is: retry rules match it."""
     module = "unusual_prefix_" + "ab" * 20 + "_train_dag"
@@ -131,17 +134,9 @@ def test_a_traceback_names_a_dag_files_classes_by_the_file_in_the_log_and_the_ex
     error = error_for_verdict(verdict, "Training failed")
     assert error.traceback_tail == "Traceback ...\ntrain_dag.DataError: shard 7 is corrupt"
     assert error.exception_module == module
-    logged: list[str] = []
-
-    class Log:
-        def info(self, msg: str, /, *args: object) -> None: ...
-        def warning(self, msg: str, /, *args: object) -> None: ...
-        def error(self, msg: str, /, *args: object) -> None:
-            logged.append(msg % args)
-
-    with pytest.raises(UserCodeFailedError):
-        result_or_raise(Log(), verdict, None)
-    assert logged == [
+    with caplog.at_level(logging.ERROR, logger=__name__), pytest.raises(UserCodeFailedError):
+        result_or_raise(logging.getLogger(__name__), verdict, None)
+    assert caplog.messages == [
         "Root cause, rank 1 failed with DataError: bad shard, traceback:\n"
         "Traceback ...\ntrain_dag.DataError: shard 7 is corrupt"
     ]
