@@ -8,6 +8,7 @@ the run expands the task.
 
 from __future__ import annotations
 
+import inspect
 import re
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, fields
@@ -100,6 +101,15 @@ def check_resume_from(value: object) -> str | None:
 def _check_callable(value: object) -> object:
     if value is not None and not callable(value):
         raise TypeError(f"python_callable: expected a callable, got {value!r}")
+    if inspect.isgeneratorfunction(value) or inspect.isasyncgenfunction(value):
+        # Its call only makes a generator, which nothing would run, and rank 0's value would be that generator.
+        raise fail(
+            "",
+            "python_callable",
+            value,
+            "a function that returns its result (this one yields: return a value, or collect the yielded ones)",
+            TypeError,
+        )
     return value
 
 

@@ -16,7 +16,7 @@ import signal
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
 
@@ -190,14 +190,22 @@ WorkerExit.__name__ = WorkerExit.__qualname__ = "SystemExit"
 
 
 def _call(fn: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any]) -> Any:
-    """``fn(*args, **kwargs)``, where ``exit()`` is a return.
+    """``fn(*args, **kwargs)``, where ``exit()`` is a return and an ``async def`` function is run to its end.
 
     ``exit()``, ``sys.exit()`` and ``sys.exit(0)`` (argparse's ``--help``, "not enough GPUs" guards, ported
     ``__main__`` code) return None: left to torch, code 0 becomes a None that hides rank 0's place and code None a
     worker that never returns, which hangs the job. Any other code fails the worker as :class:`WorkerExit`.
+
+    An ``async def`` function (Airflow's ``@task`` awaits those too) returns a coroutine that nothing would run: each
+    worker runs it in an event loop of its own, as a ``main()`` would with ``asyncio.run``.
     """
     try:
-        return fn(*args, **kwargs)
+        value = fn(*args, **kwargs)
+        if isinstance(value, Coroutine):
+            import asyncio
+
+            value = asyncio.run(value)
+        return value
     except SystemExit as e:
         if e.code is None or e.code == 0:
             rank = os.environ.get("RANK", "?")

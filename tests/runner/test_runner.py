@@ -90,6 +90,15 @@ def world_size() -> int:
     return int(os.environ["WORLD_SIZE"])
 
 
+async def train_async(fail: bool) -> dict:
+    import asyncio
+
+    await asyncio.sleep(0.01)  # what a data client's await would be
+    if fail and int(os.environ["RANK"]) == 1:
+        raise FlakyStorageError("shard 3 timed out on rank 1")
+    return {"rank": int(os.environ["RANK"]), "loop": type(asyncio.get_running_loop()).__name__}
+
+
 def sleep_long() -> None:
     # Who this worker is, for the test to find it after its agent is gone.
     print(f"training started: pid={os.getpid()} sid={os.getsid(0)}", flush=True)
@@ -145,6 +154,21 @@ def test_result_that_is_not_json(tmp_path: Path, start_method: str, kind: str, t
     assert failure is not None and failure.rank == 0 and not failure.recoverable
     assert failure.exception == "ResultNotSerializableError"
     assert f"result has type {type_name}" in failure.message, failure.message
+
+
+@pytest.mark.parametrize(("start_method", "fail"), [("spawn", False), ("fork", True)])
+def test_an_async_function_runs_to_its_end_on_every_rank(tmp_path: Path, start_method: str, fail: bool) -> None:
+    # Without the runner's event loop rank 0's value would be a coroutine that never ran, and no rank could fail.
+    run = run_runner(tmp_path, train_async, (fail,), start_method=start_method)
+    outcome = run.outcome
+    assert outcome is not None, run.describe()
+    if fail:
+        assert run.returncode == EXIT_RECOVERABLE and outcome.failure is not None, run.describe()
+        assert (outcome.failure.rank, outcome.failure.exception) == (1, "FlakyStorageError"), run.describe()
+    else:
+        assert run.returncode == EXIT_OK, run.describe()
+        assert outcome.result == {"rank": 0, "loop": "_UnixSelectorEventLoop"}, run.describe()
+    assert "never awaited" not in run.output, run.describe()
 
 
 def test_result_larger_than_max_result_bytes(tmp_path: Path) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime
 import json
 import warnings
+from collections.abc import AsyncIterator, Iterator
 from types import SimpleNamespace
 from typing import Any
 
@@ -89,6 +90,33 @@ def test_bad_arguments_fail_at_parse_time(kwargs: dict[str, Any], exc: type[Exce
     with pytest.raises(exc, match=message) as info:
         make(image=IMAGE, **kwargs) if "image" not in kwargs else make(**kwargs)
     assert type(info.value) is exc
+
+
+def yields_losses(x: int) -> Iterator[int]:
+    yield x
+
+
+async def streams_losses(x: int) -> AsyncIterator[int]:
+    yield x
+
+
+async def trains_async(x: int) -> int:
+    return x
+
+
+@pytest.mark.parametrize("fn", [yields_losses, streams_losses])
+def test_a_generator_function_fails_at_parse_time_with_the_operator_and_the_decorator(fn: Any) -> None:
+    # Its call only makes a generator: nothing of it would run, and rank 0's value would be the generator.
+    message = r"^python_callable: expected a function that returns its result \(this one yields: .*\), got <function"
+    with pytest.raises(TypeError, match=message):
+        make(image=IMAGE, python_callable=fn)
+    with pytest.raises(TypeError, match=message), DAG("parse_checks", schedule=None, start_date=START):
+        task.torch_elastic(task_config=Elastic(), image=IMAGE)(fn)(3)
+
+
+def test_an_async_function_is_a_training_function() -> None:
+    # The runner runs it to its end in each worker (tests/runner/test_runner.py), as Airflow's @task awaits one.
+    assert make(image=IMAGE, python_callable=trains_async).training_call() == (trains_async, [3], {})
 
 
 def test_good_seconds_are_kept_as_floats() -> None:
