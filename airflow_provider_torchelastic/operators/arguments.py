@@ -37,6 +37,7 @@ from airflow_provider_torchelastic.core.stall import (
     check_stall_timeout,
 )
 from airflow_provider_torchelastic.core.validation import check_image, check_int, check_seconds, fail, is_templated
+from airflow_provider_torchelastic.operators.context_arguments import check_context_parameters
 from airflow_provider_torchelastic.settings import (
     JOB_KINDS,
     read_execution_option,
@@ -154,6 +155,8 @@ def _check_one_entrypoint(arguments: OperatorArguments) -> None:
         raise TypeError(
             f"args: only for module= or script= (a function takes op_args/op_kwargs), got {arguments.args!r}"
         )
+    if given == ["python_callable"]:
+        check_context_parameters(arguments.python_callable, arguments.op_args or (), arguments.op_kwargs or {})
     if given != ["python_callable"] and (arguments.op_args or arguments.op_kwargs):
         raise TypeError(
             f"op_args, op_kwargs: only for python_callable (module= and script= take args=[...]), got "

@@ -70,6 +70,29 @@ with DAG("te_mapped_decorator", schedule=None, start_date=START, catchup=False):
     scaled_sum.expand(factor=[2, 5])
 
 
+with DAG("te_context_arguments", schedule=None, start_date=START, catchup=False, params={"lr": 0.1}):
+    # As @task fills them: the context's plain values, for the parameters that name them, in an async function,
+    # mapped (the arguments, and so the parameters left to fill, are known only at run time).
+    @task.torch_elastic(task_config=small(nproc_per_node=1), execution="local")
+    async def context_values(  # type: ignore[no-untyped-def]
+        epochs: int, ds=None, params=None, logical_date=None, run_id=None, try_number=None, **kwargs
+    ) -> dict:
+        import asyncio
+
+        await asyncio.sleep(0)
+        return {
+            "epochs": epochs,
+            "ds": ds,
+            "params": params,
+            "logical_date": [type(logical_date).__module__, logical_date.isoformat()],
+            "run_id": run_id,
+            "try_number": try_number,
+            "kwargs": kwargs,
+        }
+
+    context_values.expand(epochs=[3])
+
+
 with DAG(
     "te_recoverable_retry",
     schedule=None,

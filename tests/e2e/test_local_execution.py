@@ -91,6 +91,21 @@ def test_decorator_with_multiple_outputs_and_expand() -> None:
             assert result.xcom("scaled_sum", key, map_index) == value
 
 
+def test_an_async_function_gets_the_context_values_its_parameters_name() -> None:
+    result = run_dag("te_context_arguments")
+    assert result.state == "success", result
+    value = result.xcom("context_values", map_index=0)
+    module, logical_date = value.pop("logical_date")
+    assert module == "datetime", "a standard datetime: the runner image has no pendulum"
+    assert value["ds"] == logical_date[:10] and value["run_id"].startswith("manual__"), value
+    assert {k: value[k] for k in ("epochs", "params", "try_number", "kwargs")} == {
+        "epochs": 3,
+        "params": {"lr": 0.1},
+        "try_number": 1,
+        "kwargs": {},  # **kwargs gets the call's own keyword arguments only
+    }
+
+
 def test_recoverable_failure_is_retried_and_succeeds(failure_dir: Path) -> None:
     result = run_dag("te_recoverable_retry")
     assert result.state == "success", result

@@ -119,6 +119,49 @@ def test_an_async_function_is_a_training_function() -> None:
     assert make(image=IMAGE, python_callable=trains_async).training_call() == (trains_async, [3], {})
 
 
+def train_with_ti(epochs: int, ti: Any = None) -> int:
+    return epochs
+
+
+def train_with_context_values(epochs: int, ds: str | None = None, params: Any = None) -> int:
+    return epochs
+
+
+def test_a_parameter_waiting_for_a_live_context_object_fails_at_parse_time() -> None:
+    # @task would fill ``ti``; the training function runs where the task instance does not exist.
+    message = (
+        r"^python_callable: parameter 'ti' waits for Airflow's context\['ti'\], a live Airflow object, .*current\(\)"
+    )
+    with pytest.raises(TypeError, match=message):
+        make(image=IMAGE, python_callable=train_with_ti)
+    with pytest.raises(TypeError, match=message), DAG("parse_checks", schedule=None, start_date=START):
+        task.torch_elastic(task_config=Elastic(), image=IMAGE)(train_with_ti)(3)
+    # Given by the call, it is an argument like any other; plain values (ds, params) reach the workers.
+    make(image=IMAGE, python_callable=train_with_ti, op_args=[3, "mine"])
+    make(image=IMAGE, python_callable=train_with_ti, op_args=[], op_kwargs={"epochs": 3, "ti": "mine"})
+    make(image=IMAGE, python_callable=train_with_context_values)
+
+
+def test_the_context_values_are_standard_types_and_a_mapped_call_is_checked_at_run_time() -> None:
+    import pendulum
+    from airflow.sdk.definitions.param import ParamsDict
+
+    from airflow_provider_torchelastic.operators.context_arguments import context_arguments
+    from airflow_provider_torchelastic.operators.exceptions import ConfigurationError
+
+    when = pendulum.datetime(2026, 3, 1, 12, tz="Europe/Paris")
+    context = {"ds": "2026-03-01", "params": ParamsDict({"lr": 0.1}), "logical_date": when, "ti": object()}
+
+    def train(epochs: int, ds: str, params: Any = None, logical_date: Any = None, run_id: Any = None) -> None: ...
+
+    filled = context_arguments(train, [], {"epochs": 3, "ds": "mine"}, context)
+    assert filled == {"epochs": 3, "ds": "mine", "params": {"lr": 0.1}, "logical_date": when, "run_id": None}
+    assert type(filled["params"]) is dict and type(filled["logical_date"]) is datetime.datetime
+    assert filled["logical_date"].utcoffset() == datetime.timedelta(hours=1)
+    with pytest.raises(ConfigurationError, match=r"^python_callable: parameter 'ti' waits for"):
+        context_arguments(train_with_ti, [], {"epochs": 3}, context)
+
+
 def test_good_seconds_are_kept_as_floats() -> None:
     op = make(image=IMAGE, poll_interval=2, pending_grace_seconds=0, scheduling_timeout=600)
     assert (op.poll_interval, op.pending_grace_seconds, op.scheduling_timeout) == (2.0, 0.0, 600.0)

@@ -19,6 +19,7 @@ from airflow_provider_torchelastic.core.run_context import TaskContext, artifact
 from airflow_provider_torchelastic.core.validation import is_templated
 from airflow_provider_torchelastic.kubernetes import render as kubernetes_render
 from airflow_provider_torchelastic.operators.backends.base import Attempt, TaskSpec
+from airflow_provider_torchelastic.operators.context_arguments import context_arguments
 from airflow_provider_torchelastic.operators.exceptions import ConfigurationError
 from airflow_provider_torchelastic.operators.spill import ARGUMENTS_FOLDER, MAX_PAYLOAD_BYTES, dump_try_payload
 
@@ -59,6 +60,8 @@ def new_attempt(
     identity = identity_of(context, task)
     task_context = task_context_of(identity, context, task.checkpoint_uri, settings)
     fn, args, kwargs = call
+    if context is not None:
+        kwargs = context_arguments(fn, args, kwargs, context)
     would_write: list[str] = []
     payload = dump_try_payload(
         fn,
