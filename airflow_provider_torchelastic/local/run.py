@@ -270,6 +270,11 @@ def run_locally(
         digest = hashlib.sha256(payload).hexdigest()
         commands = node_commands(spec, workdir=workdir, python=python, result_url=result_url, payload_sha256=digest)
         env = run_env(task_context, run.grace_period, extra_env)
+        # What the nodes make with tempfile (each agent's log folder, a copy of its workers' output; the training
+        # code's own temporary files) goes in here, which this removes however the nodes ended: a node killed
+        # outright (the OOM killer) cannot remove its own.
+        env["TMPDIR"] = str(workdir / "tmp")
+        (workdir / "tmp").mkdir()
         pumps: list[threading.Thread] = []
         try:
             for index, command in enumerate(commands):

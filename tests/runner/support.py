@@ -3,11 +3,15 @@ back what it reported."""
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import functools
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,9 +35,19 @@ def gone(pid: int) -> bool:
         return True
 
 
+@functools.cache
+def _runners_tmpdir() -> str:
+    """Where the runners started by this test process make their temporary folders, removed when it exits: a test
+    that kills an agent outright leaves its log folder, which a local run would remove (``local.run``)."""
+    folder = tempfile.mkdtemp(prefix="runner-tests-")
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    return folder
+
+
 def runner_env(**overrides: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PET_", "TORCHELASTIC_")) and k not in _SCRUBBED}
     env["PYTHONUNBUFFERED"] = "1"
+    env["TMPDIR"] = _runners_tmpdir()
     env.update(overrides)
     return env
 

@@ -63,3 +63,35 @@ def test_a_stopped_local_run_leaves_no_worker_and_nothing_they_started(start_met
         for pid in pids:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, 9)
+
+
+def print_where_files_go_and_sleep() -> None:
+    import tempfile
+
+    # The agent's log folder (the workers' output, copied by torch) holds the error file; tempfile's folder is where
+    # the agent made it, and where the training code's own temporary files go.
+    print(f"files: error={os.environ['TORCHELASTIC_ERROR_FILE']} tmp={tempfile.gettempdir()}", flush=True)
+    time.sleep(300)
+
+
+def test_a_killed_node_leaves_no_temporary_files_behind() -> None:
+    # A node killed outright (the OOM killer, SIGKILL) cannot remove its own folders; the local run removes them.
+    spec = LaunchSpec(
+        min_nodes=1, max_nodes=1, nproc_per_node=1, start_method="spawn",
+        monitor_interval=0.3, max_restarts=0, rdzv_configs={},
+    )  # fmt: skip
+    run = LocalRun(grace_period=5)
+    lines: list[str] = []
+    where: dict[str, str] = {}
+
+    def log_line(line: str) -> None:
+        lines.append(line)
+        if match := re.search(r"files: error=(\S+) tmp=(\S+)", line):
+            where.update(error=match[1], tmp=match[2])
+            os.kill(run.processes[0].pid, 9)
+
+    verdict = run_locally(dump_payload(print_where_files_go_and_sleep), spec, log_line=log_line, run=run)
+    assert not verdict.succeeded and where, "\n".join(lines)
+    # The agent's folders are made in a folder of the run's own, which the run removes whatever became of the node.
+    assert where["error"].startswith(where["tmp"] + os.sep), where
+    assert not os.path.exists(where["tmp"]), where
