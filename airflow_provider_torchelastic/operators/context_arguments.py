@@ -22,8 +22,8 @@ from airflow_provider_torchelastic.operators.exceptions import ConfigurationErro
 
 __all__ = ["PLAIN_KEYS", "check_context_parameters", "context_arguments"]
 
-#: Context keys whose values are plain data, with their conversion to standard types (pendulum's dates and Airflow's
-#: ``ParamsDict`` would need Airflow, or pendulum, where the workers unpickle them).
+#: The context keys whose values reach the workers: as they are, as standard datetimes (pendulum's would need pendulum
+#: where the workers unpickle them), and ``params`` as a dict (Airflow's ``ParamsDict`` would need Airflow).
 _AS_IS: Final = frozenset(
     {
         "ds",
