@@ -77,12 +77,28 @@ def _clean_env(task_context: TaskContext | None = None) -> dict[str, str]:
 
 
 def run_env(
-    task_context: TaskContext | None, grace_period: float, extra_env: Mapping[str, str] | None = None
+    task_context: TaskContext | None,
+    grace_period: float,
+    extra_env: Mapping[str, str] | None = None,
+    *,
+    workdir: Path,
 ) -> dict[str, str]:
     """Every node's environment: the Airflow worker's, less what it withholds (:data:`_WITHHELD_PREFIXES`), with
-    the run context, what the runners give their workers after SIGTERM (``grace_period``, less their margin) and
-    ``extra_env``."""
-    return {**_clean_env(task_context), GRACE_PERIOD_ENV: f"{grace_period:g}", **(extra_env or {})}
+    the run context, what the runners give their workers after SIGTERM (``grace_period``, less their margin),
+    ``extra_env``, and the run's own temporary folder in ``workdir`` (:func:`temporary_folder`)."""
+    return {
+        **_clean_env(task_context),
+        GRACE_PERIOD_ENV: f"{grace_period:g}",
+        **(extra_env or {}),
+        "TMPDIR": str(temporary_folder(workdir)),
+    }
+
+
+def temporary_folder(workdir: Path) -> Path:
+    """Where the nodes make what they make with tempfile (each agent's log folder, a copy of its workers' output; the
+    training code's own temporary files): in the run's folder, which the run removes however the nodes ended. A node
+    killed outright (the OOM killer) cannot remove its own."""
+    return workdir / "tmp"
 
 
 def added_env(env: Mapping[str, str]) -> dict[str, str]:
@@ -269,12 +285,8 @@ def run_locally(
         (workdir / "payload.bin").write_bytes(payload)
         digest = hashlib.sha256(payload).hexdigest()
         commands = node_commands(spec, workdir=workdir, python=python, result_url=result_url, payload_sha256=digest)
-        env = run_env(task_context, run.grace_period, extra_env)
-        # What the nodes make with tempfile (each agent's log folder, a copy of its workers' output; the training
-        # code's own temporary files) goes in here, which this removes however the nodes ended: a node killed
-        # outright (the OOM killer) cannot remove its own.
-        env["TMPDIR"] = str(workdir / "tmp")
-        (workdir / "tmp").mkdir()
+        env = run_env(task_context, run.grace_period, extra_env, workdir=workdir)
+        temporary_folder(workdir).mkdir()
         pumps: list[threading.Thread] = []
         try:
             for index, command in enumerate(commands):

@@ -84,6 +84,7 @@ def test_a_local_plan_shows_each_nodes_command_and_what_the_run_adds_to_its_envi
     for node in plan.objects:
         assert node["command"][1:3] == ["-m", "airflow_provider_torchelastic.runner"], node["command"]
         assert "TORCHELASTIC_CONTEXT" in node["env"] and "PATH" not in node["env"], sorted(node["env"])
+        assert node["env"]["TMPDIR"] == "<run folder>/tmp", "the run's own, removed with it"
     # The rendezvous is node 0's: both name the same endpoint.
     endpoints = {c[c.index("--rdzv-endpoint") + 1] for c in (o["command"] for o in plan.objects)}
     assert len(endpoints) == 1, endpoints

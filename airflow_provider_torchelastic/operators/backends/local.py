@@ -51,7 +51,7 @@ class LocalBackend:
         url = results.result_url(attempt.settings.result_storage, attempt.task_context)
         extra = self._extra_env(attempt.settings)
         self._launch = (spec, url, extra)
-        env = added_env(run_env(attempt.task_context, self.task.termination_grace_period, extra))
+        env = added_env(run_env(attempt.task_context, self.task.termination_grace_period, extra, workdir=RUN_FOLDER))
         commands = node_commands(spec, workdir=RUN_FOLDER, result_url=url)
         objects = [{"node": index, "command": command, "env": env} for index, command in enumerate(commands)]
         return Plan(self.execution, objects, shown=objects)
