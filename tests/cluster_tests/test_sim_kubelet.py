@@ -820,8 +820,9 @@ def test_crash_loop_backoff_timing_and_status(pods: Pods) -> None:
     starts = [float(t) for t in pods.log(name).split()]
     gaps = [later - earlier for earlier, later in itertools.pairwise(starts)]
     assert len(gaps) == 3, starts
-    # Each gap is one run of the script (the same each time) plus the wait: 0, then 1 s, then 2 s.
-    assert gaps[1] - gaps[0] >= 0.9 and gaps[2] - gaps[0] >= 1.9, gaps
+    # Each gap is a run of the script plus the wait after its exit: 0, then 1 s, then 2 s. The waits are lower bounds
+    # of the gaps; the runs are not all equal on a loaded machine (a first run of 0.26 s, a second of 0.12 s).
+    assert gaps[0] < gaps[1] and gaps[1] >= 1.0 and gaps[2] >= 2.0, gaps
     assert gaps[2] < gaps[0] + 6, gaps
     message = "back-off {}s restarting failed container=main pod=" + f"{name}_{pods.namespace}({uid})"
     # restartCount counts restarts done: 1 while waiting before the second restart, 2 before the third.
