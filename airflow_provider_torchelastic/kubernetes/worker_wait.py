@@ -29,9 +29,9 @@ import functools
 import threading
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Generator, Mapping
+from collections.abc import AsyncIterator, Callable, Coroutine, Generator, Mapping
 from contextlib import AbstractAsyncContextManager
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 from airflow_provider_torchelastic.errors import KubeError
 from airflow_provider_torchelastic.kubernetes import calls
@@ -53,6 +53,11 @@ __all__ = ["BackgroundDeletes", "LogFollower", "WatchNotStarted", "wait_watching
 FOLLOW_MAX_LINES: Final = 1000
 #: Seconds before a stream that ended is opened again, doubled while reopening brings no line, up to the maximum:
 #: a container that ended (its stream ends at once) costs a request every half minute until the wait is done.
+T = TypeVar("T")
+
+#: How long the end of a wait may take to close its watch, its log stream and its client, and to see the tasks
+#: left in its loop end: past it they are left behind, named in the task log, and the decided wait returns.
+CLOSE_SECONDS: Final = 10.0
 FOLLOW_RETRY: Final = 1.0
 FOLLOW_RETRY_MAX: Final = 30.0
 
@@ -80,8 +85,36 @@ def wait_watching(
     try:
         asyncio.get_running_loop()
     except RuntimeError:
-        return asyncio.run(_drive(flow, ref, open_client, polls, log, detach))
+        return _run_bounded(_drive(flow, ref, open_client, polls, log, detach), log)
     raise WatchNotStarted("this thread runs an event loop already")
+
+
+def _run_bounded(main: Coroutine[Any, Any, T], log: Callable[[str], None]) -> T:
+    """``asyncio.run(main)``, whose end waits for what is left in the loop at most :data:`CLOSE_SECONDS`.
+
+    ``asyncio.run`` waits without a bound for every task it cancels at the end: one that does not end (a stream
+    whose close never returns) would hold the task after its job was decided, until ``execution_timeout``."""
+    loop = asyncio.new_event_loop()
+    try:
+        return loop.run_until_complete(main)
+    finally:
+        try:
+            left = asyncio.all_tasks(loop)
+            for task in left:
+                task.cancel()
+            if left:
+                _, stuck = loop.run_until_complete(asyncio.wait(left, timeout=CLOSE_SECONDS))
+                if stuck:
+                    log(f"The job's watch did not close within {CLOSE_SECONDS:g} s: {_names(stuck)}; left behind")
+            closing = loop.create_task(loop.shutdown_asyncgens())
+            loop.run_until_complete(asyncio.wait({closing}, timeout=CLOSE_SECONDS))
+        finally:
+            # Without waiting for the default executor's threads: a blocking call of the fall-back may be in one.
+            loop.close()
+
+
+def _names(tasks: set[asyncio.Task[Any]]) -> str:
+    return ", ".join(sorted(task.get_name() for task in tasks))
 
 
 async def _drive(
@@ -94,7 +127,8 @@ async def _drive(
 ) -> Any:
     from airflow_provider_torchelastic.kubernetes.client import AsyncKube
 
-    async with contextlib.AsyncExitStack() as stack:
+    stack = contextlib.AsyncExitStack()
+    try:
         try:
             kube = AsyncKube(await stack.enter_async_context(open_client()))
         except Exception as e:  # a connection the async client cannot use: the blocking one polls as before
@@ -105,6 +139,12 @@ async def _drive(
         stack.push_async_callback(source.leave)
         sleep = functools.partial(source.sleep_until_changed, ref)
         return await drive_async(flow, source, log, sleep=sleep, detach=detach)
+    finally:
+        # The wait is decided (or failed): closing the watch, the log stream and the client must not hold it.
+        closing = asyncio.ensure_future(stack.aclose())
+        done, _ = await asyncio.wait({closing}, timeout=CLOSE_SECONDS)
+        if done:
+            closing.result()
 
 
 class _WatchedJob(SharedSource):

@@ -95,3 +95,42 @@ def test_the_polls_of_the_fall_back_take_what_the_driver_passes() -> None:
         wanted = inspect.signature(getattr(AsyncJobSource, name)).parameters
         given = inspect.signature(getattr(worker_wait._ThreadedPolls, name)).parameters
         assert list(given) == list(wanted), name
+
+
+def test_a_close_that_does_not_end_does_not_hold_the_decided_wait(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The wait decided (the job ended); then closing what it watched with never ended. CI once saw such a task
+    time out 3 minutes after its job succeeded. The decision is returned, and what would not close is named."""
+    import asyncio
+    import contextlib
+    import threading
+    from collections.abc import AsyncIterator, Generator
+
+    from airflow_provider_torchelastic.kubernetes import worker_wait
+
+    monkeypatch.setattr(worker_wait, "CLOSE_SECONDS", 0.5)
+
+    @contextlib.asynccontextmanager
+    async def stubborn_client() -> AsyncIterator[object]:
+        try:
+            yield object()
+        finally:
+            while True:  # a close that ignores cancellation as well
+                with contextlib.suppress(asyncio.CancelledError):
+                    await asyncio.sleep(3600)
+
+    def decided() -> Generator[Any, Any, str]:
+        return "succeeded"
+        yield  # a generator, as the wait core is
+
+    lines: list[str] = []
+    answer: list[str] = []
+    waiter = threading.Thread(
+        target=lambda: answer.append(
+            worker_wait.wait_watching(decided(), POD, stubborn_client, FakeSource([None]), lines.append)
+        ),
+        daemon=True,
+    )
+    waiter.start()
+    waiter.join(30)
+    assert answer == ["succeeded"], lines
+    assert any("did not close within 0.5 s" in line for line in lines), lines
