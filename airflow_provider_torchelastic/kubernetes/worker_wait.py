@@ -45,19 +45,19 @@ from airflow_provider_torchelastic.kubernetes.watch import StreamUpdate, watch_n
 if TYPE_CHECKING:
     from airflow_provider_torchelastic.kubernetes.client import AsyncKube
 
+T = TypeVar("T")
+
 __all__ = ["BackgroundDeletes", "LogFollower", "WatchNotStarted", "wait_watching"]
 
 #: Lines a followed log keeps between two reads of the wait (one interval), and at most the request's
 #: ``limit_bytes`` of them; older ones give way, and the next read says how many. A read from the API brings at most
 #: as much (``FIRST_READ_TAIL_LINES``, ``limit_bytes``).
 FOLLOW_MAX_LINES: Final = 1000
-#: Seconds before a stream that ended is opened again, doubled while reopening brings no line, up to the maximum:
-#: a container that ended (its stream ends at once) costs a request every half minute until the wait is done.
-T = TypeVar("T")
-
 #: How long the end of a wait may take to close its watch, its log stream and its client, and to see the tasks
 #: left in its loop end: past it they are left behind, named in the task log, and the decided wait returns.
 CLOSE_SECONDS: Final = 10.0
+#: Seconds before a stream that ended is opened again, doubled while reopening brings no line, up to the maximum:
+#: a container that ended (its stream ends at once) costs a request every half minute until the wait is done.
 FOLLOW_RETRY: Final = 1.0
 FOLLOW_RETRY_MAX: Final = 30.0
 
