@@ -72,9 +72,10 @@ def _unbound(fn: Callable[..., Any], op_args: Collection[Any], op_kwargs: Mappin
     return [p.name for p in named if p.name in KNOWN_CONTEXT_KEYS and p.name not in {*positional, *op_kwargs}]
 
 
-def _refusal(fn: Callable[..., Any], op_args: Collection[Any], op_kwargs: Mapping[str, Any]) -> str | None:
-    """What is wrong with the first parameter of ``fn`` that waits for a context key that cannot reach the workers."""
-    for name in _unbound(fn, op_args, op_kwargs):
+def _refusal(names: list[str]) -> str | None:
+    """What is wrong with the first of the unfilled parameters ``names`` that waits for a context key that cannot
+    reach the workers."""
+    for name in names:
         if name not in PLAIN_KEYS:
             return (
                 f"python_callable: parameter {name!r} waits for Airflow's context[{name!r}], {_INSTEAD}"
@@ -89,7 +90,7 @@ def check_context_parameters(fn: object, op_args: object, op_kwargs: object) -> 
     Arguments only the run knows (a mapped or XCom ``op_args``/``op_kwargs``) are checked then, by
     :func:`context_arguments`."""
     if callable(fn) and isinstance(op_args, list | tuple) and isinstance(op_kwargs, Mapping):
-        refusal = _refusal(fn, op_args, op_kwargs)
+        refusal = _refusal(_unbound(fn, op_args, op_kwargs))
         if refusal is not None:
             raise TypeError(refusal)
 
@@ -100,11 +101,11 @@ def context_arguments(
     """``op_kwargs`` with the context's values for the parameters of ``fn`` that name a plain key and that the call
     leaves unfilled; a key the context lacks is None, as ``@task`` makes it. A parameter that waits for a live
     object (known only now, for a mapped task) is a :class:`ConfigurationError`: no retry can fill it."""
-    refusal = _refusal(fn, op_args, op_kwargs)
+    names = _unbound(fn, op_args, op_kwargs)
+    refusal = _refusal(names)
     if refusal is not None:
         raise ConfigurationError(refusal)
-    filled = {name: _plain(name, _value(context, name)) for name in _unbound(fn, op_args, op_kwargs)}
-    return {**filled, **op_kwargs}
+    return {**{name: _plain(name, _value(context, name)) for name in names}, **op_kwargs}
 
 
 def _value(context: Mapping[str, Any], name: str) -> Any:
