@@ -10,7 +10,10 @@ node's bridge gateway, which the kubelet hands to pods as ``--cluster-dns``):
   with ``hostname`` and ``subdomain``, as JobSet makes them).
 
 Everything else is NXDOMAIN at once (the machine is offline, and glibc walks the search list name by name); AAAA and
-other types of a known name are empty answers. The records are re-listed from the API every second.
+other types of a known name are empty answers. The records follow the API as CoreDNS's do: a list, then a watch from
+its version, so a pod that starts after its Service's Endpoints became ready resolves it. (A re-list every second
+left a window: under a loaded CI a probe pod ran within it and got NXDOMAIN.) A watch that ends goes on from the last
+version seen; an expired version (410) or an error lists again.
 """
 
 from __future__ import annotations
@@ -24,12 +27,15 @@ import sys
 import threading
 import time
 import urllib.request
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 DOMAIN = "cluster.local"
 TTL_SECONDS = 5
-POLL_SECONDS = 1.0
+#: The pause before listing again after an error.
+RETRY_SECONDS = 1.0
+#: How long one watch request lasts (the API's ``timeoutSeconds``); the next goes on from the last version seen.
+WATCH_SECONDS = 300
 
 _QTYPE_A = 1
 _FLAG_QR = 0x8000
@@ -115,39 +121,86 @@ def answer(packet: bytes, records: Mapping[str, list[str]]) -> bytes | None:
     return struct.pack("!HHHHHH", query_id, reply_flags, 1, count, 0, 0) + question + answers
 
 
+class WatchExpired(Exception):
+    """The watch's version is gone (an ``ERROR`` event, 410 Gone): list again."""
+
+
+def apply_event(objects: dict[tuple[str, str], dict[str, Any]], event: Mapping[str, Any]) -> str:
+    """Apply one watch event to ``objects`` (Endpoints by namespace and name); the version to watch on from."""
+    kind = event.get("type")
+    obj = event.get("object") or {}
+    if kind == "ERROR":
+        raise WatchExpired(f"{obj.get('code')} {obj.get('reason')}: {obj.get('message')}")
+    meta = obj.get("metadata") or {}
+    key = (str(meta.get("namespace")), str(meta.get("name")))
+    if kind in ("ADDED", "MODIFIED"):
+        objects[key] = obj
+    elif kind == "DELETED":
+        objects.pop(key, None)
+    return str(meta.get("resourceVersion") or "")
+
+
 class ApiLister:
-    """Lists Endpoints with the admin identity of a cluster's state.json (urllib; no client library needed)."""
+    """Lists and watches Endpoints with the admin identity of a cluster's state.json (urllib; no client library)."""
 
     def __init__(self, api_url: str, token: str, ca_file: str) -> None:
         self.api_url = api_url
         self.token = token
         self.tls = ssl.create_default_context(cafile=ca_file)
 
-    def endpoints(self) -> list[dict[str, Any]]:
+    def _open(self, query: str, timeout: float) -> Any:
         request = urllib.request.Request(
-            f"{self.api_url}/api/v1/endpoints", headers={"Authorization": f"Bearer {self.token}"}
+            f"{self.api_url}/api/v1/endpoints{query}", headers={"Authorization": f"Bearer {self.token}"}
         )
-        with urllib.request.urlopen(request, timeout=5, context=self.tls) as resp:
-            items: list[dict[str, Any]] = json.loads(resp.read()).get("items") or []
-            return items
+        return urllib.request.urlopen(request, timeout=timeout, context=self.tls)
+
+    def endpoints(self) -> tuple[list[dict[str, Any]], str]:
+        """Every Endpoints object, and the list's resourceVersion."""
+        with self._open("", 5) as resp:
+            doc = json.loads(resp.read())
+            return doc.get("items") or [], str((doc.get("metadata") or {}).get("resourceVersion") or "")
+
+    def watch(self, resource_version: str) -> Iterator[dict[str, Any]]:
+        """The events after ``resource_version``, one JSON object per line, until the API ends the request."""
+        query = f"?watch=1&resourceVersion={resource_version}&timeoutSeconds={WATCH_SECONDS}"
+        with self._open(query, WATCH_SECONDS + 30) as resp:
+            for line in resp:
+                if line.strip():
+                    yield json.loads(line)
+
+
+def follow(lister: ApiLister, publish: Callable[[dict[str, list[str]]], None]) -> None:
+    """List, then watch from the list's version, publishing the records after each change; never returns."""
+    while True:
+        try:
+            items, version = lister.endpoints()
+            objects = {(str(ep["metadata"].get("namespace")), str(ep["metadata"].get("name"))): ep for ep in items}
+            publish(records_from_endpoints(objects.values()))
+            while True:
+                started, events = time.monotonic(), 0
+                for event in lister.watch(version):
+                    version = apply_event(objects, event) or version
+                    publish(records_from_endpoints(objects.values()))
+                    events += 1
+                if not events and time.monotonic() - started < RETRY_SECONDS:
+                    time.sleep(RETRY_SECONDS)  # a watch that ends at once, again and again, must not spin
+        except (OSError, ValueError, KeyError, WatchExpired) as e:
+            print(
+                f"[cluster-dns] listing or watching endpoints failed, listing again: {e}", file=sys.stderr, flush=True
+            )
+            time.sleep(RETRY_SECONDS)
 
 
 def serve(listen: str, port: int, lister: ApiLister) -> None:
     records: dict[str, list[str]] = {}
     lock = threading.Lock()
 
-    def refresh() -> None:
+    def publish(fresh: dict[str, list[str]]) -> None:
         nonlocal records
-        while True:
-            try:
-                fresh = records_from_endpoints(lister.endpoints())
-                with lock:
-                    records = fresh
-            except (OSError, ValueError) as e:
-                print(f"[cluster-dns] listing endpoints failed: {e}", file=sys.stderr, flush=True)
-            time.sleep(POLL_SECONDS)
+        with lock:
+            records = fresh
 
-    threading.Thread(target=refresh, name="cluster-dns-refresh", daemon=True).start()
+    threading.Thread(target=follow, args=(lister, publish), name="cluster-dns-follow", daemon=True).start()
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     sock.bind((listen, port))
     print(f"[cluster-dns] serving {DOMAIN} on {listen}:{port}/udp", file=sys.stderr, flush=True)

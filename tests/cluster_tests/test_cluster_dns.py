@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import queue
 import socket
 import struct
 import threading
+import time
+from collections.abc import Iterator
 from typing import Any
+
+import pytest
 
 from tests.cluster import cluster_dns
 
@@ -72,27 +77,83 @@ def test_answers_a_records_nxdomain_and_empty_aaaa() -> None:
     assert reply is not None and parse_reply(reply)[1] == 1  # FORMERR
 
 
-def test_serves_over_udp() -> None:
-    class FakeLister(cluster_dns.ApiLister):
-        def __init__(self) -> None:
-            pass
+class FakeLister(cluster_dns.ApiLister):
+    """Lists give ``lists`` in turn; each watch yields the events put in ``events`` until a None ends it."""
 
-        def endpoints(self) -> list[dict[str, Any]]:
-            return ENDPOINTS
+    def __init__(self, *lists: list[dict[str, Any]]) -> None:
+        self.lists = list(lists)
+        self.listed = 0
+        self.events: queue.Queue[dict[str, Any] | None] = queue.Queue()
 
+    def endpoints(self) -> tuple[list[dict[str, Any]], str]:
+        items = self.lists[min(self.listed, len(self.lists) - 1)]
+        self.listed += 1
+        return items, str(self.listed)
+
+    def watch(self, resource_version: str) -> Iterator[dict[str, Any]]:
+        while (event := self.events.get()) is not None:
+            yield event
+
+
+def event(kind: str, ep: dict[str, Any], version: str) -> dict[str, Any]:
+    return {"type": kind, "object": {**ep, "metadata": {**ep["metadata"], "resourceVersion": version}}}
+
+
+def test_apply_event_adds_changes_and_deletes_and_an_error_asks_for_a_list() -> None:
+    objects: dict[tuple[str, str], dict[str, Any]] = {}
+    assert cluster_dns.apply_event(objects, event("ADDED", ENDPOINTS[0], "7")) == "7"
+    assert cluster_dns.apply_event(objects, event("MODIFIED", ENDPOINTS[2], "8")) == "8"
+    assert set(cluster_dns.records_from_endpoints(objects.values())) >= {
+        "job-master-0.ns.svc.cluster.local",
+        "workers.ns.svc.cluster.local",
+    }
+    assert cluster_dns.apply_event(objects, event("DELETED", ENDPOINTS[0], "9")) == "9"
+    assert list(objects) == [("ns", "workers")]
+    with pytest.raises(cluster_dns.WatchExpired, match="410 Expired"):
+        cluster_dns.apply_event(objects, {"type": "ERROR", "object": {"code": 410, "reason": "Expired"}})
+
+
+def test_follow_publishes_each_change_and_lists_again_after_an_expired_watch() -> None:
+    lister = FakeLister([ENDPOINTS[0]], [ENDPOINTS[2]])
+    published: queue.Queue[dict[str, list[str]]] = queue.Queue()
+    threading.Thread(target=cluster_dns.follow, args=(lister, published.put), daemon=True).start()
+    assert set(published.get(timeout=5)) == {
+        "job-master-0.ns.svc.cluster.local",
+        "job-master-0.job-master-0.ns.svc.cluster.local",
+    }
+    lister.events.put(event("DELETED", ENDPOINTS[0], "2"))
+    assert published.get(timeout=5) == {}
+    lister.events.put({"type": "ERROR", "object": {"code": 410, "reason": "Expired"}})
+    # The second list: what the API holds now, whatever the watch said before.
+    assert "workers.ns.svc.cluster.local" in published.get(timeout=5)
+    assert lister.listed == 2
+
+
+def test_serves_over_udp_what_the_watch_brings() -> None:
+    lister = FakeLister([ENDPOINTS[0]])
     probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     probe.bind(("127.0.0.1", 0))
     port = probe.getsockname()[1]
     probe.close()
-    threading.Thread(target=cluster_dns.serve, args=("127.0.0.1", port, FakeLister()), daemon=True).start()
+    threading.Thread(target=cluster_dns.serve, args=("127.0.0.1", port, lister), daemon=True).start()
     client = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     client.settimeout(0.5)
-    for _ in range(20):  # until the server is bound and has listed once
-        client.sendto(query("job-master-0.ns.svc.cluster.local"), ("127.0.0.1", port))
-        try:
-            reply, _ = client.recvfrom(512)
-        except TimeoutError:
-            continue
-        if parse_reply(reply)[2]:
-            break
-    assert parse_reply(reply) == (0x1234, 0, ["10.200.0.5"])
+
+    def ask(name: str, want_addresses: bool) -> tuple[int, int, list[str]]:
+        for _ in range(20):  # until the server is bound and has what it was given
+            client.sendto(query(name), ("127.0.0.1", port))
+            try:
+                reply, _ = client.recvfrom(512)
+            except TimeoutError:
+                continue
+            if bool(parse_reply(reply)[2]) == want_addresses:
+                break
+            time.sleep(0.05)
+        return parse_reply(reply)
+
+    assert ask("job-master-0.ns.svc.cluster.local", True) == (0x1234, 0, ["10.200.0.5"])
+    assert ask("workers.ns.svc.cluster.local", False) == (0x1234, 3, [])
+    # A Service that became ready after the list: served from the watch, with no second list.
+    lister.events.put(event("ADDED", ENDPOINTS[2], "2"))
+    assert ask("workers.ns.svc.cluster.local", True) == (0x1234, 0, ["10.200.0.6", "10.200.0.7"])
+    assert lister.listed == 1
