@@ -9,6 +9,7 @@ JSON (camelCase dicts). No I/O, no Airflow, no kubernetes.
 from __future__ import annotations
 
 import datetime
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import cached_property
@@ -344,45 +345,71 @@ def phase_of(verdict: Verdict) -> Phase:
 # --- pod logs ------------------------------------------------------------------------------------------------
 
 
+#: How far a line's time may lie behind a line written before it in the same log. containerd stamps a container's
+#: stdout and stderr lines in two goroutines and writes them in turn, so across the two streams the log's order and its
+#: times disagree (a line stamped first can be written second), by far less than this.
+LOG_SKEW_SECONDS: Final = 1
+#: Lines a cursor remembers (those printed within ``LOG_SKEW_SECONDS`` of its latest time, the newest ones).
+LOG_RECENT_LINES: Final = 1000
+
+
 @dataclass(frozen=True, kw_only=True)
 class LogCursor:
-    """How far a pod's log was printed: the last timestamp and the lines already printed at that timestamp."""
+    """How far a pod's log was printed: its latest time, the lines printed within :data:`LOG_SKEW_SECONDS` of it
+    (``(time, line)``), and the time before which a read's lines were all printed before (``floor``)."""
 
     last_time: str = ""
-    lines_at_last_time: tuple[str, ...] = ()
+    recent: tuple[tuple[str, str], ...] = ()
+    floor: str = ""
     last_seen: float = 0.0
 
 
 def new_log_lines(cursor: LogCursor, text: str) -> tuple[list[str], LogCursor]:
     """Lines of a timestamped log read that were not printed yet, and the advanced cursor.
 
-    Kubernetes can only restart a log read at a whole second, so reads overlap; lines at or before the last printed
-    timestamp are dropped, except those at exactly that timestamp not printed yet. Nothing is printed twice.
+    Kubernetes restarts a log read only at a whole second, so a read begins with lines printed before: its overlap.
+    A line belongs to it while it is one of the cursor's recent lines (each consumed once) or lies before the cursor's
+    floor; the first line that is neither ends it, and every line after that is new whatever its time. The read's
+    order is the log's; its times are not in order across stdout and stderr (:data:`LOG_SKEW_SECONDS`), so a line
+    is never dropped for being older than the one before it.
     """
     fresh: list[str] = []
-    last_time, at_last = cursor.last_time, list(cursor.lines_at_last_time)
-    parsed = [
-        (stamp, cut_log_line(line)) for stamp, line in (_split_stamp(raw, last_time) for raw in text.splitlines())
-    ]
-    for stamp, line in parsed:
-        if stamp < last_time:
-            continue
-        if stamp == last_time:
-            if line in at_last:
-                at_last.remove(line)  # seen before: consume one occurrence, print nothing
+    remaining = Counter(cursor.recent)
+    printed = list(cursor.recent)
+    stamp, overlap = cursor.last_time, bool(cursor.last_time)
+    for raw in text.splitlines():
+        stamp, line = _split_stamp(raw, stamp)
+        line = cut_log_line(line)
+        if overlap:
+            if remaining[(stamp, line)] > 0:
+                remaining[(stamp, line)] -= 1
                 continue
-            fresh.append(line)
-            continue
+            if stamp < cursor.floor:
+                continue
+            overlap = False
         fresh.append(line)
-        last_time = stamp
-        at_last = []
-    # Remember every line printed at the final timestamp (including the earlier ones) for the next overlap.
-    printed_at_last = [line for stamp, line in parsed if stamp == last_time]
+        printed.append((stamp, line))
+    last_time = max((s for s, _ in printed), default=cursor.last_time)
+    window = _seconds_before(last_time, LOG_SKEW_SECONDS)
+    # Sorted by time (stable: equal times keep the log's order), so a cap keeps the newest.
+    recent = sorted((entry for entry in printed if entry[0] >= window), key=lambda entry: entry[0])
+    floor = window
+    if len(recent) > LOG_RECENT_LINES:
+        recent = recent[-LOG_RECENT_LINES:]
+        floor = recent[0][0]  # what the cap forgot is before the floor: a later overlap skips it as printed
     return fresh, LogCursor(
-        last_time=last_time,
-        lines_at_last_time=tuple(printed_at_last) or cursor.lines_at_last_time,
-        last_seen=parse_time(last_time) or cursor.last_seen,
+        last_time=last_time, recent=tuple(recent), floor=floor, last_seen=parse_time(last_time) or cursor.last_seen
     )
+
+
+def _seconds_before(stamp: str, seconds: int) -> str:
+    """``stamp`` (as :func:`_split_stamp` writes it) ``seconds`` earlier, in the same form; ``""`` for no time."""
+    base, dot, fraction = stamp.partition(".")
+    try:
+        moment = datetime.datetime.fromisoformat(base[:19]) - datetime.timedelta(seconds=seconds)
+    except ValueError:
+        return ""
+    return moment.strftime("%Y-%m-%dT%H:%M:%S") + (dot + fraction if dot else "Z")
 
 
 def _split_stamp(raw: str, previous: str) -> tuple[str, str]:

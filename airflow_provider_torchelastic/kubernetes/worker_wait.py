@@ -28,7 +28,7 @@ import contextlib
 import functools
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import AsyncIterator, Callable, Coroutine, Generator, Mapping
 from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING, Any, Final, TypeVar
@@ -217,7 +217,7 @@ def last_stamp(text: str) -> str | None:
 class LogFollower:
     """One pod's log followed as a stream (``follow=true``): its lines wait, at most :data:`FOLLOW_MAX_LINES` and
     ``limit_bytes``, until the wait's next read takes them (:meth:`take`). A stream that ends is opened again from the
-    second of its last line (``sinceTime``); the wait's cursor drops what the two have in common. Refused (401, 403,
+    second of its last line (``sinceTime``), and the lines of that second it sends again are skipped. Refused (401, 403,
     404): it stops, and the wait reads the log from the API as before.
     """
 
@@ -228,6 +228,8 @@ class LogFollower:
         self._lines: deque[str] = deque()
         self._chars = 0  # in the lines kept: at most the request's limit_bytes, as a read from the API brings
         self._dropped = 0
+        #: The lines of the stream's latest second (``_since``): what opening it again from there sends first.
+        self._replay: list[str] = []
         #: Why the stream stopped for good (401, 403, 404, or an error of this code): the wait reads from the API.
         self.refused: Exception | None = None
         self._task = asyncio.create_task(self._run(), name=f"torchelastic-follow-{request.pod}")
@@ -260,8 +262,16 @@ class LogFollower:
         pause = FOLLOW_RETRY
         while True:
             came = False
+            # A stream opened again starts with the lines of the second it starts at, which came before: skipped
+            # here, where the stream's exact lines are known, so the wait neither prints them again nor takes a
+            # stream that only repeats its last second (an ended container's) for one that brings lines.
+            repeated = Counter(self._replay)
             try:
                 async for line in self._kube.stream(calls.follow_log(self.request, self._since)):
+                    if repeated and repeated[line] > 0:
+                        repeated[line] -= 1
+                        continue
+                    repeated.clear()
                     self._keep(line)
                     came = True
             except KubeError as e:
@@ -281,7 +291,11 @@ class LogFollower:
         while len(self._lines) > FOLLOW_MAX_LINES or self._chars > self.request.limit_bytes:
             self._chars -= len(self._lines.popleft())
             self._dropped += 1
-        self._since = last_stamp(line) or self._since
+        second = last_stamp(line)
+        if second is not None and second > (self._since or ""):
+            self._since, self._replay = second, []
+        if len(self._replay) < FOLLOW_MAX_LINES:
+            self._replay.append(line)
 
 
 class _ThreadedPolls:

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from airflow_provider_torchelastic.core.outcome import WorkerFailure, encode_failure, encode_success
-from airflow_provider_torchelastic.kubernetes import kinds
+from airflow_provider_torchelastic.kubernetes import kinds, status
 from airflow_provider_torchelastic.kubernetes.requests import DeleteJob, EmitLog, FetchJob, ReadLog, Sleep
 from airflow_provider_torchelastic.kubernetes.status import LogCursor, new_log_lines
 from airflow_provider_torchelastic.kubernetes.wait import wait_for_job
@@ -328,6 +328,31 @@ def test_log_lines_are_never_printed_twice_across_overlapping_reads() -> None:
     assert lines == ["b", "c"]
     lines, cursor = new_log_lines(cursor, second)
     assert lines == []
+
+
+def test_a_line_stamped_before_the_one_written_ahead_of_it_is_printed_once() -> None:
+    # containerd stamps stdout and stderr in two goroutines: the stdout line was stamped first, written second.
+    first = "2027-01-15T08:00:00.5Z a\n2027-01-15T08:00:01.000200Z err\n2027-01-15T08:00:01.000100Z out\n"
+    lines, cursor = new_log_lines(LogCursor(), first)
+    assert lines == ["a", "err", "out"]
+    # A later read from the whole second before, with a new line: the overlap is printed once, whatever its order.
+    second = first + "2027-01-15T08:00:01.2Z next\n"
+    lines, cursor = new_log_lines(cursor, second)
+    assert lines == ["next"]
+    # The same inversion as the first line after the overlap: still new.
+    third = second + "2027-01-15T08:00:01.4Z err2\n2027-01-15T08:00:01.3Z out2\n"
+    assert new_log_lines(cursor, third)[0] == ["err2", "out2"]
+    assert new_log_lines(cursor, "2027-01-15T08:00:01.1Z out3\n")[0] == ["out3"]
+
+
+def test_a_cursor_remembers_a_bounded_number_of_lines_and_skips_what_it_forgot(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(status, "LOG_RECENT_LINES", 3)
+    text = "".join(f"2027-01-15T08:00:00.{i}Z line {i}\n" for i in range(1, 6))
+    lines, cursor = new_log_lines(LogCursor(), text)
+    assert len(lines) == 5 and [line for _, line in cursor.recent] == ["line 3", "line 4", "line 5"]
+    assert cursor.floor == "2027-01-15T08:00:00.300000000Z"
+    # A read from the whole second: what the cursor forgot is before its floor, the rest it remembers.
+    assert new_log_lines(cursor, text + "2027-01-15T08:00:00.6Z line 6\n")[0] == ["line 6"]
 
 
 def test_log_fractions_compare_numerically_not_as_text() -> None:

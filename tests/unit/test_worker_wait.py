@@ -3,14 +3,16 @@ what a private stream watches (tests/e2e/test_worker_watch.py drives it against 
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 
 from airflow_provider_torchelastic.core.outcome import encode_success
 from airflow_provider_torchelastic.errors import KubeError
-from airflow_provider_torchelastic.kubernetes import kinds
-from airflow_provider_torchelastic.kubernetes.requests import DeleteJob
+from airflow_provider_torchelastic.kubernetes import calls, kinds, worker_wait
+from airflow_provider_torchelastic.kubernetes.requests import DeleteJob, ReadLog
 from airflow_provider_torchelastic.kubernetes.wait import drive_sync, wait_for_job
 from airflow_provider_torchelastic.kubernetes.wait_types import JobRef, Phase, WaitPolicy
 from airflow_provider_torchelastic.kubernetes.watch_scope import SELECTOR, intermediate_key, job_scope, namespace_scope
@@ -100,12 +102,9 @@ def test_the_polls_of_the_fall_back_take_what_the_driver_passes() -> None:
 def test_a_close_that_does_not_end_does_not_hold_the_decided_wait(monkeypatch: pytest.MonkeyPatch) -> None:
     """The wait decided (the job ended); then closing what it watched with never ended. CI once saw such a task
     time out 3 minutes after its job succeeded. The decision is returned, and what would not close is named."""
-    import asyncio
     import contextlib
     import threading
-    from collections.abc import AsyncIterator, Generator
-
-    from airflow_provider_torchelastic.kubernetes import worker_wait
+    from collections.abc import Generator
 
     monkeypatch.setattr(worker_wait, "CLOSE_SECONDS", 0.5)
 
@@ -134,3 +133,41 @@ def test_a_close_that_does_not_end_does_not_hold_the_decided_wait(monkeypatch: p
     waiter.join(30)
     assert answer == ["succeeded"], lines
     assert any("did not close within 0.5 s" in line for line in lines), lines
+
+
+def test_a_followed_log_opened_again_skips_the_lines_of_the_second_it_sends_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(worker_wait, "FOLLOW_RETRY", 0.01)
+    first = ["2027-01-15T08:00:00.5Z a", "2027-01-15T08:00:01.1Z b", "2027-01-15T08:00:01.2Z c"]
+    # Opened again from 08:00:01: the API sends that second's lines again, then what came since.
+    again = [
+        "2027-01-15T08:00:01.1Z b",
+        "2027-01-15T08:00:01.2Z c",
+        "2027-01-15T08:00:01.2Z c",
+        "2027-01-15T08:00:02Z d",
+    ]
+
+    class Kube:
+        def __init__(self) -> None:
+            self.streams = [first, again]
+            self.since: list[str | None] = []
+
+        async def stream(self, call: calls.Call[str]) -> AsyncIterator[str]:
+            self.since.append(dict(call.query).get("sinceTime"))
+            for line in self.streams.pop(0) if self.streams else []:
+                yield line
+
+    async def follow() -> tuple[str, list[str | None]]:
+        kube = Kube()
+        request = ReadLog(pod="p", namespace="ml", since_seconds=5)
+        follower = worker_wait.LogFollower(kube, request, "2027-01-15T08:00:00Z")  # type: ignore[arg-type]
+        while kube.streams or len(kube.since) < 3:
+            await asyncio.sleep(0.01)
+        await follower.close()
+        return follower.take(), kube.since
+
+    taken, since = asyncio.run(follow())
+    # The third c is a line of its own (the first stream had two of that second, the second three).
+    assert taken.splitlines() == [*first, "2027-01-15T08:00:01.2Z c", "2027-01-15T08:00:02Z d"]
+    assert since[:3] == ["2027-01-15T08:00:00Z", "2027-01-15T08:00:01Z", "2027-01-15T08:00:02Z"]
