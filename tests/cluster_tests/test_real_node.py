@@ -1,7 +1,8 @@
 """The real node (tests/cluster/real_node.py) through `python -m tests.cluster up --node real` / `down`.
 
 It registers Ready, runs a pod to completion with a termination message, resolves a headless Service and a
-``<hostname>.<subdomain>`` name from a pod, and the real scheduler reports ``Insufficient nvidia.com/gpu``. Then
+``<hostname>.<subdomain>`` name from a pod, its containerd logs lines whose times disagree with their order (the
+wait's cursor prints each once), and the real scheduler reports ``Insufficient nvidia.com/gpu``. Then
 `down` (also after an `up` killed with SIGKILL half-way) must leave nothing on the host: no process of the node
 (containerd, its shims, pod containers, kubelet, scheduler, controller-manager, DNS), no cgroup dir, no bridge or
 veth, no mount naming the state dir, no hard-coded path that did not exist before, the kubelet's sysctls at their old
@@ -10,6 +11,7 @@ values, no new iptables rules, and no shared-host registry.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import shutil
@@ -242,6 +244,35 @@ def test_cluster_dns_resolves_headless_services_and_pod_hostnames(real_cluster: 
     assert logs.count(f"Address: {ip}") >= 2, logs
     assert f"search {ns}.svc.{rn.CLUSTER_DOMAIN}" in logs, logs
     kubectl(real_cluster.kubeconfig, "-n", ns, "delete", "pod", "dns-target", "--wait=false")
+
+
+def test_lines_written_to_both_streams_at_once_are_each_printed_once(real_cluster: RealCluster) -> None:
+    """containerd stamps stdout and stderr lines in two goroutines and writes them in turn: across the streams a log's
+    times need not follow its order. The wait's cursor, fed this real log in overlapping reads as the API answers
+    them (from a whole second before the last line printed), prints every line once and in the log's order."""
+    from airflow_provider_torchelastic.kubernetes.status import LogCursor, new_log_lines
+
+    ns = cp.TEST_NAMESPACE
+    count = 3000
+    script = f'i=0; while [ $i -lt {count} ]; do echo "out $i"; echo "err $i" >&2; i=$((i+1)); done'
+    kubectl(real_cluster.kubeconfig, "-n", ns, "create", "-f", "-", stdin=json.dumps(pod("two-streams", script)))
+    assert wait_finished(real_cluster.kubeconfig, "two-streams")["status"]["phase"] == "Succeeded"
+    raw = kubectl(real_cluster.kubeconfig, "-n", ns, "logs", "--timestamps", "two-streams").splitlines()
+    stamps = [line.split(" ", 1)[0] for line in raw]
+    assert len(raw) == 2 * count, raw[-3:]
+    padded = [f"{s[:19]}.{s[20:-1].ljust(9, '0')}" for s in stamps]
+    inversions = sum(1 for a, b in itertools.pairwise(padded) if b < a)
+    print(f"\n[real node] {inversions} of {len(raw)} lines stamped before the line written ahead of them")
+    printed: list[str] = []
+    cursor, end = LogCursor(), 0
+    while end < len(raw):
+        # A read ends anywhere; the next has the lines from the whole second of the last one read (sinceTime).
+        since = stamps[end - 1][:19] if end else ""
+        end = min(len(raw), end + 997)
+        lines, cursor = new_log_lines(cursor, "\n".join(line for line in raw[:end] if line[:19] >= since))
+        printed += lines
+    assert printed == [line.split(" ", 1)[1] for line in raw]
+    kubectl(real_cluster.kubeconfig, "-n", ns, "delete", "pod", "two-streams", "--wait=false")
 
 
 def test_scheduler_reports_insufficient_gpu(real_cluster: RealCluster) -> None:
