@@ -49,6 +49,22 @@ STATE_KEY: Final = "torchelastic_job"
 XCOM_MANIFESTS: Final = "manifests"
 
 
+def _connect(conn_id: str, namespace: str | None) -> Cluster:
+    """The task's cluster, or a ``ConfigurationError`` when its connection does not exist: that is the same at every
+    try, not for Airflow's retries. Only the default connection may be missing (the hook then uses the worker's own
+    cluster), so a mistyped ``kubernetes_conn_id`` never reaches some other cluster."""
+    from airflow.exceptions import AirflowNotFoundException
+
+    try:
+        return connect(conn_id, namespace=namespace)
+    except AirflowNotFoundException as e:
+        raise ConfigurationError(
+            f"kubernetes_conn_id={conn_id!r}: no such Airflow connection ({e}); create it, or leave "
+            "kubernetes_conn_id at 'kubernetes_default', which may be left undefined: the worker's in-cluster service "
+            "account or default kubeconfig is then used"
+        ) from e
+
+
 def _client(cluster: Cluster) -> SyncKube:
     """The cluster's client, or a ``ConfigurationError``: building one sends nothing, so a failure is the connection's
     and the same at every try, not for Airflow's retries (as the library's ``ConfigException`` would be)."""
@@ -222,7 +238,7 @@ class KubernetesBackend:
             namespace = self.task.namespace if self.task.namespace is not None else "default"
             manifests = render_objects(self.task, attempt, namespace)
         else:
-            cluster = self._cluster = connect(self.task.kubernetes_conn_id, namespace=self.task.namespace)
+            cluster = self._cluster = _connect(self.task.kubernetes_conn_id, self.task.namespace)
             self._kube = _client(cluster)
             manifests = _render_try(self.task, attempt, cluster, self._kube)
         # What the log, the XCom and the rendered-template view show: no payload bytes, no secret.
