@@ -349,17 +349,18 @@ def phase_of(verdict: Verdict) -> Phase:
 #: stdout and stderr lines in two goroutines and writes them in turn, so across the two streams the log's order and its
 #: times disagree (a line stamped first can be written second), by far less than this.
 LOG_SKEW_SECONDS: Final = 1
-#: Lines a cursor remembers (those printed within ``LOG_SKEW_SECONDS`` of its latest time, the newest ones).
-LOG_RECENT_LINES: Final = 1000
+#: Lines a cursor remembers (those printed within ``LOG_SKEW_SECONDS`` of its latest time, the newest ones), each as
+#: its time and its text's hash: a triggerer holds a cursor for every deferred task, and a line may be 64 KiB.
+LOG_RECENT_LINES: Final = 500
 
 
 @dataclass(frozen=True, kw_only=True)
 class LogCursor:
     """How far a pod's log was printed: its latest time, the lines printed within :data:`LOG_SKEW_SECONDS` of it
-    (``(time, line)``), and the time before which a read's lines were all printed before (``floor``)."""
+    (``(time, hash of the line)``), and the time before which a read's lines were all printed before (``floor``)."""
 
     last_time: str = ""
-    recent: tuple[tuple[str, str], ...] = ()
+    recent: tuple[tuple[str, int], ...] = ()
     floor: str = ""
     last_seen: float = 0.0
 
@@ -380,15 +381,16 @@ def new_log_lines(cursor: LogCursor, text: str) -> tuple[list[str], LogCursor]:
     for raw in text.splitlines():
         stamp, line = _split_stamp(raw, stamp)
         line = cut_log_line(line)
+        key = (stamp, hash(line))
         if overlap:
-            if remaining[(stamp, line)] > 0:
-                remaining[(stamp, line)] -= 1
+            if remaining[key] > 0:
+                remaining[key] -= 1
                 continue
             if stamp < cursor.floor:
                 continue
             overlap = False
         fresh.append(line)
-        printed.append((stamp, line))
+        printed.append(key)
     last_time = max((s for s, _ in printed), default=cursor.last_time)
     window = _seconds_before(last_time, LOG_SKEW_SECONDS)
     # Sorted by time (stable: equal times keep the log's order), so a cap keeps the newest.

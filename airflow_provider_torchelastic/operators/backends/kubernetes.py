@@ -53,7 +53,7 @@ def _connect(conn_id: str, namespace: str | None) -> Cluster:
     """The task's cluster, or a ``ConfigurationError`` when its connection does not exist: that is the same at every
     try, not for Airflow's retries. Only the default connection may be missing (the hook then uses the worker's own
     cluster), so a mistyped ``kubernetes_conn_id`` never reaches some other cluster."""
-    from airflow.exceptions import AirflowNotFoundException
+    from airflow.sdk.exceptions import AirflowNotFoundException
 
     try:
         return connect(conn_id, namespace=namespace)
