@@ -26,6 +26,8 @@ What it does
   the container's ``workingDir``: a directory of the container's own (paths under it are rewritten like mount
   paths, see below) unless it lies on a volume; with no ``workingDir``, an empty directory of the container's own.
   That directory and ``HOME`` start empty for every container instance, as a new container's writable layer does.
+  So does ``TMPDIR``, a directory of the container's own: it stands in for the container's own ``/tmp``, which a
+  process here would otherwise share with the host (and leave files in when its pod is killed).
 * Reports ``pods/status`` in the full shape a real kubelet writes (phase, conditions, IPs, container and init
   container statuses with imageID/containerID/restartCount/state/lastState, termination messages).
 * Restarts containers in place under ``restartPolicy`` OnFailure/Always (init containers: unless Never) with the
@@ -54,7 +56,8 @@ Filesystem layout under ``--workdir``
 ``<ns>/<pod>/volumes/<volume>``             ConfigMap, Secret, downwardAPI, projected and emptyDir volumes.
 ``<ns>/<pod>/termination/<container>``      the container's terminationMessagePath.
 ``<ns>/<pod>/containers/<container>/``      the container's own files: ``workdir`` (its working dir unless that is
-                                            on a volume) and ``home`` (HOME); emptied at each container start.
+                                            on a volume), ``home`` (HOME) and ``tmp`` (TMPDIR); emptied at each
+                                            container start.
 ``<ns>/<pod>/logs/<container>/<n>.log``     log of the n-th run (restartCount n): ``<RFC3339Nano> <line>``.
 ``pgids``                                   one process group id per line.
 
@@ -582,10 +585,11 @@ class ProcessConfig:
     argv: list[str]
     env: dict[str, str]
     cwd: Path
-    #: The container's own directory (its working dir unless that is on a volume, and HOME): fresh for every
+    #: The container's own directory (its working dir unless that is on a volume, HOME and TMPDIR): fresh for every
     #: instance, as a container's writable layer is.
     container_dir: Path
     home: Path
+    tmp: Path
     #: Host file behind terminationMessagePath.
     term_path: Path
 
@@ -1304,7 +1308,7 @@ class PodRunner:
         term_path.write_bytes(b"")  # a fresh termination-log file per container instance, as the kubelet mounts one
         # A restarted container gets a new writable layer: nothing of the previous instance's files (volumes stay).
         shutil.rmtree(config.container_dir, ignore_errors=True)
-        for path in (config.cwd, config.home):
+        for path in (config.cwd, config.home, config.tmp):
             path.mkdir(parents=True, exist_ok=True)
         if c.runs == 1:
             self.kl.emit_event(
@@ -2406,11 +2410,17 @@ class Kubelet:
             argv, pod_env = with_is_host(argv, pod_env, store_host)
         python = str(self.runner_python)
         argv = python_argv(argv, python) or [python, "-c", "pass"]
-        home = container_dir / "home"
-        # Lowest to highest precedence, as containerd and the kubelet layer them.
-        env = {"HOSTNAME": pod_dns_hostname(pod), **image_env(python, str(home)), **services, **pod_env}
+        home, tmp = container_dir / "home", container_dir / "tmp"
+        # Lowest to highest precedence, as containerd and the kubelet layer them; TMPDIR first: the container's /tmp.
+        env = {
+            "TMPDIR": str(tmp),
+            "HOSTNAME": pod_dns_hostname(pod),
+            **image_env(python, str(home)),
+            **services,
+            **pod_env,
+        }
         return ProcessConfig(
-            argv=argv, env=env, cwd=cwd, container_dir=container_dir, home=home, term_path=term_host_path
+            argv=argv, env=env, cwd=cwd, container_dir=container_dir, home=home, tmp=tmp, term_path=term_host_path
         )
 
     # -- logs -----------------------------------------------------------------------------------------------------

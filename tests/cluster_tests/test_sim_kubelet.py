@@ -160,7 +160,8 @@ def test_container_env_holds_only_what_a_kubelet_gives(tmp_path: Path, monkeypat
         "LANG": "C.UTF-8",
         "PYTHONUNBUFFERED": "1",
         "HOME": str(own / "home"),
-        # the runtime's and the kubelet's
+        # the runtime's and the kubelet's (TMPDIR: the container's own /tmp, which a process here lacks)
+        "TMPDIR": str(own / "tmp"),
         "HOSTNAME": "trainer-0",
         "KUBERNETES_SERVICE_HOST": "127.0.0.1",
         "KUBERNETES_SERVICE_PORT": "6443",
@@ -170,7 +171,12 @@ def test_container_env_holds_only_what_a_kubelet_gives(tmp_path: Path, monkeypat
         "API": "127.0.0.1",
     }
     assert config.argv == [str(RUNNER_PYTHON), "-c", "pass", f"--out={own}/workdir/out.json", "127.0.0.1:6443"]
-    assert (config.cwd, config.home, config.container_dir) == (own / "workdir", own / "home", own)
+    assert (config.cwd, config.home, config.tmp, config.container_dir) == (
+        own / "workdir",
+        own / "home",
+        own / "tmp",
+        own,
+    )
 
 
 def test_manifest_env_wins_and_a_working_dir_on_a_volume_is_that_volume(tmp_path: Path) -> None:
@@ -695,6 +701,7 @@ def test_containers_run_like_the_runner_image(pods: Pods, kube_cluster: Any) -> 
         "LANG",
         "PATH",
         "PYTHONUNBUFFERED",
+        "TMPDIR",
     ]
     assert env["HOSTNAME"] == name
     assert (env["KUBERNETES_SERVICE_HOST"], env["KUBERNETES_SERVICE_PORT"]) == (
