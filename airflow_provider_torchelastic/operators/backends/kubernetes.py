@@ -50,18 +50,20 @@ XCOM_MANIFESTS: Final = "manifests"
 
 
 def _connect(conn_id: str, namespace: str | None) -> Cluster:
-    """The task's cluster, or a ``ConfigurationError`` when its connection does not exist: that is the same at every
-    try, not for Airflow's retries. Only the default connection may be missing (the hook then uses the worker's own
-    cluster), so a mistyped ``kubernetes_conn_id`` never reaches some other cluster."""
+    """The task's cluster, or an ``InfrastructureError`` when Airflow finds no such connection. Only the default
+    connection may be missing (the hook then uses the worker's own cluster), so a mistyped ``kubernetes_conn_id`` never
+    reaches some other cluster. Retried, as KubernetesPodOperator's is: Airflow also says "isn't defined" when every
+    secrets backend failed to answer (it logs their errors at debug level and moves on), which a retry can outlast."""
     from airflow.sdk.exceptions import AirflowNotFoundException
 
     try:
         return connect(conn_id, namespace=namespace)
     except AirflowNotFoundException as e:
-        raise ConfigurationError(
-            f"kubernetes_conn_id={conn_id!r}: no such Airflow connection ({e}); create it, or leave "
-            "kubernetes_conn_id at 'kubernetes_default', which may be left undefined: the worker's in-cluster service "
-            "account or default kubeconfig is then used"
+        raise InfrastructureError(
+            f"kubernetes_conn_id={conn_id!r}: Airflow found no such connection ({e}). Either it is not defined (create "
+            "it or fix the name; only 'kubernetes_default' may be left undefined, for the worker's in-cluster service "
+            "account or default kubeconfig), or the secrets backend that holds it did not answer, which Airflow "
+            "reports the same way: the task is retried"
         ) from e
 
 
