@@ -193,12 +193,12 @@ def test_a_connection_that_gives_no_client_is_a_configuration_error_naming_it(
 ) -> None:
     from airflow_provider_torchelastic.hooks import connect
     from airflow_provider_torchelastic.operators import ConfigurationError
-    from airflow_provider_torchelastic.operators.backends.kubernetes import _client
+    from airflow_provider_torchelastic.operators.backends.cluster import cluster_client
 
     extra = {"kube_config_path": str(tmp_path / "no-such-kubeconfig")}
     monkeypatch.setenv("AIRFLOW_CONN_NOWHERE", json.dumps({"conn_type": "kubernetes", "extra": extra}))
     with pytest.raises(ConfigurationError) as raised:
-        _client(connect("nowhere"))
+        cluster_client(connect("nowhere"))
     message = str(raised.value)
     assert message.startswith("connection 'nowhere' gives no Kubernetes client (ConfigException: "), message
     assert "kube_config_path" in message and "torchelastic-preflight" in message
@@ -207,18 +207,18 @@ def test_a_connection_that_gives_no_client_is_a_configuration_error_naming_it(
 
 def test_a_missing_connection_is_named_and_only_the_default_may_be_missing(monkeypatch: pytest.MonkeyPatch) -> None:
     from airflow_provider_torchelastic.operators import InfrastructureError
-    from airflow_provider_torchelastic.operators.backends.kubernetes import _connect
+    from airflow_provider_torchelastic.operators.backends.cluster import task_cluster
 
     monkeypatch.delenv("AIRFLOW_CONN_KUBERNETES_DEFAULT", raising=False)
     with pytest.raises(InfrastructureError) as raised:
-        _connect("no_such_conn", None)
+        task_cluster("no_such_conn", None)
     message = str(raised.value)
     assert message.startswith("kubernetes_conn_id='no_such_conn': Airflow found no such connection ("), message
     assert "'kubernetes_default' may be left undefined" in message and "secrets backend" in message, message
     # Retried: Airflow says "isn't defined" too when the secrets backend holding it did not answer.
     assert raised.value.recoverable
     # Undefined, the default connection is the worker's own cluster: connecting reads nothing yet.
-    assert _connect("kubernetes_default", "ml").namespace == "ml"
+    assert task_cluster("kubernetes_default", "ml").namespace == "ml"
 
 
 def test_a_connection_with_two_ways_to_reach_a_cluster_fails_at_submit_without_retries(
@@ -226,13 +226,13 @@ def test_a_connection_with_two_ways_to_reach_a_cluster_fails_at_submit_without_r
 ) -> None:
     from airflow_provider_torchelastic.hooks import connect
     from airflow_provider_torchelastic.operators import ConfigurationError
-    from airflow_provider_torchelastic.operators.backends.kubernetes import _client
+    from airflow_provider_torchelastic.operators.backends.cluster import cluster_client
 
     extra = {"in_cluster": True, "kube_config_path": "/etc/kube/config"}
     monkeypatch.setenv("AIRFLOW_CONN_TWO_WAYS", json.dumps({"conn_type": "kubernetes", "extra": extra}))
     with pytest.raises(ConfigurationError, match=r"^connection 'two_ways' sets in_cluster and kube_config_path"):
-        _client(connect("two_ways"))
+        cluster_client(connect("two_ways"))
     # One way: past that check (here, outside a pod, the service account's refusal comes next).
     monkeypatch.setenv("AIRFLOW_CONN_ONE_WAY", json.dumps({"conn_type": "kubernetes", "extra": {"in_cluster": True}}))
     with pytest.raises(ConfigurationError, match=r"^connection 'one_way' gives no Kubernetes client"):
-        _client(connect("one_way"))
+        cluster_client(connect("one_way"))

@@ -27,6 +27,7 @@ from airflow_provider_torchelastic.kubernetes.wait_types import JobRef, WaitDeci
 from airflow_provider_torchelastic.operators import results, retries
 from airflow_provider_torchelastic.operators.backends.attempt import identity_of
 from airflow_provider_torchelastic.operators.backends.base import Attempt, Plan, TaskSpec
+from airflow_provider_torchelastic.operators.backends.cluster import cluster_client, task_cluster
 from airflow_provider_torchelastic.operators.exceptions import ConfigurationError, InfrastructureError
 from airflow_provider_torchelastic.operators.links import XCOM_JOB_KIND, XCOM_JOB_NAME, XCOM_JOB_NAMESPACE
 from airflow_provider_torchelastic.operators.masking import mask_manifests, sensitive_values
@@ -47,41 +48,6 @@ __all__ = ["STATE_KEY", "XCOM_MANIFESTS", "KubernetesBackend"]
 STATE_KEY: Final = "torchelastic_job"
 #: XCom key of the submitted manifests (payload elided), pushed before deferring for the resumed operator.
 XCOM_MANIFESTS: Final = "manifests"
-
-
-def _connect(conn_id: str, namespace: str | None) -> Cluster:
-    """The task's cluster, or an ``InfrastructureError`` when Airflow finds no such connection. Only the default
-    connection may be missing (the hook then uses the worker's own cluster), so a mistyped ``kubernetes_conn_id`` never
-    reaches some other cluster. Retried, as KubernetesPodOperator's is: Airflow also says "isn't defined" when every
-    secrets backend failed to answer (it logs their errors at debug level and moves on), which a retry can outlast."""
-    from airflow.sdk.exceptions import AirflowNotFoundException
-
-    try:
-        return connect(conn_id, namespace=namespace)
-    except AirflowNotFoundException as e:
-        raise InfrastructureError(
-            f"kubernetes_conn_id={conn_id!r}: Airflow found no such connection ({e}). Either it is not defined (create "
-            "it or fix the name; only 'kubernetes_default' may be left undefined, for the worker's in-cluster service "
-            "account or default kubeconfig), or the secrets backend that holds it did not answer, which Airflow "
-            "reports the same way: the task is retried"
-        ) from e
-
-
-def _client(cluster: Cluster) -> SyncKube:
-    """The cluster's client, or a ``ConfigurationError``: building one sends nothing, so a failure is the connection's
-    and the same at every try, not for Airflow's retries (as the library's ``ConfigException`` would be)."""
-    try:
-        cluster.connection.check_one_source()  # the hook refuses two ways to a cluster only once it connects
-    except ValueError as e:
-        raise ConfigurationError(str(e)) from e
-    try:
-        return cluster.sync_kube()
-    except Exception as e:  # ConfigException, the hook's AirflowException, OSError for a kubeconfig path
-        raise ConfigurationError(
-            f"connection {cluster.connection.conn_id!r} gives no Kubernetes client ({type(e).__name__}: {e}): set its "
-            "in_cluster, kube_config_path or kube_config extra, or run the Airflow worker in a pod with a service "
-            "account (torchelastic-preflight --conn-id checks a connection)"
-        ) from e
 
 
 #: What each connection's cluster serves, by kind: ``(time read, served)``; asked again after this many seconds.
@@ -240,8 +206,8 @@ class KubernetesBackend:
             namespace = self.task.namespace if self.task.namespace is not None else "default"
             manifests = render_objects(self.task, attempt, namespace)
         else:
-            cluster = self._cluster = _connect(self.task.kubernetes_conn_id, self.task.namespace)
-            self._kube = _client(cluster)
+            cluster = self._cluster = task_cluster(self.task.kubernetes_conn_id, self.task.namespace)
+            self._kube = cluster_client(cluster)
             manifests = _render_try(self.task, attempt, cluster, self._kube)
         # What the log, the XCom and the rendered-template view show: no payload bytes, no secret.
         secrets = self._secrets = sensitive_values(manifests)
