@@ -30,7 +30,7 @@ def task_cluster(conn_id: str, namespace: str | None) -> Cluster:
             f"kubernetes_conn_id={conn_id!r}: Airflow found no such connection ({e}). Either it is not defined (create "
             "it or fix the name; only 'kubernetes_default' may be left undefined, for the worker's in-cluster service "
             "account or default kubeconfig), or the secrets backend that holds it did not answer, which Airflow "
-            "reports the same way: the task is retried"
+            "reports the same way, and a retry can help"
         ) from e
 
 
