@@ -16,7 +16,9 @@ Conversions (the README's "Result encoding" says the same for users):
   refused, naming the shape: return a summary, ``.tolist()`` a slice, or save the array to storage and return its
   path. Complex, sparse and datetime ones are refused.
 - dataclass instances as objects of their fields (``dataclasses.fields``, read one level at a time: no deep copy);
-  enums as their value; ``datetime``/``date``/``time`` as ISO 8601 strings; ``pathlib`` paths as strings.
+  enums as their value; ``datetime``/``date``/``time`` as ISO 8601 strings; ``timedelta`` as its seconds (the unit
+  the provider's own durations take); ``Decimal`` as an int when written without a fraction, else a float (as
+  FastAPI does); ``UUID`` and ``pathlib`` paths as strings.
 - sets and frozensets as sorted lists (a set has no order of its own); a set whose items cannot be compared is
   refused.
 - mappings as objects. Keys are converted as ``json`` does: ``str`` as is, ``int`` and ``float`` as their decimal
@@ -66,7 +68,7 @@ ROOT: Final = "result"
 
 _HINT: Final = (
     "return dicts, lists, strings, numbers, booleans or None (tensors, arrays, numpy and torch scalars, dataclasses, "
-    "enums, dates and paths are converted; see 'Result encoding' in the README)"
+    "enums, dates, durations, decimals, UUIDs and paths are converted; see 'Result encoding' in the README)"
 )
 _SAVE_HINT: Final = (
     "set the Airflow option [torch_elastic] artifact_storage (or result_storage) to pass tensors, arrays, state dicts "
@@ -136,6 +138,17 @@ def _float(value: Any) -> float | str:
     return number
 
 
+def _decimal(value: Any) -> int | float | str:
+    """FastAPI's rule: a Decimal written without a fraction (``Decimal("12")``, ``Decimal("1E+3")``) as an int, which
+    keeps every digit, any other as a float. A signalling NaN cannot become a float, and a whole one of more than 64
+    digits becomes one too (json refuses ints of thousands of digits)."""
+    if value.is_nan():
+        return NAN
+    if value.is_finite() and value.as_tuple().exponent >= 0 and value.adjusted() < 64:
+        return int(value)
+    return _float(value)
+
+
 def _convert(value: Any, where: str, active: set[int]) -> Any:
     """One value, recursively; ``active`` holds the containers being converted, to refuse a cycle."""
     # Enums first: a str or int enum is also a str or int, but travels as its value.
@@ -151,7 +164,16 @@ def _convert(value: Any, where: str, active: set[int]) -> Any:
         return _float(value)
     if isinstance(value, datetime.date | datetime.time):  # datetime is a date
         return value.isoformat()
+    if isinstance(value, datetime.timedelta):
+        return value.total_seconds()
     if isinstance(value, PurePath):
+        return str(value)
+    # Through sys.modules, as numpy and torch: a value can only be a Decimal or a UUID where its module is imported.
+    decimal = sys.modules.get("decimal")
+    if decimal is not None and isinstance(value, decimal.Decimal):
+        return _decimal(value)
+    uuid = sys.modules.get("uuid")
+    if uuid is not None and isinstance(value, uuid.UUID):
         return str(value)
     numpy = sys.modules.get("numpy")
     if numpy is not None and isinstance(value, numpy.generic | numpy.ndarray):

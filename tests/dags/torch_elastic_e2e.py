@@ -78,6 +78,9 @@ with DAG("te_context_arguments", schedule=None, start_date=START, catchup=False,
         epochs: int, ds=None, params=None, logical_date=None, run_id=None, try_number=None, **kwargs
     ) -> dict:
         import asyncio
+        import datetime
+        import decimal
+        import uuid
 
         await asyncio.sleep(0)
         return {
@@ -88,6 +91,12 @@ with DAG("te_context_arguments", schedule=None, start_date=START, catchup=False,
             "run_id": run_id,
             "try_number": try_number,
             "kwargs": kwargs,
+            # Values rank 0 returns as they are: the encoder converts them in the worker.
+            "converted": {
+                "duration": datetime.timedelta(minutes=2),
+                "lr": decimal.Decimal(str(params["lr"])),
+                "run": uuid.uuid5(uuid.NAMESPACE_URL, run_id),
+            },
         }
 
     context_values.expand(epochs=[3])

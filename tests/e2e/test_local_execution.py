@@ -7,6 +7,7 @@ import math
 import os
 import subprocess
 import sys
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -98,6 +99,8 @@ def test_an_async_function_gets_the_context_values_its_parameters_name() -> None
     module, logical_date = value.pop("logical_date")
     assert module == "datetime", "a standard datetime: the runner image has no pendulum"
     assert value["ds"] == logical_date[:10] and value["run_id"].startswith("manual__"), value
+    run = str(uuid.uuid5(uuid.NAMESPACE_URL, value["run_id"]))
+    assert value.pop("converted") == {"duration": 120.0, "lr": 0.1, "run": run}
     assert {k: value[k] for k in ("epochs", "params", "try_number", "kwargs")} == {
         "epochs": 3,
         "params": {"lr": 0.1},
