@@ -334,7 +334,7 @@ class TorchElasticJobTrigger(BaseEventTrigger):
     async def _wait(self, updates: AsyncIterator[Any] | None) -> AsyncIterator[TriggerEvent]:
         from airflow_provider_torchelastic.core.tap import MetricsTap
         from airflow_provider_torchelastic.kubernetes.client import AsyncKube
-        from airflow_provider_torchelastic.kubernetes.shared_source import SharedSource
+        from airflow_provider_torchelastic.kubernetes.shared_source import CLOSE_SECONDS, SharedSource, close_within
         from airflow_provider_torchelastic.kubernetes.wait import drive_async, wait_for_job
 
         args = self.args
@@ -342,8 +342,9 @@ class TorchElasticJobTrigger(BaseEventTrigger):
         # execute_complete ends the task log with the last values and saves them in the job summary.
         tap = MetricsTap(self._emit)
         log = redacting(tap, args.mask)  # before the tap keeps a line for the summary
+        stack = contextlib.AsyncExitStack()
         try:
-            async with contextlib.AsyncExitStack() as stack:
+            try:
 
                 async def direct() -> AsyncKube:
                     return AsyncKube(await stack.enter_async_context(self._hook().get_conn()))
@@ -360,6 +361,10 @@ class TorchElasticJobTrigger(BaseEventTrigger):
                     hold = source.hold  # keeps taking the subscription's updates: a stalled subscriber overflows
                 self._finished = True
                 await self._hold_early_event(hold)
+            finally:
+                # As in the worker's wait: a client whose close never returns must not keep the event from the task.
+                if not await close_within(stack, CLOSE_SECONDS):
+                    self._emit(f"The trigger's client did not close within {CLOSE_SECONDS:g} s; left behind")
         except Exception as e:  # not reached through the wait core (e.g. no usable connection): the worker says so
             self.log.exception("Waiting for %s %s failed", args.kind, args.name)
             await self._hold_early_event(asyncio.sleep)

@@ -37,7 +37,7 @@ from airflow_provider_torchelastic.errors import KubeError
 from airflow_provider_torchelastic.kubernetes import calls
 from airflow_provider_torchelastic.kubernetes.requests import DeleteJob, JobSource, ReadLog, Request
 from airflow_provider_torchelastic.kubernetes.retry import retry_sync
-from airflow_provider_torchelastic.kubernetes.shared_source import SharedSource
+from airflow_provider_torchelastic.kubernetes.shared_source import CLOSE_SECONDS, SharedSource, close_within
 from airflow_provider_torchelastic.kubernetes.wait import drive_async
 from airflow_provider_torchelastic.kubernetes.wait_types import JobRef, Snapshot
 from airflow_provider_torchelastic.kubernetes.watch import StreamUpdate, watch_namespace
@@ -53,9 +53,6 @@ __all__ = ["BackgroundDeletes", "LogFollower", "WatchNotStarted", "wait_watching
 #: ``limit_bytes`` of them; older ones give way, and the next read says how many. A read from the API brings at most
 #: as much (``FIRST_READ_TAIL_LINES``, ``limit_bytes``).
 FOLLOW_MAX_LINES: Final = 1000
-#: How long the end of a wait may take to close its watch, its log stream and its client, and to see the tasks
-#: left in its loop end: past it they are left behind, named in the task log, and the decided wait returns.
-CLOSE_SECONDS: Final = 10.0
 #: Seconds before a stream that ended is opened again, doubled while reopening brings no line, up to the maximum:
 #: a container that ended (its stream ends at once) costs a request every half minute until the wait is done.
 FOLLOW_RETRY: Final = 1.0
@@ -140,11 +137,8 @@ async def _drive(
         sleep = functools.partial(source.sleep_until_changed, ref)
         return await drive_async(flow, source, log, sleep=sleep, detach=detach)
     finally:
-        # The wait is decided (or failed): closing the watch, the log stream and the client must not hold it.
-        closing = asyncio.ensure_future(stack.aclose())
-        done, _ = await asyncio.wait({closing}, timeout=CLOSE_SECONDS)
-        if done:
-            closing.result()
+        # The wait is decided (or failed): what would not close is named by _run_bounded, which leaves it behind.
+        await close_within(stack, CLOSE_SECONDS)
 
 
 class _WatchedJob(SharedSource):

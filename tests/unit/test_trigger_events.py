@@ -145,6 +145,55 @@ def test_a_trigger_that_cannot_start_waiting_fires_wait_failed(monkeypatch: pyte
     assert event_from_payload(payload) == WaitFailed("RuntimeError: no cluster settings")
 
 
+def test_a_client_whose_close_does_not_end_does_not_keep_the_event(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As the worker's wait (test_worker_wait): the job is decided, then the client's close never returns."""
+    import contextlib
+    import threading
+    from collections.abc import AsyncIterator
+
+    from airflow_provider_torchelastic.kubernetes import shared_source, wait
+
+    released = asyncio.Event()
+
+    class StubbornHook:
+        @contextlib.asynccontextmanager
+        async def get_conn(self) -> AsyncIterator[object]:
+            try:
+                yield object()
+            finally:
+                while not released.is_set():  # a close that ignores cancellation as well, until the test ends
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await released.wait()
+
+    async def decided(flow: Any, source: Any, log: Any, **kwargs: Any) -> WaitDecision:
+        return event_from_payload(OLD_DONE_EVENT).decision  # type: ignore[union-attr]
+
+    monkeypatch.setattr(TorchElasticJobTrigger, "_hook", lambda self: StubbornHook())
+    monkeypatch.setattr(wait, "drive_async", decided)
+    monkeypatch.setattr(shared_source, "CLOSE_SECONDS", 0.2)
+    trigger = TorchElasticJobTrigger(kind="Pod", name="train-abc", namespace="ml")
+    lines: list[str] = []
+    monkeypatch.setattr(trigger, "_emit", lines.append)
+
+    async def first_payload() -> dict[str, Any]:
+        try:
+            async for event in trigger.run():
+                return dict(event.payload)
+            raise AssertionError("no event")
+        finally:
+            released.set()  # else asyncio.run would wait for the close it cancels at its end, for ever
+
+    # In a thread of its own: without the bound, the trigger never ends (and neither would a loop that waits for it).
+    payloads: list[dict[str, Any]] = []
+    runner = threading.Thread(target=lambda: payloads.append(asyncio.run(first_payload())), daemon=True)
+    runner.start()
+    runner.join(30)
+    assert payloads, "no event within 30 s: the close held it"
+    payload = payloads[0]
+    assert payload["status"] == "done" and payload["verdict"]["result"] == [1, 2]
+    assert lines == ["The trigger's client did not close within 0.2 s; left behind"]
+
+
 def test_an_early_event_is_held_until_the_hold_after_the_deferral_and_never_longer() -> None:
     assert event_hold(None, 10.0, 1000.0) == 0.0  # a row written before the hold existed
     assert event_hold(1000.0, 0.0, 1000.0) == 0.0  # turned off
