@@ -249,7 +249,7 @@ class JobOptions:
                 raise fail(owner, f"scheduling_policy.{key}", policy[key], "a non-empty str")
         if "minResources" in policy:
             policy["minResources"] = dict(
-                check_resources(owner, "scheduling_policy.minResources", policy["minResources"])
+                check_resources(owner, "scheduling_policy.minResources", policy["minResources"], container=False)
             )
         object.__setattr__(self, "scheduling_policy", MappingProxyType(policy))
 

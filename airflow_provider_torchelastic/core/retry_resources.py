@@ -11,12 +11,10 @@ it. Whatever either gives is capped (:func:`cap_memory`): the namespace's LimitR
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Callable, Mapping, Sequence
-from decimal import Decimal, InvalidOperation
 from typing import Any, Final, TypeAlias
 
-from airflow_provider_torchelastic.core.validation import check_resources, fail, is_number
+from airflow_provider_torchelastic.core.validation import check_resources, fail, is_number, quantity_value
 
 __all__ = [
     "MEMORY",
@@ -40,23 +38,6 @@ _EXPECTED: Final = (
     "a factor > 1 (2.0 doubles the training container's memory requests and limits after each OOM), a callable "
     "(try_number, cause, resources) -> resources, or None"
 )
-_SUFFIXES: Final[dict[str, int | Decimal]] = {
-    "": 1,
-    "k": 10**3,
-    "M": 10**6,
-    "G": 10**9,
-    "T": 10**12,
-    "P": 10**15,
-    "E": 10**18,
-    "Ki": 2**10,
-    "Mi": 2**20,
-    "Gi": 2**30,
-    "Ti": 2**40,
-    "Pi": 2**50,
-    "Ei": 2**60,
-    "m": Decimal("0.001"),
-}
-_PARTS: Final = re.compile(r"^([+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E|m)?\Z")
 
 
 def check_retry_resources(value: object) -> object:
@@ -74,17 +55,10 @@ def check_retry_resources(value: object) -> object:
 
 def memory_bytes(quantity: object) -> int | None:
     """A memory quantity (``"256Mi"``, ``"1G"``, ``268435456``) in bytes, rounded up; None when it is none."""
-    text = str(quantity) if is_number(quantity) else quantity
-    if not isinstance(text, str):
+    value = quantity_value(quantity.strip() if isinstance(quantity, str) else quantity)
+    if value is None or not value.is_finite() or value < 0:
         return None
-    match = _PARTS.match(text.strip())
-    if match is None:
-        return None
-    try:
-        value = Decimal(match.group(1)) * Decimal(_SUFFIXES[match.group(2) or ""])
-    except InvalidOperation:
-        return None
-    return int(value.to_integral_value(rounding="ROUND_CEILING")) if value.is_finite() and value >= 0 else None
+    return int(value.to_integral_value(rounding="ROUND_CEILING"))
 
 
 def format_memory(size: int) -> str:

@@ -15,6 +15,7 @@ import math
 import re
 import reprlib
 from collections.abc import Mapping
+from decimal import Decimal, DecimalException
 from types import MappingProxyType
 from typing import Any, Final, TypeVar
 
@@ -35,12 +36,28 @@ __all__ = [
     "is_int",
     "is_number",
     "is_templated",
+    "overcommit_allowed",
+    "quantity_value",
     "short_repr",
     "text_or",
 ]
 
-#: A Kubernetes resource quantity (https://kubernetes.io/docs/reference/kubernetes-api/common-definitions/quantity/).
-QUANTITY: Final = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+|Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E)?\Z")
+#: A Kubernetes resource quantity (https://kubernetes.io/docs/reference/kubernetes-api/common-definitions/quantity/):
+#: a number, then an exponent or a suffix.
+QUANTITY: Final = re.compile(r"^([+-]?(?:\d+\.?\d*|\.\d+))(?:([eE][+-]?\d+)|(Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E))?\Z")
+_SCALE: Final[Mapping[str, Decimal]] = {
+    **{s: Decimal(1024) ** (i + 1) for i, s in enumerate(("Ki", "Mi", "Gi", "Ti", "Pi", "Ei"))},
+    **{s: Decimal(1000) ** (i + 1) for i, s in enumerate(("k", "M", "G", "T", "P", "E"))},
+    "n": Decimal("1e-9"),
+    "u": Decimal("1e-6"),
+    "m": Decimal("1e-3"),
+}
+#: The resources a container may name without a domain (the API server's "standard resource for containers").
+_CONTAINER_RESOURCES: Final = ("cpu", "memory", "ephemeral-storage")
+_RESOURCE_EXPECTED: Final = (
+    "a container resource ('cpu', 'memory', 'ephemeral-storage', 'hugepages-<size>') or a device plugin's "
+    "'domain/name' such as 'nvidia.com/gpu'"
+)
 # A qualified resource name such as ``cpu`` or ``nvidia.com/gpu``.
 _RESOURCE_NAME: Final = re.compile(r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?\Z")
 
@@ -125,8 +142,46 @@ def _gpu_typo(key: str) -> bool:
     return local.lower() in ("gpu", "gpus") and local != "gpu"
 
 
-def check_resources(owner: str, name: str, value: object) -> Mapping[str, str]:
-    """Requests or limits as ``{resource name: quantity string}`` (ints and floats become strings), read-only."""
+def quantity_value(text: object) -> Decimal | None:
+    """A Kubernetes quantity (``"500m"``, ``"16Gi"``, ``"1e3"``, ``2``) as a number; None when it is none."""
+    if is_number(text):
+        text = str(text)
+    match = QUANTITY.match(text) if isinstance(text, str) else None
+    if match is None:
+        return None
+    number, exponent, suffix = match.groups()
+    try:
+        return Decimal(number + (exponent or "")) * _SCALE.get(suffix or "", Decimal(1))
+    except DecimalException:  # an exponent past what Decimal holds: no quantity either
+        return None
+
+
+def _native(name: str) -> bool:
+    # Kubernetes' IsNativeResource: a name without a domain, or in kubernetes.io's.
+    return "/" not in name or "kubernetes.io/" in name
+
+
+def overcommit_allowed(name: str) -> bool:
+    """Whether a request may stay below its limit, or go without one (Kubernetes' ``IsOvercommitAllowed``): native
+    resources but hugepages; never a device plugin's (``nvidia.com/gpu``)."""
+    return _native(name) and not name.startswith("hugepages-")
+
+
+def _quantity_problem(key: str, quantity: str) -> str | None:
+    """What the API server says of ``quantity`` for ``key`` that the pattern cannot: ValidateResourceQuantityValue."""
+    amount = quantity_value(quantity)
+    if amount is None:
+        return None
+    if amount < 0:
+        return "a quantity >= 0"
+    if not _native(key) and amount != amount.to_integral_value():
+        return f"a whole number of {key} (a device plugin's resource has no fractions)"
+    return None
+
+
+def check_resources(owner: str, name: str, value: object, *, container: bool = True) -> Mapping[str, str]:
+    """Requests or limits as ``{resource name: quantity string}`` (ints and floats become strings), read-only;
+    ``container``: a container's, whose names without a domain are the API server's few."""
     if not isinstance(value, Mapping):
         raise fail(owner, name, value, "a mapping of resource name to quantity, e.g. {'cpu': '4'}", TypeError)
     checked: dict[str, str] = {}
@@ -141,10 +196,14 @@ def check_resources(owner: str, name: str, value: object) -> Mapping[str, str]:
             )
         if not isinstance(key, str) or not _RESOURCE_NAME.match(key):
             raise fail(owner, name, key, "resource names such as 'cpu', 'memory' or 'nvidia.com/gpu'")
+        if container and "/" not in key and key not in _CONTAINER_RESOURCES and not key.startswith("hugepages-"):
+            raise fail(owner, name, key, _RESOURCE_EXPECTED)
         if is_number(quantity):
             quantity = str(quantity)
         if not isinstance(quantity, str) or not QUANTITY.match(quantity):
             raise fail(owner, f"{name}[{key!r}]", quantity, "a Kubernetes quantity such as 2, '500m' or '16Gi'")
+        if (problem := _quantity_problem(key, quantity)) is not None:
+            raise fail(owner, f"{name}[{key!r}]", quantity, problem)
         checked[key] = quantity
     return MappingProxyType(checked)
 

@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import base64
 import copy
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from decimal import Decimal, InvalidOperation
 from typing import Any, Final, TypeAlias
 
 from airflow_provider_torchelastic.core.config import TaskConfig
@@ -24,6 +22,7 @@ from airflow_provider_torchelastic.core.naming import (
 from airflow_provider_torchelastic.core.payload import IMAGE_ENV
 from airflow_provider_torchelastic.core.pod_options import JobOptions, PodOptions
 from airflow_provider_torchelastic.core.stall import GRACE_PERIOD_ENV, grace_period_seconds
+from airflow_provider_torchelastic.core.validation import overcommit_allowed, quantity_value
 
 __all__ = [
     "CONTAINER_NAME",
@@ -107,38 +106,20 @@ def render_payload_secret(
 
 # ----------------------------------------------------------------------------------------------------- quantities
 
-_SUFFIXES: Final[Mapping[str, Decimal]] = {
-    **{s: Decimal(1024) ** (i + 1) for i, s in enumerate(("Ki", "Mi", "Gi", "Ti", "Pi", "Ei"))},
-    **{s: Decimal(1000) ** (i + 1) for i, s in enumerate(("k", "M", "G", "T", "P", "E"))},
-    "n": Decimal("1e-9"),
-    "u": Decimal("1e-6"),
-    "m": Decimal("1e-3"),
-    "": Decimal(1),
-}
-_QUANTITY_PARTS = re.compile(r"^([+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)([A-Za-z]*)\Z")
-# Resources the scheduler may overcommit; any other (nvidia.com/gpu ...) needs limits == requests.
-_OVERCOMMITTABLE = ("cpu", "memory", "ephemeral-storage")
-
-
-def _quantity(value: str) -> Decimal | None:
-    match = _QUANTITY_PARTS.match(value)
-    if not match or match.group(2) not in _SUFFIXES:
-        return None
-    try:
-        return Decimal(match.group(1)) * _SUFFIXES[match.group(2)]
-    except InvalidOperation:  # pragma: no cover - the regex admits only valid decimals
-        return None
-
 
 def _check_resources(where: str, requests: Mapping[str, str], limits: Mapping[str, str]) -> None:
-    """The API server's rules that a per-field check cannot see: requests <= limits; GPUs need a limit."""
+    """The API server's rules that a per-field check cannot see: requests <= limits; GPUs and hugepages need a
+    limit equal to the request; hugepages need cpu or memory beside them."""
+    named = {*requests, *limits}
+    if any(key.startswith("hugepages-") for key in named) and not named & {"cpu", "memory"}:
+        raise invalid(where, {"requests": dict(requests), "limits": dict(limits)}, "cpu or memory beside hugepages")
     for key, request in requests.items():
-        extended = key not in _OVERCOMMITTABLE and not key.startswith("hugepages-")
+        extended = not overcommit_allowed(key)
         if key not in limits:
             if extended:
                 raise invalid(f"{where}.limits[{key!r}]", None, f"a limit for {key} (it cannot be overcommitted)")
             continue
-        low, high = _quantity(request), _quantity(limits[key])
+        low, high = quantity_value(request), quantity_value(limits[key])
         if low is None or high is None:
             continue
         if low > high:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import warnings
+from decimal import Decimal
 from typing import Any
 
 import pytest
@@ -21,6 +22,7 @@ from airflow_provider_torchelastic.core.config import (
     Worker,
     check_task_config,
 )
+from airflow_provider_torchelastic.core.validation import quantity_value
 
 # (builder, field as it appears in the message, value as it appears in the message, exception, words of "expected")
 INVALID: list[Any] = [
@@ -472,6 +474,54 @@ def test_resources_normalised_to_quantity_strings() -> None:
     assert dict(master.limits) == {"nvidia.com/gpu": "8", "cpu": "0.5"}
     with pytest.raises(TypeError):
         master.requests["cpu"] = "8"  # type: ignore[index]
+
+
+@pytest.mark.parametrize(
+    ("resources", "message"),
+    [
+        ({"cpu": "-1"}, r"^Master\.requests\['cpu'\]: expected a quantity >= 0, got '-1'$"),
+        (
+            {"nvidia.com/gpu": 0.5},
+            r"^Master\.requests\['nvidia\.com/gpu'\]: expected a whole number of nvidia\.com/gpu \(a device plugin's "
+            r"resource has no fractions\), got '0\.5'$",
+        ),
+        ({"storage": "1Gi"}, r"^Master\.requests: expected a container resource \('cpu', 'memory', .*, got 'storage'$"),
+    ],
+)
+def test_resources_the_api_server_refuses_are_refused_naming_them(resources: dict[str, Any], message: str) -> None:
+    # tests/cluster_tests/test_resource_rules.py holds these rules against the real kube-apiserver.
+    with pytest.raises(ValueError, match=message):
+        Master(requests=resources)
+    # Whole device-plugin quantities, any spelling; hugepages and every domain's resources by name.
+    master = Master(requests={"nvidia.com/gpu": "2.0", "hugepages-2Mi": "4Mi", "example.com/fpga": 1, "cpu": "1e-3"})
+    assert dict(master.requests) == {
+        "nvidia.com/gpu": "2.0",
+        "hugepages-2Mi": "4Mi",
+        "example.com/fpga": "1",
+        "cpu": "1e-3",
+    }
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [
+        ("500m", Decimal("0.5")),
+        ("16Gi", Decimal(16 * 2**30)),
+        ("1e3", Decimal(1000)),
+        ("1.5k", Decimal(1500)),
+        ("2", Decimal(2)),
+        (2, Decimal(2)),
+        (0.25, Decimal("0.25")),
+        ("100n", Decimal("1e-7")),
+        ("-1Mi", Decimal(-(2**20))),
+        ("1e99999999999", None),
+        ("16GB", None),
+        ("", None),
+        (None, None),
+    ],
+)
+def test_quantity_value_reads_every_kubernetes_spelling(text: object, value: Decimal | None) -> None:
+    assert quantity_value(text) == value
 
 
 def test_rdzv_configs_defaults_merged_with_user_keys() -> None:
