@@ -192,9 +192,10 @@ def _query(**params: str | int | bool | None) -> tuple[tuple[str, str], ...]:
 # --- the calls ------------------------------------------------------------------------------------------------------
 
 
-def create(obj: Mapping[str, Any]) -> Call[JsonDict]:
+def create(obj: Mapping[str, Any], *, dry_run: bool = False) -> Call[JsonDict]:
+    """Create an object; ``dry_run``: validated and admitted as a create would be, and nothing stored."""
     path, _ = _kind_collection(obj["kind"], obj["metadata"]["namespace"])
-    return Call(method="POST", path=path, body=obj, parse=json_object)
+    return Call(method="POST", path=path, query=_query(dryRun="All" if dry_run else None), body=obj, parse=json_object)
 
 
 def get(kind: str, name: str, namespace: str) -> Call[JsonDict | None]:

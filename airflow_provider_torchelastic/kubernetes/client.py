@@ -143,8 +143,8 @@ class SyncKube:
         except (HTTPError, OSError) as e:
             raise _unreachable(e) from e
 
-    def create(self, obj: Mapping[str, Any]) -> dict[str, Any]:
-        return self.send(calls.create(obj))
+    def create(self, obj: Mapping[str, Any], *, dry_run: bool = False) -> dict[str, Any]:
+        return self.send(calls.create(obj, dry_run=dry_run))
 
     def get(self, kind: str, name: str, namespace: str) -> dict[str, Any] | None:
         return self.send(calls.get(kind, name, namespace))

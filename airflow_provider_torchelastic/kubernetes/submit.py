@@ -214,6 +214,9 @@ def create_or_reattach(
             return candidate
         if found == "foreign":
             return _not_ours(candidate.kind, candidate.namespace, candidate.name)
+    refused = _refused_pod_template(kube, call, ref, workload)
+    if refused is not None:
+        return refused
     if remember is not None:
         remember(ref, None)
     name = secret["metadata"]["name"]
@@ -238,6 +241,36 @@ def create_or_reattach(
     owner = payload_secret_owner_reference(owner_name=ref.name, owner_uid=uid, kind=ref.kind)
     call(kube.patch_secret, name, ref.namespace, owner)
     return ref
+
+
+def _refused_pod_template(
+    kube: SyncKube, call: Callable[..., Any], ref: JobRef, workload: Mapping[str, Any]
+) -> Refusal | None:
+    """A pod template of ``workload`` that the API server refuses as a Pod (422), as the task's refusal; None when
+    every one is admitted, or cannot be checked here.
+
+    The API server checks a custom resource against its CRD's schema only; the Pod validation runs when the
+    controller creates the pods, and a refusal then is only an event on the job, which would wait without pods until
+    ``execution_timeout``. So each template is created first as a dry-run Pod named as the controller names the
+    replica's first pod. Any other answer (no permission, a webhook that cannot take a dry run, the API unavailable)
+    leaves the decision to the real create, as before."""
+    descriptor = kinds.get(ref.kind)
+    for replica, template in descriptor.pod_templates(workload).items():
+        metadata = {**(template.get("metadata") or {}), "name": f"{ref.name}-{replica.lower()}-0"}
+        pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {**metadata, "namespace": ref.namespace}}
+        try:
+            call(functools.partial(kube.create, dry_run=True), {**pod, "spec": template.get("spec") or {}})
+        except KubeError as e:
+            if e.status != 422:
+                continue
+            controller = descriptor.controller or f"the controller of {ref.kind}"
+            return Refusal(
+                message=f"Cannot create {ref.kind} {ref.namespace}/{ref.name}: the API server refuses its {replica} "
+                f"pods, so {controller} could never create them: {e}. Fix the task's pod options or pod_template; "
+                "a retry would meet the same refusal",
+                recoverable=False,
+            )
+    return None
 
 
 def _write_payload_secret(

@@ -86,3 +86,43 @@ def test_a_trainjob_naming_a_missing_runtime_is_refused_at_submit_with_the_hint(
     assert 'clustertrainingruntimes.trainer.kubeflow.org "no-such-runtime" not found: specified ' in message
     assert "clusterTrainingRuntime must be created before the TrainJob is created" in message
     assert "kubectl get clustertrainingruntimes" in message and "(a retry will not help)" in message
+
+
+def test_a_pytorchjob_whose_pods_the_api_server_would_refuse_is_refused_at_submit(kube_cluster: Any) -> None:
+    """The API server checks a PyTorchJob against its CRD's schema only: a pod template it refuses as a Pod (here a
+    volume mount's absolute subPath) is created, and its pods never are; the task would wait without pods. Each
+    template is created first as a dry-run Pod, and that refusal fails the try before anything is created."""
+    from kubernetes import config
+
+    from airflow_provider_torchelastic import Elastic, PodOptions
+    from airflow_provider_torchelastic.kubernetes import submit
+    from airflow_provider_torchelastic.kubernetes.client import SyncKube
+    from airflow_provider_torchelastic.kubernetes.render import check_renderable
+    from airflow_provider_torchelastic.kubernetes.wait_types import JobRef
+
+    namespace = kube_cluster.namespace
+    options = PodOptions(
+        volumes=[{"name": "data", "emptyDir": {}}],
+        volume_mounts=[{"name": "data", "mountPath": "/data", "subPath": "/abs"}],
+    )
+    secret, job = check_renderable(Elastic(nnodes=2), image="registry.example.com/ml/train:1.0", pod_options=options)
+    for manifest in (secret, job):
+        manifest["metadata"]["namespace"] = namespace
+    ref = JobRef(kind="PyTorchJob", name=job["metadata"]["name"], namespace=namespace)
+    with config.new_client_from_config(config_file=str(kube_cluster.kubeconfig)) as admin:
+        kube = SyncKube(admin)
+        # Without the check: the API server takes the job as it is.
+        kube.create(job, dry_run=True)
+        answer = submit.create_or_reattach(
+            kube, ref, secret, job, token=submit.new_token(), remembered=None, remember=None, info=print, warning=print
+        )
+        assert isinstance(answer, submit.Refusal) and not answer.recoverable, answer
+        assert (
+            f"Cannot create PyTorchJob {namespace}/{ref.name}: the API server refuses its Worker pods" in answer.message
+        )
+        assert 'subPath: Invalid value: "/abs": must be a relative path' in answer.message
+        assert "the Kubeflow training operator could never create them" in answer.message
+        assert (
+            kube.get("PyTorchJob", ref.name, namespace) is None
+            and kube.get("Secret", secret["metadata"]["name"], namespace) is None
+        )

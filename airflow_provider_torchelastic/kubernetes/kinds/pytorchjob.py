@@ -461,6 +461,12 @@ def _training_containers(workload: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+def _pod_templates(workload: Mapping[str, Any]) -> dict[str, Any]:
+    """Each replica type's pod template, which the training operator makes that replica's pods from."""
+    specs = (workload.get("spec") or {}).get("pytorchReplicaSpecs") or {}
+    return {replica: spec["template"] for replica, spec in specs.items() if isinstance(spec.get("template"), dict)}
+
+
 def _pod_order(pod: Mapping[str, Any]) -> tuple[int, int, str]:
     """Master first (it holds rank 0 when there is one), then workers by index (the training operator's labels)."""
     metadata = pod.get("metadata") or {}
@@ -487,6 +493,7 @@ KIND: Final = JobKind(
     pod_owner_label=POD_LABEL,
     pod_order=_pod_order,
     training_containers=_training_containers,
+    pod_templates=_pod_templates,
     replica_count=_replica_count,
     abbreviate=_abbreviate,
     digest_spec=_digest_spec,

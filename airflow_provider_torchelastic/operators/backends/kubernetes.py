@@ -148,7 +148,8 @@ def _submit(
         stop(task, ref, kube)
         raise error from e
     if isinstance(answer, submit.Refusal):
-        # Someone else's object holds this try's name: left as it is (it is not this try's to delete).
+        # Nothing of this try was created: a pod template the API server refuses, or someone else's object holding
+        # this try's name (left as it is: not this try's to delete).
         raise ConfigurationError(answer.message)
     return answer
 
