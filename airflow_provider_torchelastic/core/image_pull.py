@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Final
 
+from airflow_provider_torchelastic.core.pod_creation import newest_message
+
 __all__ = [
     "BACK_OFF",
     "PULL_REASONS",
@@ -93,13 +95,8 @@ def pull_error_of(events: Sequence[Mapping[str, Any]], image: str | None = None)
     """The newest ``Failed to pull image`` message among a pod's ``events`` (of ``image``, when given); empty when
     there is none (no permission to list events, or they expired)."""
 
-    def when(event: Mapping[str, Any]) -> str:
-        # RFC 3339 strings of one clock sort as times; eventTime is the newer API's, lastTimestamp the kubelet's.
-        return str(event.get("lastTimestamp") or event.get("eventTime") or "")
-
     prefix = f'{_PULL_FAILED} "{image}"' if image else _PULL_FAILED
-    failed = [e for e in events if isinstance(e, Mapping) and str(e.get("message", "")).startswith(prefix)]
-    return str(max(failed, key=when)["message"]) if failed else ""
+    return newest_message(events, lambda event: str(event.get("message", "")).startswith(prefix))
 
 
 def backed_off_images(pods: Sequence[Mapping[str, Any]]) -> dict[str, str]:

@@ -26,7 +26,7 @@ from airflow_provider_torchelastic.errors import KubeError
 from airflow_provider_torchelastic.kubernetes import kinds
 from airflow_provider_torchelastic.kubernetes.kinds import OwnerQuery
 from airflow_provider_torchelastic.kubernetes.pod_template import payload_secret_name
-from airflow_provider_torchelastic.kubernetes.requests import ReadLog
+from airflow_provider_torchelastic.kubernetes.requests import ReadEvents, ReadLog
 from airflow_provider_torchelastic.kubernetes.wait_types import JobRef, Snapshot
 from airflow_provider_torchelastic.kubernetes.workloads import (
     JOB_UID_LABEL,
@@ -52,7 +52,7 @@ __all__ = [
     "list_pods",
     "owners",
     "patch_secret",
-    "pod_events",
+    "events",
     "read_log",
     "segments",
     "snapshot",
@@ -260,10 +260,11 @@ def read_log(request: ReadLog) -> Call[str]:
     return Call(method="GET", path=path, query=query, parse=_text, read_limit=request.limit_bytes)
 
 
-def pod_events(pod: str, namespace: str) -> Call[list[JsonDict]]:
-    """The events about one pod (the kubelet's "Failed to pull image ...: <why>")."""
-    selector = f"involvedObject.kind=Pod,involvedObject.name={pod}"
-    path = collection_path("", "v1", "events", namespace)
+def events(request: ReadEvents) -> Call[list[JsonDict]]:
+    """The events about one object (a kubelet's "Failed to pull image ...: <why>", a controller's "Error creating:
+    <why>")."""
+    selector = f"involvedObject.kind={request.kind},involvedObject.name={request.name}"
+    path = collection_path("", "v1", "events", request.namespace)
     return Call(method="GET", path=path, query=_query(fieldSelector=selector), parse=list_items)
 
 

@@ -25,7 +25,7 @@ from airflow_provider_torchelastic.errors import KubeError
 from airflow_provider_torchelastic.kubernetes import calls, discovery
 from airflow_provider_torchelastic.kubernetes.calls import Call, Flow
 from airflow_provider_torchelastic.kubernetes.kinds import OwnerQuery
-from airflow_provider_torchelastic.kubernetes.requests import ReadLog
+from airflow_provider_torchelastic.kubernetes.requests import ReadEvents, ReadLog
 from airflow_provider_torchelastic.kubernetes.retry import LONGEST_WAIT as LONGEST_WAIT
 from airflow_provider_torchelastic.kubernetes.retry import MAX_RECOVERABLE_FAILURES as MAX_RECOVERABLE_FAILURES
 from airflow_provider_torchelastic.kubernetes.retry import retry_async, retry_sync
@@ -173,8 +173,8 @@ class SyncKube:
     def read_log(self, request: ReadLog) -> str:
         return self.send(calls.read_log(request))
 
-    def pod_events(self, pod: str, namespace: str) -> list[dict[str, Any]]:
-        return self.send(calls.pod_events(pod, namespace))
+    def events(self, request: ReadEvents) -> list[dict[str, Any]]:
+        return self.send(calls.events(request))
 
     def delete_job(self, ref: JobRef) -> bool:
         return self.run(calls.delete_job(ref))
@@ -288,8 +288,8 @@ class AsyncKube:
     async def read_log(self, request: ReadLog) -> str:
         return await self.send(calls.read_log(request))
 
-    async def pod_events(self, pod: str, namespace: str) -> list[dict[str, Any]]:
-        return await self.send(calls.pod_events(pod, namespace))
+    async def events(self, request: ReadEvents) -> list[dict[str, Any]]:
+        return await self.send(calls.events(request))
 
     async def delete_job(self, ref: JobRef) -> bool:
         return await self.run(calls.delete_job(ref))

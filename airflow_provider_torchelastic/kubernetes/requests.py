@@ -77,10 +77,12 @@ class ReadLog:
 
 @dataclass(frozen=True)
 class ReadEvents:
-    """The events about ``pod``; answered with the list, empty when they cannot be read (they only add detail)."""
+    """The events about the object ``name`` of ``kind`` (a pod, or a job whose controller says there why it could
+    not create a pod); answered with the list, empty when they cannot be read (they only add detail)."""
 
-    pod: str
+    name: str
     namespace: str
+    kind: str = "Pod"
 
 
 @dataclass(frozen=True)
@@ -131,7 +133,7 @@ class JobSource(Protocol):
 
     def read_log(self, request: ReadLog) -> str: ...
 
-    def pod_events(self, pod: str, namespace: str) -> list[dict[str, Any]]: ...
+    def events(self, request: ReadEvents) -> list[dict[str, Any]]: ...
 
     def delete_job(self, ref: JobRef) -> bool: ...
 
@@ -147,7 +149,7 @@ class AsyncJobSource(Protocol):
 
     async def read_log(self, request: ReadLog) -> str: ...
 
-    async def pod_events(self, pod: str, namespace: str) -> list[dict[str, Any]]: ...
+    async def events(self, request: ReadEvents) -> list[dict[str, Any]]: ...
 
     async def delete_job(self, ref: JobRef) -> bool: ...
 

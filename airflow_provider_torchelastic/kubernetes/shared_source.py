@@ -11,7 +11,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Mapping
 from typing import Any, Final, TypeVar
 
-from airflow_provider_torchelastic.kubernetes.requests import ReadLog
+from airflow_provider_torchelastic.kubernetes.requests import ReadEvents, ReadLog
 from airflow_provider_torchelastic.kubernetes.wait_types import JobRef, Snapshot
 from airflow_provider_torchelastic.kubernetes.watch import JobCache, StreamUpdate, live_cache
 from airflow_provider_torchelastic.kubernetes.watch_scope import SELECTOR
@@ -178,8 +178,8 @@ class SharedSource:
     async def delete_job(self, ref: JobRef) -> bool:
         return await self._through(lambda kube: kube.delete_job(ref), ref)
 
-    async def pod_events(self, pod: str, namespace: str) -> list[dict[str, Any]]:
-        return await self._through(lambda kube: kube.pod_events(pod, namespace))
+    async def events(self, request: ReadEvents) -> list[dict[str, Any]]:
+        return await self._through(lambda kube: kube.events(request))
 
     async def label_job(self, ref: JobRef, labels: Mapping[str, str]) -> None:
         await self._through(lambda kube: kube.label_job(ref, labels), ref)

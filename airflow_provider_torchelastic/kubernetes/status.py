@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import Any, Final
 
-from airflow_provider_torchelastic.core import causes, image_pull
+from airflow_provider_torchelastic.core import causes, image_pull, pod_creation
 from airflow_provider_torchelastic.core.metrics_format import cut_log_line
 from airflow_provider_torchelastic.core.outcome import NodeReport, Verdict, decode_outcome
 from airflow_provider_torchelastic.core.summary import pod_summaries, training_container_status
@@ -30,6 +30,7 @@ __all__ = [
     "new_log_lines",
     "out_of_patience",
     "phase_of",
+    "pods_not_created",
     "stuck_decision",
     "true_condition",
     "with_pods",
@@ -262,6 +263,12 @@ class Observed:
             wake_at=wake_at,
         )
 
+    def stopped(self, state: str, cause: str, detail: str) -> WaitDecision:
+        """A failure the wait decided and no retry mends: the job is stopped, and the verdict says why."""
+        return self.decision(
+            Phase.FAILED, state, verdict=Verdict(succeeded=False, cause=cause, detail=detail), stop=True
+        )
+
     def reports(self) -> list[NodeReport]:
         return [report for pod in self.pods if (report := pod_report(pod)) is not None]
 
@@ -323,6 +330,24 @@ def out_of_patience(seen: Observed, policy: WaitPolicy, since: float, what: str,
             ),
         )
     return seen.decision(Phase.PENDING, f"waiting for capacity: {what}")
+
+
+def pods_not_created(seen: Observed, policy: WaitPolicy, error: str, controller: str) -> WaitDecision:
+    """The decision for a job without pods whose controller says why it cannot create them (``error``, its newest
+    ``FailedCreatePod`` Warning): a quota is waited for as capacity is (``scheduling_timeout``), a refusal that will
+    not change fails at once, and anything else is waited for, with the controller's words in the progress line."""
+    ref = seen.ref
+    what = f"{controller} cannot create its pods: {error}"
+    refusal = pod_creation.create_refusal(error)
+    if refusal is pod_creation.CreateRefusal.QUOTA:
+        return out_of_patience(seen, policy, seen.created, what, None)
+    if refusal is pod_creation.CreateRefusal.PERMANENT:
+        detail = (
+            f"{ref.kind} {ref.namespace}/{ref.name}: {what}; fix the task's pod options, or the namespace's policy; "
+            "a retry would meet the same refusal"
+        )
+        return seen.stopped("failed (its pods are refused)", causes.CONFIGURATION, detail)
+    return seen.decision(Phase.PENDING, f"no pods: {what}")
 
 
 def describe_wait(wait: CapacityWait) -> str:

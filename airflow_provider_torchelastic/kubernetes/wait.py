@@ -24,7 +24,7 @@ from collections.abc import Awaitable, Callable, Generator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
-from airflow_provider_torchelastic.core import causes, image_pull
+from airflow_provider_torchelastic.core import causes, image_pull, pod_creation
 from airflow_provider_torchelastic.core.outcome import Verdict
 from airflow_provider_torchelastic.errors import KubeError
 from airflow_provider_torchelastic.kubernetes import deadline, kinds, queue_limits
@@ -42,7 +42,13 @@ from airflow_provider_torchelastic.kubernetes.requests import (
     Request,
     Sleep,
 )
-from airflow_provider_torchelastic.kubernetes.status import LogCursor, new_log_lines, restarted_run
+from airflow_provider_torchelastic.kubernetes.status import (
+    LogCursor,
+    is_suspended,
+    new_log_lines,
+    parse_time,
+    restarted_run,
+)
 from airflow_provider_torchelastic.kubernetes.wait_types import JobRef, Phase, Snapshot, WaitDecision, WaitPolicy
 
 # The requests the generators yield, and the sources that answer them, are :mod:`~.requests`' to export.
@@ -126,6 +132,7 @@ def wait_for_job(
                 f"execution_timeout reached while {ref.kind} {ref.namespace}/{ref.name} ran; the job was deleted",
             )
         snapshot = yield from _with_pull_errors(ref, kind, snapshot)
+        snapshot = yield from _with_create_error(ref, kind, snapshot, policy)
         decision = kind.decide(ref, snapshot, policy)
         if snapshot.job is not None and not decision.phase.is_terminal:
             decision = yield from queue_limits.check(
@@ -217,6 +224,23 @@ def _with_pull_errors(ref: JobRef, kind: kinds.JobKind, snapshot: Snapshot) -> G
         events = yield ReadEvents(pod, ref.namespace)
         errors[image] = image_pull.pull_error_of(events or [], image)
     return replace(snapshot, pull_errors=errors) if errors else snapshot
+
+
+def _with_create_error(
+    ref: JobRef, kind: kinds.JobKind, snapshot: Snapshot, policy: WaitPolicy
+) -> Generator[Request, Any, Snapshot]:
+    """``snapshot`` with why the job's controller could not create its pods, while a job whose controller makes its
+    pods from templates has none, is not suspended, and is older than ``pending_grace_seconds``: the API server's
+    refusal is then only an event on the job. One events read per poll while that lasts."""
+    job = snapshot.job
+    if job is None or snapshot.pods or not kind.pod_templates(job) or is_suspended(job):
+        return snapshot
+    created = parse_time((job.get("metadata") or {}).get("creationTimestamp"))
+    if created is None or snapshot.now - created < policy.pending_grace_seconds:
+        return snapshot
+    events = yield ReadEvents(ref.name, ref.namespace, kind=ref.kind)
+    error = pod_creation.create_error_of(events or [])
+    return replace(snapshot, create_error=error) if error else snapshot
 
 
 def _renew_lease(ref: JobRef, job: Mapping[str, Any], lease: float, now: float) -> Generator[Request, Any, None]:
@@ -424,7 +448,7 @@ def _step(
     if isinstance(request, ReadLog):
         return _Step(functools.partial(source.read_log, request), False, functools.partial(_no_log_text, log=log))
     if isinstance(request, ReadEvents):
-        events = functools.partial(source.pod_events, request.pod, request.namespace)
+        events = functools.partial(source.events, request)
         return _Step(events, False, functools.partial(_no_events, log=log))
     if isinstance(request, DeleteJob):
         return _Step(functools.partial(source.delete_job, request.ref), True, str)

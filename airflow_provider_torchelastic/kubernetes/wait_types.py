@@ -103,6 +103,9 @@ class Snapshot:
     #: ``{image: the kubelet's newest "Failed to pull image" event}`` for the images pods wait for in
     #: ``ImagePullBackOff``, whose own message does not say why (:func:`~.core.image_pull.backed_off_images`).
     pull_errors: Mapping[str, str] | None = None
+    #: Why the job's controller could not create a pod (its newest ``FailedCreatePod`` Warning), read while a job
+    #: whose controller makes its pods has none past ``pending_grace_seconds`` (:mod:`~.core.pod_creation`).
+    create_error: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

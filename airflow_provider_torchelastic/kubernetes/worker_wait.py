@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 from airflow_provider_torchelastic.errors import KubeError
 from airflow_provider_torchelastic.kubernetes import calls
-from airflow_provider_torchelastic.kubernetes.requests import DeleteJob, JobSource, ReadLog, Request
+from airflow_provider_torchelastic.kubernetes.requests import DeleteJob, JobSource, ReadEvents, ReadLog, Request
 from airflow_provider_torchelastic.kubernetes.retry import retry_sync
 from airflow_provider_torchelastic.kubernetes.shared_source import CLOSE_SECONDS, SharedSource, close_within
 from airflow_provider_torchelastic.kubernetes.wait import drive_async
@@ -305,8 +305,8 @@ class _ThreadedPolls:
     async def read_log(self, request: ReadLog) -> str:
         return await asyncio.to_thread(self._source.read_log, request)
 
-    async def pod_events(self, pod: str, namespace: str) -> list[dict[str, Any]]:
-        return await asyncio.to_thread(self._source.pod_events, pod, namespace)
+    async def events(self, request: ReadEvents) -> list[dict[str, Any]]:
+        return await asyncio.to_thread(self._source.events, request)
 
     async def delete_job(self, ref: JobRef) -> bool:
         return await asyncio.to_thread(self._source.delete_job, ref)

@@ -214,7 +214,7 @@ def test_the_wait_reads_one_pods_events_per_backed_off_image_at_every_poll() -> 
                 request = flow.send("" if isinstance(request, ReadLog) else None)
     except StopIteration as stop:
         decision = stop.value
-    assert [(r.pod, r.namespace) for r in asked] == [(f"{JOB.name}-worker-0", "ml")] * 3
+    assert [(r.name, r.namespace) for r in asked] == [(f"{JOB.name}-worker-0", "ml")] * 3
     assert decision is not None and decision.verdict is not None
     assert decision.verdict.cause == causes.IMAGE_TRANSIENTLY_UNAVAILABLE and decision.verdict.recoverable
     assert decision.verdict.detail.endswith(f'the last pull failed: Failed to pull image "{IMAGE}": {TRANSIENT["429"]}')

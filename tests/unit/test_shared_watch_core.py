@@ -347,7 +347,7 @@ def test_an_image_pull_back_off_is_explained_by_the_kubelets_newest_pull_error()
         ),
     ]
     decision, asked = _fail_stuck("ImagePullBackOff", events)
-    assert [(r.pod, r.namespace) for r in asked] == [("j-worker-0", "ml")]
+    assert [(r.name, r.namespace) for r in asked] == [("j-worker-0", "ml")]
     detail = decision.verdict.detail
     assert "ImagePullBackOff" in detail and "Back-off pulling image" in detail, detail
     assert detail.endswith("the last pull failed: " + events[2]["message"]), detail

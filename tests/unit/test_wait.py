@@ -354,7 +354,7 @@ def test_every_job_source_takes_what_the_drivers_pass() -> None:
     from airflow_provider_torchelastic.kubernetes.shared_source import SharedSource
 
     for protocol, implementations in ((JobSource, [SyncKube]), (AsyncJobSource, [AsyncKube, SharedSource])):
-        for name in ("snapshot", "read_log", "pod_events", "delete_job", "label_job"):
+        for name in ("snapshot", "read_log", "events", "delete_job", "label_job"):
             wanted = inspect.signature(getattr(protocol, name)).parameters
             for implementation in implementations:
                 given = inspect.signature(getattr(implementation, name)).parameters

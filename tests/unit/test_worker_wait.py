@@ -93,7 +93,7 @@ def test_the_polls_of_the_fall_back_take_what_the_driver_passes() -> None:
     from airflow_provider_torchelastic.kubernetes import worker_wait
     from airflow_provider_torchelastic.kubernetes.requests import AsyncJobSource
 
-    for name in ("snapshot", "read_log", "pod_events", "delete_job", "label_job", "workloads"):
+    for name in ("snapshot", "read_log", "events", "delete_job", "label_job", "workloads"):
         wanted = inspect.signature(getattr(AsyncJobSource, name)).parameters
         given = inspect.signature(getattr(worker_wait._ThreadedPolls, name)).parameters
         assert list(given) == list(wanted), name

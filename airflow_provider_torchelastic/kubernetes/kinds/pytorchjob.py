@@ -41,6 +41,7 @@ from airflow_provider_torchelastic.kubernetes.status import (
     out_of_patience,
     parse_time,
     phase_of,
+    pods_not_created,
     queue_name,
     stuck_decision,
     true_condition,
@@ -209,22 +210,24 @@ def _decide_pytorchjob(ref: JobRef, snapshot: Snapshot, policy: WaitPolicy) -> W
         return _decide_succeeded(seen)
     if is_suspended(job):
         return suspended_decision(seen, policy)
+    if snapshot.create_error and not seen.pods and not _ever_ran(job):
+        # Never ran, so the operator's FailedCreatePod Warning is about this job's first pods, not a stale one.
+        return pods_not_created(seen, policy, snapshot.create_error, KIND.controller or "its controller")
     return _decide_unfinished(seen, policy, deadline)
+
+
+def _ever_ran(job: Mapping[str, Any]) -> bool:
+    """Whether the job had a Running condition, true or not since (the operator keeps a condition it set)."""
+    return any(condition.get("type") == "Running" for condition in job.get("status", {}).get("conditions") or [])
 
 
 def _past_deadline(seen: Observed, seconds: int) -> WaitDecision:
     ref = seen.ref
-    return seen.decision(
-        Phase.FAILED,
-        "failed (past run_policy.active_deadline_seconds)",
-        verdict=Verdict(
-            succeeded=False,
-            cause=causes.DEADLINE,
-            detail=f"{ref.kind} {ref.namespace}/{ref.name}: {_DEADLINE_PREFIX}={seconds} (counted from "
-            "its start time) and was stopped by the provider; a retry would run into the same limit",
-        ),
-        stop=True,
+    detail = (
+        f"{ref.kind} {ref.namespace}/{ref.name}: {_DEADLINE_PREFIX}={seconds} (counted from its start time) and was "
+        "stopped by the provider; a retry would run into the same limit"
     )
+    return seen.stopped("failed (past run_policy.active_deadline_seconds)", causes.DEADLINE, detail)
 
 
 def _decide_failed(seen: Observed, failed: Mapping[str, Any], *, succeeded: bool) -> WaitDecision:

@@ -402,19 +402,13 @@ def _no_pods(seen: Observed, policy: WaitPolicy) -> WaitDecision:
     """Not suspended, yet no pod: the JobSet (or its Jobs) was not made. A JobSet the JobSet webhook refuses shows
     only as an event on the TrainJob, and the TrainJob stays as it is: without this it would wait forever."""
     ref = seen.ref
-    return seen.decision(
-        Phase.FAILED,
-        "failed (no pods)",
-        verdict=Verdict(
-            succeeded=False,
-            cause=causes.CONFIGURATION,
-            detail=f"{ref.kind} {ref.namespace}/{ref.name} has no pods {policy.pending_grace_seconds:.0f} s after "
-            "its creation and is not suspended: its JobSet was not created or was refused (see `kubectl describe "
-            f"trainjob -n {ref.namespace} {ref.name}` for the Trainer's events), or Kubeflow Trainer's controller "
-            "is not running; a retry would meet the same refusal",
-        ),
-        stop=True,
+    detail = (
+        f"{ref.kind} {ref.namespace}/{ref.name} has no pods {policy.pending_grace_seconds:.0f} s after its creation "
+        "and is not suspended: its JobSet was not created or was refused (see `kubectl describe trainjob -n "
+        f"{ref.namespace} {ref.name}` for the Trainer's events), or Kubeflow Trainer's controller is not running; a "
+        "retry would meet the same refusal"
     )
+    return seen.stopped("failed (no pods)", causes.CONFIGURATION, detail)
 
 
 def _failed_condition_verdict(job: Mapping[str, Any], condition: Mapping[str, Any]) -> Verdict:
