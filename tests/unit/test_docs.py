@@ -189,3 +189,15 @@ def test_the_xcom_and_label_references_read_their_keys_from_the_code() -> None:
     labels = extension().generate_labels()
     for key in (naming.LABEL_MANAGED_BY, naming.LABEL_DAG_ID, naming.LABEL_IDENTITY):
         assert f"| `{key}` |" in labels
+
+
+def test_the_readmes_new_verb_example_is_the_code() -> None:
+    """The development section quotes a request builder: it must be the one in kubernetes/calls.py, as it is."""
+    import inspect
+
+    from airflow_provider_torchelastic.kubernetes import calls
+
+    text = README.read_text()
+    start = text.index("# kubernetes/calls.py: pure, testable without a cluster\n")
+    quoted = text[start : text.index("\n\n\n# the call site", start)].split("\n", 1)[1]
+    assert quoted.strip() == inspect.getsource(calls.events).strip()
