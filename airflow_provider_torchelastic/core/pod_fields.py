@@ -83,6 +83,7 @@ _MOUNT_KEYS: Final = frozenset(
 SCHEDULING_POLICY_KEYS: Final = ("minAvailable", "queue", "minResources", "priorityClass", "scheduleTimeoutSeconds")
 
 
+_LABEL_VALUE_EXPECTED: Final = "a label value: <= 63 of [-_.A-Za-z0-9], alnum ends"
 _POSITIVE_NUMBER = re.compile(r"^\+?(\d+\.?\d*|\.\d+)")
 
 
@@ -166,7 +167,7 @@ def check_labels(owner: str, name: str, value: object, *, reserved_ok: bool = Fa
         check_label_key(owner, name, key)
         if not reserved_ok and is_reserved_key(key):
             raise fail(owner, f"{name}[{key!r}]", key, "a key the provider and the training operator do not set")
-        _check_str(owner, f"{name}[{key!r}]", label, LABEL_VALUE, "a label value: <= 63 of [-_.A-Za-z0-9], alnum ends")
+        _check_str(owner, f"{name}[{key!r}]", label, LABEL_VALUE, _LABEL_VALUE_EXPECTED)
     return MappingProxyType(labels)
 
 
@@ -286,6 +287,8 @@ def check_tolerations(owner: str, value: object) -> tuple[JsonDict, ...]:
                 raise fail(owner, f"{label}.{key}", item[key], "a str", TypeError)
         if item.get("key"):
             check_label_key(owner, f"{label}.key", item["key"])
+        if item.get("value"):  # the API server holds a toleration's value to a label value's rules
+            _check_str(owner, f"{label}.value", item["value"], LABEL_VALUE, _LABEL_VALUE_EXPECTED)
         if operator == "Exists" and item.get("value"):
             raise fail(owner, f"{label}.value", item["value"], "no value with operator 'Exists'")
         if not item.get("key") and operator != "Exists":
@@ -323,6 +326,10 @@ def check_volume_mounts(owner: str, value: object) -> tuple[JsonDict, ...]:
         for key in ("subPath", "subPathExpr", "mountPropagation", "recursiveReadOnly"):
             if key in item and not isinstance(item[key], str):
                 raise fail(owner, f"{label}.{key}", item[key], "a str", TypeError)
+        for key in ("subPath", "subPathExpr"):
+            # The API server's validateLocalDescendingPath: a path inside the volume.
+            if key in item and (item[key].startswith("/") or ".." in item[key].split("/")):
+                raise fail(owner, f"{label}.{key}", item[key], "a relative path inside the volume, without '..'")
         if "readOnly" in item and not isinstance(item["readOnly"], bool):
             raise fail(owner, f"{label}.readOnly", item["readOnly"], "a bool", TypeError)
         checked.append(item)

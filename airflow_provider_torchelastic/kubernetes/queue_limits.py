@@ -43,7 +43,8 @@ __all__ = [
     "workload_check",
 ]
 
-#: The longest pause between two reads of a held job's Workloads.
+#: The longest pause between two reads of a held job's Workloads (and of the events of a job without pods: the wait's
+#: ``_with_create_error``).
 WORKLOAD_READ_MAX_INTERVAL: Final = 60.0
 
 

@@ -97,6 +97,10 @@ class _WatchState:
     last_seen: Snapshot | None = None
     #: What the Kueue limits remember between looks (:mod:`~.queue_limits`).
     queue: queue_limits.QueueWatch = field(default_factory=queue_limits.QueueWatch)
+    #: Why the controller could not create the job's pods, as last read (:func:`_with_create_error`), and when to
+    #: read it again.
+    create_error: str = ""
+    next_create_read: float = 0.0
 
 
 def wait_for_job(
@@ -132,7 +136,7 @@ def wait_for_job(
                 f"execution_timeout reached while {ref.kind} {ref.namespace}/{ref.name} ran; the job was deleted",
             )
         snapshot = yield from _with_pull_errors(ref, kind, snapshot)
-        snapshot = yield from _with_create_error(ref, kind, snapshot, policy)
+        snapshot = yield from _with_create_error(ref, kind, snapshot, policy, state)
         decision = kind.decide(ref, snapshot, policy)
         if snapshot.job is not None and not decision.phase.is_terminal:
             decision = yield from queue_limits.check(
@@ -227,20 +231,25 @@ def _with_pull_errors(ref: JobRef, kind: kinds.JobKind, snapshot: Snapshot) -> G
 
 
 def _with_create_error(
-    ref: JobRef, kind: kinds.JobKind, snapshot: Snapshot, policy: WaitPolicy
+    ref: JobRef, kind: kinds.JobKind, snapshot: Snapshot, policy: WaitPolicy, state: _WatchState
 ) -> Generator[Request, Any, Snapshot]:
     """``snapshot`` with why the job's controller could not create its pods, while a job whose controller makes its
     pods from templates has none, is not suspended, and is older than ``pending_grace_seconds``: the API server's
-    refusal is then only an event on the job. One events read per poll while that lasts."""
+    refusal is then only an event on the job. Read paced as the Kueue Workloads are (a triggerer may hold many such
+    jobs), and what was read holds until the next read."""
     job = snapshot.job
     if job is None or snapshot.pods or not kind.pod_templates(job) or is_suspended(job):
+        state.create_error = ""  # its pods came, or it is held: what the controller said is over
         return snapshot
     created = parse_time((job.get("metadata") or {}).get("creationTimestamp"))
     if created is None or snapshot.now - created < policy.pending_grace_seconds:
         return snapshot
-    events = yield ReadEvents(ref.name, ref.namespace, kind=ref.kind)
-    error = pod_creation.create_error_of(events or [])
-    return replace(snapshot, create_error=error) if error else snapshot
+    if snapshot.now >= state.next_create_read:
+        events = yield ReadEvents(ref.name, ref.namespace, kind=ref.kind)
+        state.create_error = pod_creation.create_error_of(events or [])
+        pace = max(policy.poll_interval, policy.pending_grace_seconds)
+        state.next_create_read = snapshot.now + min(pace, queue_limits.WORKLOAD_READ_MAX_INTERVAL)
+    return replace(snapshot, create_error=state.create_error) if state.create_error else snapshot
 
 
 def _renew_lease(ref: JobRef, job: Mapping[str, Any], lease: float, now: float) -> Generator[Request, Any, None]:

@@ -135,3 +135,15 @@ def test_a_job_that_ran_is_not_judged_by_a_stale_failed_create() -> None:
     ran = _job({"type": "Running", "status": "False"}, {"type": "Restarting", "status": "True"})
     with pytest.raises(AssertionError, match="still waiting"):
         _wait(policy, [T0 + 31, T0 + 60], [event(PERMANENT["limit range"], "2027-01-15T08:00:05Z")], ran)
+
+
+def test_the_events_are_read_paced_and_what_was_read_holds_between_reads() -> None:
+    policy = WaitPolicy(poll_interval=5, pending_grace_seconds=30)
+    polls = [T0 + 31 + 5 * i for i in range(13)]  # a minute of polls after the grace
+    with pytest.raises(AssertionError, match="still waiting") as waiting:
+        _wait(policy, polls, [event(UNKNOWN["webhook down"], "2027-01-15T08:00:05Z")])
+    asked = str(waiting.value)
+    assert asked.count("ReadEvents(") == 3, "at 31 s, 61 s and 91 s: once per pending_grace_seconds"
+    # Between two reads the job stands where the last read put it: every progress line (the change, the heartbeat)
+    # says so, none falls back to "Created".
+    assert asked.count("EmitLog(") == asked.count("no pods: the Kubeflow training operator cannot create") == 2, asked
