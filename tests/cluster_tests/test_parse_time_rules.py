@@ -1,6 +1,6 @@
-"""The parse-time checks of a container's requests and limits against the real API server's: for each case, the
-provider refuses it when the DAG is parsed exactly when kube-apiserver refuses the same resources in a Pod, and a
-rendered Pod that the provider accepts is admitted (dry runs: nothing is created)."""
+"""The parse-time checks of pod options against the real API server's: for each case, the provider refuses it when
+the DAG is parsed exactly when kube-apiserver refuses the same fields in a Pod, and a rendered Pod that the provider
+accepts is admitted (dry runs: nothing is created)."""
 
 from __future__ import annotations
 
@@ -78,3 +78,47 @@ def test_the_provider_refuses_at_parse_time_what_the_api_server_refuses(kube_clu
                 pod = check_renderable(Elastic(), image=IMAGE, pod_options=options, namespace=namespace)[-1]
                 assert pod["kind"] == "Pod", pod["kind"]
                 api.create_namespaced_pod(namespace, pod, dry_run="All")
+
+
+#: PodOptions fields beyond resources: (tolerations, volume mounts of one volume "v").
+FIELD_CASES: dict[str, tuple[list[dict[str, Any]], list[dict[str, Any]]]] = {
+    "a toleration value": ([{"key": "pool", "operator": "Equal", "value": "spot-1"}], []),
+    "a toleration value with a space": ([{"key": "pool", "operator": "Equal", "value": "a b"}], []),
+    "a relative subPath": ([], [{"name": "v", "mountPath": "/v", "subPath": "data/x"}]),
+    "an absolute subPath": ([], [{"name": "v", "mountPath": "/v", "subPath": "/data"}]),
+    "a subPath out of its volume": ([], [{"name": "v", "mountPath": "/v", "subPath": "data/../.."}]),
+    "a subPath with two dots in a name": ([], [{"name": "v", "mountPath": "/v", "subPath": "data..x"}]),
+}
+
+
+def test_tolerations_and_sub_paths_are_refused_at_parse_time_as_the_api_server_refuses_them(
+    kube_cluster: KubeCluster,
+) -> None:
+    volumes = [{"name": "v", "emptyDir": {}}]
+    verdicts = {}
+    with config.new_client_from_config(config_file=str(kube_cluster.kubeconfig)) as api_client:
+        api = client.CoreV1Api(api_client)
+        for case, (tolerations, mounts) in FIELD_CASES.items():
+            container = {"name": "c", "image": IMAGE, "volumeMounts": mounts}
+            pod = {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {"name": "fields"},
+                "spec": {"containers": [container], "tolerations": tolerations, "volumes": volumes},
+            }
+            try:
+                api.create_namespaced_pod(kube_cluster.namespace, pod, dry_run="All")
+                api_accepts = True
+            except ApiException as e:
+                assert e.status == 422, e.body
+                api_accepts = False
+            try:
+                options = PodOptions(tolerations=tolerations, volumes=volumes, volume_mounts=mounts)
+                check_renderable(Elastic(), image=IMAGE, pod_options=options)
+                provider_accepts = True
+            except (ValueError, TypeError):
+                provider_accepts = False
+            verdicts[case] = (api_accepts, provider_accepts)
+    disagreements = {case: verdict for case, verdict in verdicts.items() if verdict[0] != verdict[1]}
+    assert not disagreements, f"(API server, provider) accepts: {disagreements}"
+    assert {api for api, _ in verdicts.values()} == {True, False}

@@ -89,9 +89,10 @@ def test_a_trainjob_naming_a_missing_runtime_is_refused_at_submit_with_the_hint(
 
 
 def test_a_pytorchjob_whose_pods_the_api_server_would_refuse_is_refused_at_submit(kube_cluster: Any) -> None:
-    """The API server checks a PyTorchJob against its CRD's schema only: a pod template it refuses as a Pod (here a
-    volume mount's absolute subPath) is created, and its pods never are; the task would wait without pods. Each
-    template is created first as a dry-run Pod, and that refusal fails the try before anything is created."""
+    """The API server checks a PyTorchJob against its CRD's schema only: a pod template it refuses as a Pod (here an
+    affinity term of weight 0, which the provider does not check when the DAG is parsed) is created, and its pods
+    never are; the task would wait without pods. Each template is created first as a dry-run Pod, and that refusal
+    fails the try before anything is created."""
     from kubernetes import config
 
     from airflow_provider_torchelastic import Elastic, PodOptions
@@ -101,10 +102,8 @@ def test_a_pytorchjob_whose_pods_the_api_server_would_refuse_is_refused_at_submi
     from airflow_provider_torchelastic.kubernetes.wait_types import JobRef
 
     namespace = kube_cluster.namespace
-    options = PodOptions(
-        volumes=[{"name": "data", "emptyDir": {}}],
-        volume_mounts=[{"name": "data", "mountPath": "/data", "subPath": "/abs"}],
-    )
+    term = {"weight": 0, "preference": {"matchExpressions": [{"key": "pool", "operator": "Exists"}]}}
+    options = PodOptions(affinity={"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [term]}})
     secret, job = check_renderable(Elastic(nnodes=2), image="registry.example.com/ml/train:1.0", pod_options=options)
     for manifest in (secret, job):
         manifest["metadata"]["namespace"] = namespace
@@ -120,9 +119,69 @@ def test_a_pytorchjob_whose_pods_the_api_server_would_refuse_is_refused_at_submi
         assert (
             f"Cannot create PyTorchJob {namespace}/{ref.name}: the API server refuses its Worker pods" in answer.message
         )
-        assert 'subPath: Invalid value: "/abs": must be a relative path' in answer.message
+        assert "weight: Invalid value: 0: must be in the range 1-100" in answer.message
         assert "the Kubeflow training operator could never create them" in answer.message
         assert (
             kube.get("PyTorchJob", ref.name, namespace) is None
             and kube.get("Secret", secret["metadata"]["name"], namespace) is None
         )
+
+
+def test_pods_the_api_server_refuses_at_admission_fail_the_wait_or_are_waited_for_as_a_quota(kube_cluster: Any) -> None:
+    """The training operator's pod creates are refused at admission (a LimitRange, a ResourceQuota), which the job
+    shows only as FailedCreatePod Warnings: the wait reads them once the job has had no pods for
+    pending_grace_seconds. In a namespace of its own: its LimitRange and ResourceQuota must touch no other test."""
+    import dataclasses
+    import time
+    import uuid
+
+    from kubernetes import client, config
+
+    from airflow_provider_torchelastic import Elastic, PodOptions
+    from airflow_provider_torchelastic.core import causes
+    from airflow_provider_torchelastic.kubernetes.client import SyncKube
+    from airflow_provider_torchelastic.kubernetes.render import check_renderable
+    from airflow_provider_torchelastic.kubernetes.wait import drive_sync, wait_for_job
+    from airflow_provider_torchelastic.kubernetes.wait_types import JobRef, WaitPolicy
+
+    namespace = f"refusals-{uuid.uuid4().hex[:8]}"
+    image = "registry.example.com/ml/train:1.0"
+    with config.new_client_from_config(config_file=str(kube_cluster.kubeconfig)) as admin:
+        core, kube = client.CoreV1Api(admin), SyncKube(admin)
+        core.create_namespace({"metadata": {"name": namespace}})
+        try:
+
+            def wait(options: PodOptions, policy: WaitPolicy) -> tuple[Any, list[str]]:
+                # A deadline, so that a wait that does not see the refusal fails here instead of hanging.
+                policy = dataclasses.replace(policy, deadline=time.time() + 60)
+                job = check_renderable(Elastic(nnodes=2), image=image, pod_options=options, namespace=namespace)[-1]
+                kube.create(job)
+                ref = JobRef(kind="PyTorchJob", name=job["metadata"]["name"], namespace=namespace)
+                lines: list[str] = []
+                try:
+                    return drive_sync(wait_for_job(ref, policy), kube, lines.append), lines
+                finally:
+                    kube.delete("PyTorchJob", ref.name, namespace)
+
+            limit = {"type": "Container", "max": {"cpu": "1"}}
+            core.create_namespaced_limit_range(namespace, {"metadata": {"name": "max"}, "spec": {"limits": [limit]}})
+            decision, _ = wait(PodOptions(limits={"cpu": "2"}), WaitPolicy(poll_interval=1, pending_grace_seconds=2))
+            assert decision.verdict is not None and decision.verdict.cause == causes.CONFIGURATION, decision
+            assert "the Kubeflow training operator cannot create its pods: Error creating: " in decision.verdict.detail
+            assert "maximum cpu usage per Container is 1, but limit is 2" in decision.verdict.detail
+            core.delete_namespaced_limit_range("max", namespace)
+
+            # No quota controller runs beside the simulated kubelet: the quota's usage is written as it would.
+            quota = {"metadata": {"name": "compute"}, "spec": {"hard": {"pods": "0"}}}
+            core.create_namespaced_resource_quota(namespace, quota)
+            status = {**quota, "status": {"hard": {"pods": "0"}, "used": {"pods": "0"}}}
+            core.replace_namespaced_resource_quota_status("compute", namespace, status)
+            policy = WaitPolicy(poll_interval=1, pending_grace_seconds=2, scheduling_timeout=6)
+            decision, lines = wait(PodOptions(), policy)
+            assert decision.verdict is not None and decision.verdict.cause == causes.UNSCHEDULABLE, decision
+            assert decision.verdict.recoverable and "exceeded quota: compute" in decision.verdict.detail
+            assert any(
+                "waiting for capacity: the Kubeflow training operator cannot create its pods" in line for line in lines
+            ), lines
+        finally:
+            core.delete_namespace(namespace)
