@@ -135,8 +135,7 @@ def wait_for_job(
                 "execution_timeout reached",
                 f"execution_timeout reached while {ref.kind} {ref.namespace}/{ref.name} ran; the job was deleted",
             )
-        snapshot = yield from _with_pull_errors(ref, kind, snapshot)
-        snapshot = yield from _with_create_error(ref, kind, snapshot, policy, state)
+        snapshot = yield from _with_events(ref, kind, snapshot, policy, state)
         decision = kind.decide(ref, snapshot, policy)
         if snapshot.job is not None and not decision.phase.is_terminal:
             decision = yield from queue_limits.check(
@@ -215,6 +214,14 @@ def _failed(ref: JobRef, state: str, detail: str) -> WaitDecision:
         progress=f"{ref.kind} {ref.name}: {state}",
         verdict=Verdict(succeeded=False, recoverable=True, detail=detail, cause=causes.INFRASTRUCTURE),
     )
+
+
+def _with_events(
+    ref: JobRef, kind: kinds.JobKind, snapshot: Snapshot, policy: WaitPolicy, state: _WatchState
+) -> Generator[Request, Any, Snapshot]:
+    """``snapshot`` with what events say that the objects do not: why pulls failed, why pods are not created."""
+    snapshot = yield from _with_pull_errors(ref, kind, snapshot)
+    return (yield from _with_create_error(ref, kind, snapshot, policy, state))
 
 
 def _with_pull_errors(ref: JobRef, kind: kinds.JobKind, snapshot: Snapshot) -> Generator[Request, Any, Snapshot]:
