@@ -30,6 +30,8 @@ _PERMANENT: Final = re.compile(
 
 
 class CreateRefusal(Enum):
+    """What a refused pod create means for the wait (:func:`create_refusal`)."""
+
     QUOTA = "quota"
     PERMANENT = "permanent"
     UNKNOWN = "unknown"

@@ -214,7 +214,7 @@ def create_or_reattach(
             return candidate
         if found == "foreign":
             return _not_ours(candidate.kind, candidate.namespace, candidate.name)
-    refused = _refused_pod_template(kube, call, ref, workload)
+    refused = _refused_pod_template(kube, ref, workload)
     if refused is not None:
         return refused
     if remember is not None:
@@ -243,9 +243,7 @@ def create_or_reattach(
     return ref
 
 
-def _refused_pod_template(
-    kube: SyncKube, call: Callable[..., Any], ref: JobRef, workload: Mapping[str, Any]
-) -> Refusal | None:
+def _refused_pod_template(kube: SyncKube, ref: JobRef, workload: Mapping[str, Any]) -> Refusal | None:
     """A pod template of ``workload`` that the API server refuses as a Pod (422), as the task's refusal; None when
     every one is admitted, or cannot be checked here.
 
@@ -253,13 +251,14 @@ def _refused_pod_template(
     controller creates the pods, and a refusal then is only an event on the job, which would wait without pods until
     ``execution_timeout``. So each template is created first as a dry-run Pod named as the controller names the
     replica's first pod. Any other answer (no permission, a webhook that cannot take a dry run, the API unavailable)
-    leaves the decision to the real create, as before."""
+    leaves the decision to the real create, as before; so the dry run is sent once, not retried: the create that
+    follows retries an unavailable API itself."""
     descriptor = kinds.get(ref.kind)
     for replica, template in descriptor.pod_templates(workload).items():
         metadata = {**(template.get("metadata") or {}), "name": f"{ref.name}-{replica.lower()}-0"}
         pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {**metadata, "namespace": ref.namespace}}
         try:
-            call(functools.partial(kube.create, dry_run=True), {**pod, "spec": template.get("spec") or {}})
+            kube.create({**pod, "spec": template.get("spec") or {}}, dry_run=True)
         except KubeError as e:
             if e.status != 422:
                 continue

@@ -35,7 +35,7 @@ def _no_selector(name: str) -> str | None:
     return None
 
 
-def _no_containers(workload: Mapping[str, Any]) -> dict[str, Any]:
+def _none_by_replica(workload: Mapping[str, Any]) -> dict[str, Any]:
     return {}
 
 
@@ -156,13 +156,13 @@ class JobKind:
     replica_count: Callable[[Mapping[str, Any]], int | None] = _no_replica_count
     #: The training container of each replica of a rendered object, by replica name: the dicts themselves (so that a
     #: copy's can be changed in place), whose :attr:`resources_key` holds the resources ``retry_resources`` raises.
-    training_containers: Callable[[Mapping[str, Any]], dict[str, Any]] = _no_containers
+    training_containers: Callable[[Mapping[str, Any]], dict[str, Any]] = _none_by_replica
     resources_key: str = "resources"
     #: The pod templates of a rendered object that the kind's controller makes pods from, by replica name. Each is
     #: created as a dry-run Pod before the job (:func:`~..submit.create_or_reattach`): the API server validates a
     #: custom resource's templates only against its schema, so a template it would refuse as a Pod would leave the
     #: job without pods. None where the object is the pod, or the controller composes the pods itself.
-    pod_templates: Callable[[Mapping[str, Any]], dict[str, Any]] = _no_containers
+    pod_templates: Callable[[Mapping[str, Any]], dict[str, Any]] = _none_by_replica
     #: The rendered object with its repetition folded, for the rendered-template view when the whole does not fit.
     abbreviate: Callable[[JsonDict], JsonDict] = _unchanged
     #: The ``spec`` of the object's digest (what runs where, with which resources): the last resort of that view.
