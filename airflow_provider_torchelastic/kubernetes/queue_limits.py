@@ -40,12 +40,19 @@ __all__ = [
     "is_held",
     "note_preemption",
     "preemption_limit",
+    "read_pace",
     "workload_check",
 ]
 
-#: The longest pause between two reads of a held job's Workloads (and of the events of a job without pods: the wait's
-#: ``_with_create_error``).
+#: The longest pause between two reads of a held job's Workloads, or of a job's events while it has no pods
+#: (:func:`read_pace`).
 WORKLOAD_READ_MAX_INTERVAL: Final = 60.0
+
+
+def read_pace(policy: WaitPolicy) -> float:
+    """Seconds between two reads a quiet job's wait adds (its Workloads, its events): once per
+    ``pending_grace_seconds``, at least ``poll_interval``, at most :data:`WORKLOAD_READ_MAX_INTERVAL`."""
+    return min(max(policy.poll_interval, policy.pending_grace_seconds), WORKLOAD_READ_MAX_INTERVAL)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -175,7 +182,7 @@ def workload_check(
         return None
     if now - _held_since(job, now) < grace:
         return None
-    watch.next_workload_read = now + min(max(policy.poll_interval, grace), WORKLOAD_READ_MAX_INTERVAL)
+    watch.next_workload_read = now + read_pace(policy)
     workloads = yield ReadWorkloads(ref.namespace, str(uid))
     return admitted_but_held(ref, job, workloads or [], grace, now)
 

@@ -255,10 +255,11 @@ def _refused_pod_template(kube: SyncKube, ref: JobRef, workload: Mapping[str, An
     follows retries an unavailable API itself."""
     descriptor = kinds.get(ref.kind)
     for replica, template in descriptor.pod_templates(workload).items():
-        metadata = {**(template.get("metadata") or {}), "name": f"{ref.name}-{replica.lower()}-0"}
-        pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {**metadata, "namespace": ref.namespace}}
+        name = f"{ref.name}-{replica.lower()}-0"
+        metadata = {**(template.get("metadata") or {}), "name": name, "namespace": ref.namespace}
+        pod = {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": template.get("spec") or {}}
         try:
-            kube.create({**pod, "spec": template.get("spec") or {}}, dry_run=True)
+            kube.create(pod, dry_run=True)
         except KubeError as e:
             if e.status != 422:
                 continue

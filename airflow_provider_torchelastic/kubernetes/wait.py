@@ -254,8 +254,7 @@ def _with_create_error(
     if snapshot.now >= state.next_create_read:
         events = yield ReadEvents(ref.name, ref.namespace, kind=ref.kind)
         state.create_error = pod_creation.create_error_of(events or [])
-        pace = max(policy.poll_interval, policy.pending_grace_seconds)
-        state.next_create_read = snapshot.now + min(pace, queue_limits.WORKLOAD_READ_MAX_INTERVAL)
+        state.next_create_read = snapshot.now + queue_limits.read_pace(policy)
     return replace(snapshot, create_error=state.create_error) if state.create_error else snapshot
 
 

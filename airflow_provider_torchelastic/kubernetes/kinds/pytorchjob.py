@@ -458,8 +458,8 @@ def _training_containers(workload: Mapping[str, Any]) -> dict[str, Any]:
     """Each replica type's training container."""
     return {
         replica: container
-        for replica, replica_spec in ((workload.get("spec") or {}).get("pytorchReplicaSpecs") or {}).items()
-        for container in ((replica_spec.get("template") or {}).get("spec") or {}).get("containers") or []
+        for replica, template in _pod_templates(workload).items()
+        for container in (template.get("spec") or {}).get("containers") or []
         if container.get("name") == TRAINING_CONTAINER
     }
 
