@@ -1,5 +1,6 @@
 """The checks of the Kubernetes fields pod options carry: names, labels and annotations, env and its sources,
-tolerations, affinity, volumes and mounts, the pod template; each names the option, the field and what it expects.
+tolerations, volumes and mounts, the pod template (affinity has its own module, :mod:`.affinity`); each names the
+option, the field and what it expects.
 
 Pure and standard library only (what :mod:`.pod_options` validates with while a DAG file is parsed). A kubernetes
 client object given instead of a plain dict (``V1Toleration`` ...) is converted by :func:`to_plain`, importing the
@@ -41,6 +42,9 @@ UNSET: Final = Unset.UNSET
 IMAGE_PULL_POLICIES: Final = ("Always", "IfNotPresent", "Never")
 
 
+_DNS_POLICIES: Final = ("ClusterFirst", "ClusterFirstWithHostNet", "Default", "None")
+
+
 #: Injected by the training operator (which appends them after the template's env, so they would win anyway): a user
 #: value would only look like it does something.
 RESERVED_ENV: Final = frozenset({"MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK"})
@@ -70,9 +74,6 @@ _TOLERATION_OPERATORS: Final = ("Exists", "Equal")
 
 
 _TOLERATION_EFFECTS: Final = ("NoSchedule", "PreferNoSchedule", "NoExecute")
-
-
-AFFINITY_KEYS: Final = frozenset({"nodeAffinity", "podAffinity", "podAntiAffinity"})
 
 
 _MOUNT_KEYS: Final = frozenset(
@@ -364,19 +365,23 @@ def check_pod_template(owner: str, value: object) -> JsonDict:
             spec["restartPolicy"],
             "no restartPolicy: it is set per replica (Master/Worker(restart_policy=...)) and is Never for a single Pod",
         )
-    containers = spec.get("containers") or []
-    if not isinstance(containers, list) or not all(isinstance(c, dict) and c.get("name") for c in containers):
-        raise fail(owner, "pod_template.spec.containers", containers, "a list of containers, each with a name")
-    _check_unique(owner, "pod_template.spec.containers", [c["name"] for c in containers])
-    for container in containers:
-        if container["name"] == "pytorch":
-            _check_pytorch_container(owner, container)
+    _check_containers(owner, spec)
+    _check_dns_policy(owner, spec)
+    return {"metadata": metadata, "spec": spec}
+
+
+def _check_containers(owner: str, spec: JsonDict) -> None:
+    """Each container's name, image and resources (normalized in place), and the ``pytorch`` container's rules."""
+    names: list[str] = []
     for key in ("containers", "initContainers"):
         items = spec.get(key) or []
-        for item in items if isinstance(items, list) else []:
-            if not isinstance(item, dict):
-                continue
-            where = f"pod_template.spec.{key}[{item.get('name')!r}]"
+        if not isinstance(items, list) or not all(isinstance(c, dict) and c.get("name") for c in items):
+            raise fail(owner, f"pod_template.spec.{key}", items, "a list of containers, each with a name")
+        for item in items:
+            where = f"pod_template.spec.{key}[{item['name']!r}]"
+            names.append(_check_str(owner, f"{where}.name", item["name"], DNS_1123_LABEL, "a DNS-1123 label"))
+            if item["name"] == "pytorch" and key == "containers":
+                _check_pytorch_container(owner, item)
             if item.get("image") is not None:
                 # Pod options are not templated: an image here reaches the pod exactly as written.
                 check_image(owner, f"{where}.image", item["image"])
@@ -387,7 +392,17 @@ def check_pod_template(owner: str, value: object) -> JsonDict:
                 for part in ("requests", "limits"):
                     if resources.get(part) is not None:
                         resources[part] = dict(check_resources(owner, f"{where}.resources.{part}", resources[part]))
-    return {"metadata": metadata, "spec": spec}
+    # Init containers and containers share one namespace of names (the API server refuses a name given twice).
+    _check_unique(owner, "pod_template.spec containers and initContainers", names)
+
+
+def _check_dns_policy(owner: str, spec: JsonDict) -> None:
+    policy = spec.get("dnsPolicy")
+    if policy is not None and policy not in _DNS_POLICIES:
+        raise fail(owner, "pod_template.spec.dnsPolicy", policy, "one of " + ", ".join(_DNS_POLICIES))
+    config = spec.get("dnsConfig")
+    if policy == "None" and not (isinstance(config, dict) and config.get("nameservers")):
+        raise fail(owner, "pod_template.spec.dnsConfig", config, "nameservers when dnsPolicy is 'None'")
 
 
 def _check_pytorch_container(owner: str, container: JsonDict) -> None:

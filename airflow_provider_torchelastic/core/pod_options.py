@@ -25,8 +25,8 @@ from dataclasses import dataclass, field, fields, replace
 from types import MappingProxyType
 from typing import Any, Final, Literal, TypeAlias, cast
 
+from airflow_provider_torchelastic.core.affinity import check_affinity
 from airflow_provider_torchelastic.core.pod_fields import (
-    AFFINITY_KEYS,
     IMAGE_PULL_POLICIES,
     SCHEDULING_POLICY_KEYS,
     UNSET,
@@ -154,15 +154,12 @@ class PodOptions:
             "priority_class_name": check_name(owner, "priority_class_name", self.priority_class_name, "PriorityClass"),
         }
         if self.affinity is not None:
-            affinity = check_mapping(owner, "affinity", self.affinity)
-            affinity = {key: val for key, val in affinity.items() if val is not None}
-            check_keys(owner, "affinity", affinity, AFFINITY_KEYS)
-            for key, val in affinity.items():
-                if not isinstance(val, dict):
-                    raise fail(owner, f"affinity.{key}", val, "a mapping", TypeError)
-            normalized["affinity"] = MappingProxyType(affinity)
+            normalized["affinity"] = check_affinity(owner, "affinity", self.affinity)
         if self.pod_template is not None:
-            normalized["pod_template"] = MappingProxyType(check_pod_template(owner, self.pod_template))
+            template = check_pod_template(owner, self.pod_template)
+            if "affinity" in template["spec"]:
+                check_affinity(owner, "pod_template.spec.affinity", template["spec"]["affinity"])
+            normalized["pod_template"] = MappingProxyType(template)
         for name, value in normalized.items():
             object.__setattr__(self, name, value)
 

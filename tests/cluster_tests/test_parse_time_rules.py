@@ -36,28 +36,33 @@ CASES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
 }
 
 
-def _provider_accepts(requests: dict[str, Any], limits: dict[str, Any]) -> bool:
+def _provider_renders(**options: Any) -> bool:
+    """Whether the provider takes these pod options, from the DAG file to a rendered job."""
     try:
-        check_renderable(Elastic(), image=IMAGE, pod_options=PodOptions(requests=requests, limits=limits))
+        check_renderable(Elastic(), image=IMAGE, pod_options=PodOptions(**options))
     except (ValueError, TypeError):
         return False
     return True
 
 
-def _api_accepts(api: client.CoreV1Api, namespace: str, requests: dict[str, Any], limits: dict[str, Any]) -> bool:
-    resources = {"requests": {k: str(v) for k, v in requests.items()}, "limits": {k: str(v) for k, v in limits.items()}}
-    pod = {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": "resources"},
-        "spec": {"containers": [{"name": "c", "image": IMAGE, "resources": resources}]},
-    }
+def _provider_accepts(requests: dict[str, Any], limits: dict[str, Any]) -> bool:
+    return _provider_renders(requests=requests, limits=limits)
+
+
+def _api_admits(api: client.CoreV1Api, namespace: str, spec: dict[str, Any]) -> bool:
+    """Whether the API server admits a Pod of this spec (a dry run); a refusal must be a 422 (invalid)."""
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "fields"}, "spec": spec}
     try:
         api.create_namespaced_pod(namespace, pod, dry_run="All")
     except ApiException as e:
         assert e.status == 422, e.body
         return False
     return True
+
+
+def _api_accepts(api: client.CoreV1Api, namespace: str, requests: dict[str, Any], limits: dict[str, Any]) -> bool:
+    resources = {"requests": {k: str(v) for k, v in requests.items()}, "limits": {k: str(v) for k, v in limits.items()}}
+    return _api_admits(api, namespace, {"containers": [{"name": "c", "image": IMAGE, "resources": resources}]})
 
 
 def test_the_provider_refuses_at_parse_time_what_the_api_server_refuses(kube_cluster: KubeCluster) -> None:
@@ -100,24 +105,84 @@ def test_tolerations_and_sub_paths_are_refused_at_parse_time_as_the_api_server_r
         api = client.CoreV1Api(api_client)
         for case, (tolerations, mounts) in FIELD_CASES.items():
             container = {"name": "c", "image": IMAGE, "volumeMounts": mounts}
-            pod = {
-                "apiVersion": "v1",
-                "kind": "Pod",
-                "metadata": {"name": "fields"},
-                "spec": {"containers": [container], "tolerations": tolerations, "volumes": volumes},
-            }
-            try:
-                api.create_namespaced_pod(kube_cluster.namespace, pod, dry_run="All")
-                api_accepts = True
-            except ApiException as e:
-                assert e.status == 422, e.body
-                api_accepts = False
-            try:
-                options = PodOptions(tolerations=tolerations, volumes=volumes, volume_mounts=mounts)
-                check_renderable(Elastic(), image=IMAGE, pod_options=options)
-                provider_accepts = True
-            except (ValueError, TypeError):
-                provider_accepts = False
+            spec = {"containers": [container], "tolerations": tolerations, "volumes": volumes}
+            api_accepts = _api_admits(api, kube_cluster.namespace, spec)
+            provider_accepts = _provider_renders(tolerations=tolerations, volumes=volumes, volume_mounts=mounts)
+            verdicts[case] = (api_accepts, provider_accepts)
+    disagreements = {case: verdict for case, verdict in verdicts.items() if verdict[0] != verdict[1]}
+    assert not disagreements, f"(API server, provider) accepts: {disagreements}"
+    assert {api for api, _ in verdicts.values()} == {True, False}
+
+
+_NODE_TERM: dict[str, Any] = {"matchExpressions": [{"key": "gpu", "operator": "In", "values": ["a100"]}]}
+_HOST: dict[str, Any] = {"topologyKey": "kubernetes.io/hostname", "labelSelector": {"matchLabels": {"app": "t"}}}
+
+
+def _preferred_node(weight: int, term: dict[str, Any]) -> dict[str, Any]:
+    preferred = [{"weight": weight, "preference": term}]
+    return {"affinity": {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": preferred}}}
+
+
+def _required_pods(kind: str, term: dict[str, Any]) -> dict[str, Any]:
+    return {"affinity": {kind: {"requiredDuringSchedulingIgnoredDuringExecution": [term]}}}
+
+
+#: Pod spec fields, given in the pod template (and, for affinity, as ``PodOptions.affinity`` too).
+SPEC_CASES: dict[str, dict[str, Any]] = {
+    "a preferred node": _preferred_node(50, _NODE_TERM),
+    "a weight of 0": _preferred_node(0, _NODE_TERM),
+    "a weight of 101": _preferred_node(101, _NODE_TERM),
+    "In without values": _preferred_node(1, {"matchExpressions": [{"key": "gpu", "operator": "In", "values": []}]}),
+    "Exists with values": _preferred_node(
+        1, {"matchExpressions": [{"key": "g", "operator": "Exists", "values": ["a"]}]}
+    ),
+    "Lt with one value": _preferred_node(1, {"matchExpressions": [{"key": "n", "operator": "Lt", "values": ["4"]}]}),
+    "Lt with two values": _preferred_node(
+        1, {"matchExpressions": [{"key": "n", "operator": "Lt", "values": ["4", "5"]}]}
+    ),
+    "a lowercase operator": _preferred_node(1, {"matchExpressions": [{"key": "g", "operator": "exists"}]}),
+    "a key with a space": _preferred_node(1, {"matchExpressions": [{"key": "a b", "operator": "Exists"}]}),
+    "a node name field": _preferred_node(
+        1, {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["n"]}]}
+    ),
+    "a node label field": _preferred_node(
+        1, {"matchFields": [{"key": "metadata.labels", "operator": "In", "values": ["n"]}]}
+    ),
+    "no node selector terms": {
+        "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": []}}}
+    },
+    "pods on one host": _required_pods("podAffinity", _HOST),
+    "pods apart, in named namespaces": _required_pods("podAntiAffinity", {**_HOST, "namespaces": ["team-a"]}),
+    "no topology key": _required_pods("podAffinity", {"labelSelector": {}}),
+    "a namespace in capitals": _required_pods("podAffinity", {**_HOST, "namespaces": ["Team"]}),
+    "a Gt in a label selector": _required_pods(
+        "podAffinity",
+        {**_HOST, "labelSelector": {"matchExpressions": [{"key": "a", "operator": "Gt", "values": ["1"]}]}},
+    ),
+    "a sidecar": {"containers": [{"name": "log-shipper", "image": IMAGE}]},
+    "a sidecar named in capitals": {"containers": [{"name": "Sidecar", "image": IMAGE}]},
+    "an init container named as a container": {"initContainers": [{"name": "c", "image": IMAGE}]},
+    "a known DNS policy": {"dnsPolicy": "ClusterFirstWithHostNet"},
+    "an unknown DNS policy": {"dnsPolicy": "Cluster"},
+    "DNS policy None without a config": {"dnsPolicy": "None"},
+    "DNS policy None with nameservers": {"dnsPolicy": "None", "dnsConfig": {"nameservers": ["10.0.0.10"]}},
+}
+
+
+def test_affinity_containers_and_dns_are_refused_at_parse_time_as_the_api_server_refuses_them(
+    kube_cluster: KubeCluster,
+) -> None:
+    verdicts = {}
+    with config.new_client_from_config(config_file=str(kube_cluster.kubeconfig)) as api_client:
+        api = client.CoreV1Api(api_client)
+        for case, fields in SPEC_CASES.items():
+            # The same spec both ways: beside the provider's own "pytorch" container, a sidecar "c" (a name an init
+            # container's may clash with).
+            spec = {**fields, "containers": [{"name": "c", "image": IMAGE}, *fields.get("containers", [])]}
+            api_accepts = _api_admits(api, kube_cluster.namespace, spec)
+            provider_accepts = _provider_renders(pod_template={"spec": spec})
+            if set(fields) == {"affinity"}:
+                assert _provider_renders(affinity=fields["affinity"]) == provider_accepts, case
             verdicts[case] = (api_accepts, provider_accepts)
     disagreements = {case: verdict for case, verdict in verdicts.items() if verdict[0] != verdict[1]}
     assert not disagreements, f"(API server, provider) accepts: {disagreements}"

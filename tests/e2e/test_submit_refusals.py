@@ -89,8 +89,8 @@ def test_a_trainjob_naming_a_missing_runtime_is_refused_at_submit_with_the_hint(
 
 
 def test_a_pytorchjob_whose_pods_the_api_server_would_refuse_is_refused_at_submit(kube_cluster: Any) -> None:
-    """The API server checks a PyTorchJob against its CRD's schema only: a pod template it refuses as a Pod (here an
-    affinity term of weight 0, which the provider does not check when the DAG is parsed) is created, and its pods
+    """The API server checks a PyTorchJob against its CRD's schema only: a pod template it refuses as a Pod (here a
+    sidecar's port above 65535, which the provider does not check when the DAG is parsed) is created, and its pods
     never are; the task would wait without pods. Each template is created first as a dry-run Pod, and that refusal
     fails the try before anything is created."""
     from kubernetes import config
@@ -102,8 +102,8 @@ def test_a_pytorchjob_whose_pods_the_api_server_would_refuse_is_refused_at_submi
     from airflow_provider_torchelastic.kubernetes.wait_types import JobRef
 
     namespace = kube_cluster.namespace
-    term = {"weight": 0, "preference": {"matchExpressions": [{"key": "pool", "operator": "Exists"}]}}
-    options = PodOptions(affinity={"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [term]}})
+    sidecar = {"name": "metrics", "image": "registry.example.com/ml/metrics:1.0", "ports": [{"containerPort": 70000}]}
+    options = PodOptions(pod_template={"spec": {"containers": [sidecar]}})
     secret, job = check_renderable(Elastic(nnodes=2), image="registry.example.com/ml/train:1.0", pod_options=options)
     for manifest in (secret, job):
         manifest["metadata"]["namespace"] = namespace
@@ -119,7 +119,7 @@ def test_a_pytorchjob_whose_pods_the_api_server_would_refuse_is_refused_at_submi
         assert (
             f"Cannot create PyTorchJob {namespace}/{ref.name}: the API server refuses its Worker pods" in answer.message
         )
-        assert "weight: Invalid value: 0: must be in the range 1-100" in answer.message
+        assert "containerPort: Invalid value: 70000: must be between 1 and 65535" in answer.message
         assert "the Kubeflow training operator could never create them" in answer.message
         assert (
             kube.get("PyTorchJob", ref.name, namespace) is None
