@@ -114,9 +114,9 @@ def _check_resources(where: str, requests: Mapping[str, str], limits: Mapping[st
     if any(key.startswith("hugepages-") for key in named) and not named & {"cpu", "memory"}:
         raise invalid(where, {"requests": dict(requests), "limits": dict(limits)}, "cpu or memory beside hugepages")
     for key, request in requests.items():
-        extended = not overcommit_allowed(key)
+        no_overcommit = not overcommit_allowed(key)  # extended resources and hugepages
         if key not in limits:
-            if extended:
+            if no_overcommit:
                 raise invalid(f"{where}.limits[{key!r}]", None, f"a limit for {key} (it cannot be overcommitted)")
             continue
         low, high = quantity_value(request), quantity_value(limits[key])
@@ -124,7 +124,7 @@ def _check_resources(where: str, requests: Mapping[str, str], limits: Mapping[st
             continue
         if low > high:
             raise invalid(f"{where}.requests[{key!r}]", request, f"at most the limit {limits[key]!r}")
-        if extended and low != high:
+        if no_overcommit and low != high:
             raise invalid(f"{where}.requests[{key!r}]", request, f"the limit {limits[key]!r} (no overcommit of {key})")
 
 

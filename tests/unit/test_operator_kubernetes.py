@@ -236,3 +236,17 @@ def test_a_connection_with_two_ways_to_reach_a_cluster_fails_at_submit_without_r
     monkeypatch.setenv("AIRFLOW_CONN_ONE_WAY", json.dumps({"conn_type": "kubernetes", "extra": {"in_cluster": True}}))
     with pytest.raises(ConfigurationError, match=r"^connection 'one_way' gives no Kubernetes client"):
         cluster_client(connect("one_way"))
+
+
+def test_stopping_a_job_without_the_trys_client_connects_as_a_submit_does(monkeypatch: pytest.MonkeyPatch) -> None:
+    """on_kill after a resume (or a trigger that could not wait) has no client of the try: the cluster is connected
+    the one way a submit connects it, so a connection that does not exist is the typed, named error."""
+    from airflow_provider_torchelastic import TorchElasticOperator
+    from airflow_provider_torchelastic.kubernetes.wait_types import JobRef
+    from airflow_provider_torchelastic.operators import InfrastructureError
+    from airflow_provider_torchelastic.operators.backends.kubernetes import stop
+    from airflow_provider_torchelastic.operators.operator import _task_spec
+
+    op = TorchElasticOperator(task_id="t", python_callable=print, image="i:1", kubernetes_conn_id="no_such_conn")
+    with pytest.raises(InfrastructureError, match=r"^kubernetes_conn_id='no_such_conn': Airflow found no such"):
+        stop(_task_spec(op), JobRef(kind="PyTorchJob", name="j", namespace="ml"))

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Final, NoReturn
 from airflow_provider_torchelastic.core.outcome import Verdict
 from airflow_provider_torchelastic.core.redaction import redacting
 from airflow_provider_torchelastic.errors import KubeError
-from airflow_provider_torchelastic.hooks import async_hook, connect
+from airflow_provider_torchelastic.hooks import async_hook
 from airflow_provider_torchelastic.kubernetes import kinds, submit, sweep
 from airflow_provider_torchelastic.kubernetes import render as kubernetes_render
 from airflow_provider_torchelastic.kubernetes.connection import ClusterConnection
@@ -481,8 +481,12 @@ def _resume(task: TaskSpec, context: Context, event: Mapping[str, Any], settings
     )
     outcome = event_from_payload(dict(event))
     if isinstance(outcome, WaitFailed):
-        # The trigger could not even start waiting: do not leave the job holding the cluster.
-        stop(task, ref)
+        # The trigger could not even start waiting: do not leave the job holding the cluster. A stop that fails too
+        # is logged, not raised: the trigger's error is the task's (and a retry reattaches to a job left running).
+        try:
+            stop(task, ref)
+        except Exception as e:
+            task.log.warning("Could not stop %s %s/%s: %s: %s", *_named(ref), type(e).__name__, e)
         raise InfrastructureError(f"Waiting for {ref.kind} {ref.namespace}/{ref.name} failed: {outcome.message}")
     from airflow_provider_torchelastic.core.tap import MetricsTap
 
@@ -523,7 +527,9 @@ def _result_of(
 
 
 def stop(task: TaskSpec, ref: JobRef, kube: SyncKube | None = None) -> None:
-    """Delete the job unless it has finished: the one way the worker ends a job it no longer waits for."""
+    """Delete the job unless it has finished: the one way the worker ends a job it no longer waits for. Without the
+    try's client (on_kill after a resume, a trigger that could not wait), the task's cluster is connected as a submit
+    connects it, so a missing connection is the same typed error."""
     from airflow_provider_torchelastic.kubernetes.wait import drive_sync, stop_job
 
-    drive_sync(stop_job(ref), kube or connect(task.kubernetes_conn_id).sync_kube(), task.log.info)
+    drive_sync(stop_job(ref), kube or cluster_client(task_cluster(task.kubernetes_conn_id, None)), task.log.info)
