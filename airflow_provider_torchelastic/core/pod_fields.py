@@ -398,7 +398,7 @@ def _check_containers(owner: str, spec: JsonDict) -> None:
 
 def _check_dns_policy(owner: str, spec: JsonDict) -> None:
     policy = spec.get("dnsPolicy")
-    if policy is not None and policy not in _DNS_POLICIES:
+    if policy not in (None, "", *_DNS_POLICIES):  # the API server defaults an empty policy to ClusterFirst
         raise fail(owner, "pod_template.spec.dnsPolicy", policy, "one of " + ", ".join(_DNS_POLICIES))
     config = spec.get("dnsConfig")
     if policy == "None" and not (isinstance(config, dict) and config.get("nameservers")):

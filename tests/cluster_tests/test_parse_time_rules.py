@@ -163,6 +163,7 @@ SPEC_CASES: dict[str, dict[str, Any]] = {
     "a sidecar named in capitals": {"containers": [{"name": "Sidecar", "image": IMAGE}]},
     "an init container named as a container": {"initContainers": [{"name": "c", "image": IMAGE}]},
     "a known DNS policy": {"dnsPolicy": "ClusterFirstWithHostNet"},
+    "an empty DNS policy": {"dnsPolicy": ""},
     "an unknown DNS policy": {"dnsPolicy": "Cluster"},
     "DNS policy None without a config": {"dnsPolicy": "None"},
     "DNS policy None with nameservers": {"dnsPolicy": "None", "dnsConfig": {"nameservers": ["10.0.0.10"]}},
