@@ -45,6 +45,12 @@ IMAGE_PULL_POLICIES: Final = ("Always", "IfNotPresent", "Never")
 _DNS_POLICIES: Final = ("ClusterFirst", "ClusterFirstWithHostNet", "Default", "None")
 
 
+_PORT_PROTOCOLS: Final = ("TCP", "UDP", "SCTP")
+#: An IANA service name (the API server's IsValidPortName; no '--' and a letter are checked apart).
+_PORT_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,13}[a-z0-9])?\Z")
+_PORT_NAME_EXPECTED: Final = "a port name: <= 15 of [-a-z0-9], a letter among them, no '--', alnum ends"
+
+
 #: Injected by the training operator (which appends them after the template's env, so they would win anyway): a user
 #: value would only look like it does something.
 RESERVED_ENV: Final = frozenset({"MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK"})
@@ -382,6 +388,8 @@ def _check_containers(owner: str, spec: JsonDict) -> None:
             names.append(_check_str(owner, f"{where}.name", item["name"], DNS_1123_LABEL, "a DNS-1123 label"))
             if item["name"] == "pytorch" and key == "containers":
                 _check_pytorch_container(owner, item)
+            if "ports" in item:
+                _check_ports(owner, f"{where}.ports", item["ports"])
             if item.get("image") is not None:
                 # Pod options are not templated: an image here reaches the pod exactly as written.
                 check_image(owner, f"{where}.image", item["image"])
@@ -394,6 +402,26 @@ def _check_containers(owner: str, spec: JsonDict) -> None:
                         resources[part] = dict(check_resources(owner, f"{where}.resources.{part}", resources[part]))
     # Init containers and containers share one namespace of names (the API server refuses a name given twice).
     _check_unique(owner, "pod_template.spec containers and initContainers", names)
+
+
+def _check_ports(owner: str, name: str, value: object) -> None:
+    """A container's ports by the API server's rules (``validateContainerPorts``): a port name is an IANA service
+    name (at most 15 characters: ``prometheus-metrics`` is one too many), unique in its container."""
+    port_names: list[str] = []
+    example = "a mapping such as {'name': 'metrics', 'containerPort': 9090}"
+    for label, port in _check_mappings(owner, name, value, example):
+        if "name" in port:
+            port_names.append(_check_str(owner, f"{label}.name", port["name"], _PORT_NAME, _PORT_NAME_EXPECTED))
+            if "--" in port["name"] or not re.search("[a-z]", port["name"]):
+                raise fail(owner, f"{label}.name", port["name"], _PORT_NAME_EXPECTED)
+        # A containerPort is required; a hostPort of 0 (or none) is no host port.
+        for key, least in (("containerPort", 1), ("hostPort", 0)):
+            number = port.get(key, None if least else 0)
+            if not is_int(number) or not least <= cast("int", number) <= 65535:
+                raise fail(owner, f"{label}.{key}", number, "a port number from 1 to 65535")
+        if port.get("protocol", "TCP") not in _PORT_PROTOCOLS:
+            raise fail(owner, f"{label}.protocol", port["protocol"], "one of " + ", ".join(_PORT_PROTOCOLS))
+    _check_unique(owner, f"{name} (name)", port_names)
 
 
 def _check_dns_policy(owner: str, spec: JsonDict) -> None:

@@ -127,6 +127,10 @@ def _required_pods(kind: str, term: dict[str, Any]) -> dict[str, Any]:
     return {"affinity": {kind: {"requiredDuringSchedulingIgnoredDuringExecution": [term]}}}
 
 
+def _sidecar_ports(*ports: dict[str, Any]) -> dict[str, Any]:
+    return {"containers": [{"name": "metrics", "image": IMAGE, "ports": list(ports)}]}
+
+
 #: Pod spec fields, given in the pod template (and, for affinity, as ``PodOptions.affinity`` too).
 SPEC_CASES: dict[str, dict[str, Any]] = {
     "a preferred node": _preferred_node(50, _NODE_TERM),
@@ -162,6 +166,17 @@ SPEC_CASES: dict[str, dict[str, Any]] = {
     "a sidecar": {"containers": [{"name": "log-shipper", "image": IMAGE}]},
     "a sidecar named in capitals": {"containers": [{"name": "Sidecar", "image": IMAGE}]},
     "an init container named as a container": {"initContainers": [{"name": "c", "image": IMAGE}]},
+    "a named port": _sidecar_ports({"name": "metrics", "containerPort": 9090}),
+    "a port name of 17 characters": _sidecar_ports({"name": "prometheus-metric", "containerPort": 9090}),
+    "a port name in capitals": _sidecar_ports({"name": "Metrics", "containerPort": 9090}),
+    "a port name of digits": _sidecar_ports({"name": "9090", "containerPort": 9090}),
+    "a port name with two hyphens": _sidecar_ports({"name": "a--b", "containerPort": 9090}),
+    "port 0": _sidecar_ports({"containerPort": 0}),
+    "port 65536": _sidecar_ports({"containerPort": 65536}),
+    "a host port": _sidecar_ports({"containerPort": 80, "hostPort": 8080, "protocol": "UDP"}),
+    "a negative host port": _sidecar_ports({"containerPort": 80, "hostPort": -1}),
+    "a lowercase protocol": _sidecar_ports({"containerPort": 80, "protocol": "tcp"}),
+    "two ports of one name": _sidecar_ports({"name": "a", "containerPort": 1}, {"name": "a", "containerPort": 2}),
     "a known DNS policy": {"dnsPolicy": "ClusterFirstWithHostNet"},
     "an empty DNS policy": {"dnsPolicy": ""},
     "an unknown DNS policy": {"dnsPolicy": "Cluster"},

@@ -90,7 +90,7 @@ def test_a_trainjob_naming_a_missing_runtime_is_refused_at_submit_with_the_hint(
 
 def test_a_pytorchjob_whose_pods_the_api_server_would_refuse_is_refused_at_submit(kube_cluster: Any) -> None:
     """The API server checks a PyTorchJob against its CRD's schema only: a pod template it refuses as a Pod (here a
-    sidecar's port above 65535, which the provider does not check when the DAG is parsed) is created, and its pods
+    sidecar that runs as user -1, which the provider does not check when the DAG is parsed) is created, and its pods
     never are; the task would wait without pods. Each template is created first as a dry-run Pod, and that refusal
     fails the try before anything is created."""
     from kubernetes import config
@@ -102,7 +102,7 @@ def test_a_pytorchjob_whose_pods_the_api_server_would_refuse_is_refused_at_submi
     from airflow_provider_torchelastic.kubernetes.wait_types import JobRef
 
     namespace = kube_cluster.namespace
-    sidecar = {"name": "metrics", "image": "registry.example.com/ml/metrics:1.0", "ports": [{"containerPort": 70000}]}
+    sidecar = {"name": "metrics", "image": "registry.example.com/ml/metrics:1.0", "securityContext": {"runAsUser": -1}}
     options = PodOptions(pod_template={"spec": {"containers": [sidecar]}})
     secret, job = check_renderable(Elastic(nnodes=2), image="registry.example.com/ml/train:1.0", pod_options=options)
     for manifest in (secret, job):
@@ -119,7 +119,7 @@ def test_a_pytorchjob_whose_pods_the_api_server_would_refuse_is_refused_at_submi
         assert (
             f"Cannot create PyTorchJob {namespace}/{ref.name}: the API server refuses its Worker pods" in answer.message
         )
-        assert "containerPort: Invalid value: 70000: must be between 1 and 65535" in answer.message
+        assert "runAsUser: Invalid value: -1: must be between 0 and 2147483647" in answer.message
         assert "the Kubeflow training operator could never create them" in answer.message
         assert (
             kube.get("PyTorchJob", ref.name, namespace) is None

@@ -162,18 +162,48 @@ def test_a_pod_templates_affinity_is_checked_by_the_same_rules() -> None:
         ),
         ({"dnsPolicy": "ClusterFirstWithHostnet"}, "dnsPolicy: expected one of ClusterFirst, ClusterFirstWithHostNet"),
         ({"dnsPolicy": "None"}, "dnsConfig: expected nameservers when dnsPolicy is 'None', got None"),
+        (
+            {
+                "containers": [
+                    {"name": "m", "image": "x:1", "ports": [{"name": "prometheus-metrics", "containerPort": 1}]}
+                ]
+            },
+            "containers['m'].ports[0].name: expected a port name: <= 15 of [-a-z0-9]",
+        ),
+        (
+            {"containers": [{"name": "m", "image": "x:1", "ports": [{"containerPort": 70000}]}]},
+            "containers['m'].ports[0].containerPort: expected a port number from 1 to 65535, got 70000",
+        ),
+        (
+            {"initContainers": [{"name": "m", "image": "x:1", "ports": [{"containerPort": 1, "protocol": "tcp"}]}]},
+            "initContainers['m'].ports[0].protocol: expected one of TCP, UDP, SCTP, got 'tcp'",
+        ),
+        (
+            {
+                "containers": [
+                    {"name": "m", "image": "x:1", "ports": [{"name": "a", "containerPort": p} for p in (1, 2)]}
+                ]
+            },
+            "containers['m'].ports (name): expected unique names (this one is given twice), got 'a'",
+        ),
     ],
 )
-def test_pod_template_containers_and_dns_are_checked_at_parse_time(spec: dict[str, Any], message: str) -> None:
+def test_pod_template_containers_ports_and_dns_are_checked_at_parse_time(spec: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError) as raised:
         PodOptions(pod_template={"spec": spec})
     assert message in str(raised.value)
 
 
-def test_a_pod_template_with_valid_sidecars_and_dns_is_kept() -> None:
+def test_a_pod_template_with_valid_sidecars_ports_and_dns_is_kept() -> None:
     spec = {
         "initContainers": [{"name": "fetch-data", "image": "busybox"}],
-        "containers": [{"name": "log-shipper", "image": "fluent/fluent-bit:3.0"}],
+        "containers": [
+            {
+                "name": "log-shipper",
+                "image": "fluent/fluent-bit:3.0",
+                "ports": [{"name": "http", "containerPort": 2020}],
+            }
+        ],
         "dnsPolicy": "None",
         "dnsConfig": {"nameservers": ["10.0.0.10"]},
     }
