@@ -45,6 +45,25 @@ IMAGE_PULL_POLICIES: Final = ("Always", "IfNotPresent", "Never")
 _DNS_POLICIES: Final = ("ClusterFirst", "ClusterFirstWithHostNet", "Default", "None")
 
 
+#: Kubernetes' volume sources (``VolumeSource``, 1.34), and the fields the API server requires of the common ones.
+_VOLUME_SOURCES: Final = (
+    *("persistentVolumeClaim", "emptyDir", "configMap", "secret", "hostPath", "csi", "ephemeral", "projected"),
+    *("downwardAPI", "nfs", "image", "awsElasticBlockStore", "azureDisk", "azureFile", "cephfs", "cinder", "fc"),
+    *("flexVolume", "flocker", "gcePersistentDisk", "gitRepo", "glusterfs", "iscsi", "photonPersistentDisk"),
+    *("portworxVolume", "quobyte", "rbd", "scaleIO", "storageos", "vsphereVolume"),
+)
+_VOLUME_REQUIRED: Final[Mapping[str, tuple[str, ...]]] = MappingProxyType(
+    {
+        "persistentVolumeClaim": ("claimName",),
+        "configMap": ("name",),
+        "secret": ("secretName",),
+        "hostPath": ("path",),
+        "csi": ("driver",),
+        "nfs": ("server", "path"),
+    }
+)
+
+
 _PORT_PROTOCOLS: Final = ("TCP", "UDP", "SCTP")
 #: An IANA service name (the API server's IsValidPortName; no '--' and a letter are checked apart).
 _PORT_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,13}[a-z0-9])?\Z")
@@ -316,7 +335,14 @@ def check_volumes(owner: str, value: object) -> tuple[JsonDict, ...]:
         _check_str(owner, f"{label}.name", item.get("name"), DNS_1123_LABEL, "a DNS-1123 label")
         sources = [key for key in item if key != "name"]
         if len(sources) != 1 or not isinstance(item[sources[0]], dict):
-            raise fail(owner, label, item, "a name and exactly one volume source, e.g. {'name': 'data', 'pvc': ...}")
+            example = "{'name': 'data', 'persistentVolumeClaim': {'claimName': 'data'}}"
+            raise fail(owner, label, item, f"a name and exactly one volume source, e.g. {example}")
+        source, fields = sources[0], item[sources[0]]
+        if source not in _VOLUME_SOURCES:  # the API server would drop it, and refuse a volume of no source
+            raise fail(owner, f"{label}.{source}", fields, "a volume source: one of " + ", ".join(_VOLUME_SOURCES))
+        for key in _VOLUME_REQUIRED.get(source, ()):
+            if not isinstance(fields.get(key), str) or not fields[key]:
+                raise fail(owner, f"{label}.{source}.{key}", fields.get(key), "a non-empty str")
         checked.append(item)
     _check_unique(owner, "volumes", [item["name"] for item in checked])
     return tuple(checked)

@@ -95,6 +95,45 @@ FIELD_CASES: dict[str, tuple[list[dict[str, Any]], list[dict[str, Any]]]] = {
     "a subPath with two dots in a name": ([], [{"name": "v", "mountPath": "/v", "subPath": "data..x"}]),
 }
 
+UNKNOWN_SOURCE = "a source named as kubectl abbreviates it"
+#: Volumes (one, named "v"): its source.
+VOLUME_CASES: dict[str, dict[str, Any]] = {
+    "a claim": {"persistentVolumeClaim": {"claimName": "data", "readOnly": True}},
+    "a claim without its name": {"persistentVolumeClaim": {"readOnly": True}},
+    UNKNOWN_SOURCE: {"pvc": {"claimName": "data"}},
+    "a Secret": {"secret": {"secretName": "creds", "defaultMode": 256}},
+    "a Secret named as a ConfigMap is": {"secret": {"name": "creds"}},
+    "a ConfigMap": {"configMap": {"name": "settings"}},
+    "a ConfigMap without its name": {"configMap": {"optional": True}},
+    "a host path": {"hostPath": {"path": "/mnt/data", "type": "Directory"}},
+    "a host path without its path": {"hostPath": {"type": "Directory"}},
+    "NFS without a path": {"nfs": {"server": "nas.example.com"}},
+    "a CSI volume without a driver": {"csi": {"readOnly": True}},
+}
+
+
+def test_volume_sources_are_refused_at_parse_time_as_the_api_server_refuses_them(kube_cluster: KubeCluster) -> None:
+    verdicts = {}
+    with config.new_client_from_config(config_file=str(kube_cluster.kubeconfig)) as api_client:
+        api = client.CoreV1Api(api_client)
+        for case, source in VOLUME_CASES.items():
+            volumes = [{"name": "v", **source}]
+            spec = {"containers": [{"name": "c", "image": IMAGE}], "volumes": volumes}
+            verdicts[case] = (_api_admits(api, kube_cluster.namespace, spec), _provider_renders(volumes=volumes))
+        # The one case where the provider is stricter, on purpose: the API server drops a source it does not know
+        # and defaults a volume of no source to an emptyDir, so the claim meant would silently not be mounted.
+        volume = {"name": "v", **VOLUME_CASES[UNKNOWN_SOURCE]}
+        spec = {"containers": [{"name": "c", "image": IMAGE}], "volumes": [volume]}
+        pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "v"}, "spec": spec}
+        admitted = api.create_namespaced_pod(kube_cluster.namespace, pod, dry_run="All")
+        assert (
+            admitted.spec.volumes[0].empty_dir is not None and admitted.spec.volumes[0].persistent_volume_claim is None
+        )
+    assert verdicts.pop(UNKNOWN_SOURCE) == (True, False)
+    disagreements = {case: verdict for case, verdict in verdicts.items() if verdict[0] != verdict[1]}
+    assert not disagreements, f"(API server, provider) accepts: {disagreements}"
+    assert {api for api, _ in verdicts.values()} == {True, False}
+
 
 def test_tolerations_and_sub_paths_are_refused_at_parse_time_as_the_api_server_refuses_them(
     kube_cluster: KubeCluster,
