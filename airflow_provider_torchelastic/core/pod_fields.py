@@ -338,7 +338,7 @@ def check_volumes(owner: str, value: object) -> tuple[JsonDict, ...]:
             example = "{'name': 'data', 'persistentVolumeClaim': {'claimName': 'data'}}"
             raise fail(owner, label, item, f"a name and exactly one volume source, e.g. {example}")
         source, fields = sources[0], item[sources[0]]
-        if source not in _VOLUME_SOURCES:  # the API server would drop it, and refuse a volume of no source
+        if source not in _VOLUME_SOURCES:  # the API server would drop it, and make a volume of no source an emptyDir
             raise fail(owner, f"{label}.{source}", fields, "a volume source: one of " + ", ".join(_VOLUME_SOURCES))
         for key in _VOLUME_REQUIRED.get(source, ()):
             if not isinstance(fields.get(key), str) or not fields[key]:
@@ -436,7 +436,7 @@ def _check_ports(owner: str, name: str, value: object) -> None:
     port_names: list[str] = []
     example = "a mapping such as {'name': 'metrics', 'containerPort': 9090}"
     for label, port in _check_mappings(owner, name, value, example):
-        if "name" in port:
+        if port.get("name"):  # an empty name is no name
             port_names.append(_check_str(owner, f"{label}.name", port["name"], _PORT_NAME, _PORT_NAME_EXPECTED))
             if "--" in port["name"] or not re.search("[a-z]", port["name"]):
                 raise fail(owner, f"{label}.name", port["name"], _PORT_NAME_EXPECTED)
@@ -445,7 +445,7 @@ def _check_ports(owner: str, name: str, value: object) -> None:
             number = port.get(key, None if least else 0)
             if not is_int(number) or not least <= cast("int", number) <= 65535:
                 raise fail(owner, f"{label}.{key}", number, "a port number from 1 to 65535")
-        if port.get("protocol", "TCP") not in _PORT_PROTOCOLS:
+        if port.get("protocol") not in (None, "", *_PORT_PROTOCOLS):  # none or empty: the API server's TCP
             raise fail(owner, f"{label}.protocol", port["protocol"], "one of " + ", ".join(_PORT_PROTOCOLS))
     _check_unique(owner, f"{name} (name)", port_names)
 

@@ -215,6 +215,7 @@ SPEC_CASES: dict[str, dict[str, Any]] = {
     "a host port": _sidecar_ports({"containerPort": 80, "hostPort": 8080, "protocol": "UDP"}),
     "a negative host port": _sidecar_ports({"containerPort": 80, "hostPort": -1}),
     "a lowercase protocol": _sidecar_ports({"containerPort": 80, "protocol": "tcp"}),
+    "an empty name and protocol": _sidecar_ports({"name": "", "containerPort": 80, "protocol": ""}),
     "two ports of one name": _sidecar_ports({"name": "a", "containerPort": 1}, {"name": "a", "containerPort": 2}),
     "a known DNS policy": {"dnsPolicy": "ClusterFirstWithHostNet"},
     "an empty DNS policy": {"dnsPolicy": ""},
