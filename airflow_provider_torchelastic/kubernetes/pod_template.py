@@ -330,9 +330,19 @@ def _lay_volumes(settings: PodSettings, where: str, cwhere: str, container: Json
     volumes = _merge_named(f"{where}.spec.volumes", volumes, own_volumes, "name", "the provider")
     spec["volumes"] = volumes
     volume_names = {volume.get("name") for volume in volumes}
-    for mount in mounts:
-        if mount.get("name") not in volume_names:
-            raise invalid(f"{cwhere}.volumeMounts[{mount.get('mountPath')!r}].name", mount.get("name"), "a pod volume")
+    # Every container's mounts, sidecars' and init containers' too: the API server refuses a pod that mounts a volume
+    # it does not have.
+    placed = [(cwhere, mounts)] + [
+        (f"{where}.spec.{key}[{other.get('name')!r}]", other.get("volumeMounts") or [])
+        for key in ("containers", "initContainers")
+        for other in spec.get(key) or []
+        if other is not container
+    ]
+    for owner, owned in placed:
+        for mount in owned:
+            if mount.get("name") not in volume_names:
+                name = f"{owner}.volumeMounts[{mount.get('mountPath')!r}].name"
+                raise invalid(name, mount.get("name"), "a pod volume")
 
 
 def _set_token_automount(where: str, spec: JsonDict, options: PodOptions) -> None:

@@ -217,6 +217,13 @@ SPEC_CASES: dict[str, dict[str, Any]] = {
     "a lowercase protocol": _sidecar_ports({"containerPort": 80, "protocol": "tcp"}),
     "an empty name and protocol": _sidecar_ports({"name": "", "containerPort": 80, "protocol": ""}),
     "two ports of one name": _sidecar_ports({"name": "a", "containerPort": 1}, {"name": "a", "containerPort": 2}),
+    "a sidecar mounting a volume the pod lacks": {
+        "containers": [{"name": "metrics", "image": IMAGE, "volumeMounts": [{"name": "none", "mountPath": "/n"}]}]
+    },
+    "an init container mounting a volume of the pod": {
+        "initContainers": [{"name": "fetch", "image": IMAGE, "volumeMounts": [{"name": "data", "mountPath": "/d"}]}],
+        "volumes": [{"name": "data", "emptyDir": {}}],
+    },
     "a known DNS policy": {"dnsPolicy": "ClusterFirstWithHostNet"},
     "an empty DNS policy": {"dnsPolicy": ""},
     "an unknown DNS policy": {"dnsPolicy": "Cluster"},

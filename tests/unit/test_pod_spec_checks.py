@@ -1,5 +1,5 @@
-"""Affinity is checked while the DAG file is parsed, by the API server's rules (the cluster tier compares the two:
-tests/cluster_tests/test_parse_time_rules.py)."""
+"""Affinity, containers, ports, DNS and mounts are checked before anything runs, by the API server's rules (the
+cluster tier compares the two: tests/cluster_tests/test_parse_time_rules.py)."""
 
 from __future__ import annotations
 
@@ -208,3 +208,24 @@ def test_a_pod_template_with_valid_sidecars_ports_and_dns_is_kept() -> None:
         "dnsConfig": {"nameservers": ["10.0.0.10"]},
     }
     assert dict(PodOptions(pod_template={"spec": spec}).template["spec"]) == spec
+
+
+def test_every_containers_mounts_must_name_a_volume_of_the_pod() -> None:
+    from airflow_provider_torchelastic import Elastic
+    from airflow_provider_torchelastic.kubernetes.render import check_renderable
+
+    def render(spec: dict[str, Any], **options: Any) -> None:
+        pod_options = PodOptions(pod_template={"spec": spec}, **options)
+        check_renderable(Elastic(), image="registry.example.com/train:1", pod_options=pod_options)
+
+    sidecar = {
+        "name": "shipper",
+        "image": "fluent/fluent-bit:3.0",
+        "volumeMounts": [{"name": "logs", "mountPath": "/l"}],
+    }
+    with pytest.raises(ValueError, match=r"containers\['shipper'\]\.volumeMounts\['/l'\]\.name: expected a pod volume"):
+        render({"containers": [sidecar]})
+    with pytest.raises(ValueError, match=r"initContainers\['shipper'\]\.volumeMounts\['/l'\]\.name: expected a pod"):
+        render({"initContainers": [sidecar]})
+    render({"containers": [sidecar]}, volumes=[{"name": "logs", "emptyDir": {}}])  # the volume from PodOptions
+    render({"initContainers": [sidecar], "volumes": [{"name": "logs", "emptyDir": {}}]})  # or from the template
