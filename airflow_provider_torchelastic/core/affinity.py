@@ -1,6 +1,7 @@
-"""The checks of a pod's ``affinity``: the rules of the API server's ``validateAffinity`` (node, pod and pod
-anti-affinity), so that a weight of 0 or an operator's missing values fail while the DAG file is parsed instead of
-when the pod (or, for a PyTorchJob, every pod the training operator tries to create) is refused.
+"""The checks of where a pod may be scheduled: its ``affinity`` by the rules of the API server's ``validateAffinity``
+(node, pod and pod anti-affinity), its ``topologySpreadConstraints`` by ``validateTopologySpreadConstraints``, so that a
+weight of 0 or an operator's missing values fail while the DAG file is parsed instead of when the pod (or, for a
+PyTorchJob, every pod the training operator tries to create) is refused.
 
 Only the fields Kubernetes validates are checked; fields this module does not know are kept as given (a newer API
 server may take them). Pure and standard library only.
@@ -22,7 +23,7 @@ from airflow_provider_torchelastic.core.pod_fields import (
 )
 from airflow_provider_torchelastic.core.validation import fail, is_int
 
-__all__ = ["AFFINITY_KEYS", "check_affinity"]
+__all__ = ["AFFINITY_KEYS", "check_affinity", "check_topology_spread"]
 
 AFFINITY_KEYS: Final = frozenset({"nodeAffinity", "podAffinity", "podAntiAffinity"})
 #: A check of one mapping: (owner, its name for messages, the mapping).
@@ -37,6 +38,7 @@ _LABEL_OPERATORS: Final = {"In": _SOME, "NotIn": _SOME, "Exists": _NONE, "DoesNo
 _NODE_OPERATORS: Final = {**_LABEL_OPERATORS, "Gt": _ONE, "Lt": _ONE}
 #: A node field selector takes one field, the node's name, and exactly one value.
 _FIELD_OPERATORS: Final = {"In": _ONE, "NotIn": _ONE}
+_WHEN_UNSATISFIABLE: Final = ("DoNotSchedule", "ScheduleAnyway")
 
 
 def check_affinity(owner: str, name: str, value: object) -> Mapping[str, Any]:
@@ -142,3 +144,28 @@ def _requirement(operators: Mapping[str, tuple[int, int | None, str]], *, fields
             check_label_key(owner, f"{name}.key", key)
 
     return check
+
+
+def check_topology_spread(owner: str, name: str, value: object) -> None:
+    """Each constraint's ``maxSkew`` (> 0), ``topologyKey``, ``whenUnsatisfiable`` and ``minDomains`` (> 0, with
+    DoNotSchedule only); no two of one key and one ``whenUnsatisfiable``."""
+    seen: set[tuple[str, str]] = set()
+
+    def check(owner: str, name: str, constraint: JsonDict) -> None:
+        skew = constraint.get("maxSkew")
+        if not is_int(skew) or cast("int", skew) < 1:
+            raise fail(owner, f"{name}.maxSkew", skew, "an int >= 1")
+        key, when = constraint.get("topologyKey"), constraint.get("whenUnsatisfiable")
+        if not key:
+            raise fail(owner, f"{name}.topologyKey", key, "a node label key such as 'topology.kubernetes.io/zone'")
+        check_label_key(owner, f"{name}.topologyKey", key)
+        if when not in _WHEN_UNSATISFIABLE:
+            raise fail(owner, f"{name}.whenUnsatisfiable", when, "one of " + ", ".join(_WHEN_UNSATISFIABLE))
+        if (key, when) in seen:
+            raise fail(owner, name, constraint, "one constraint per topologyKey and whenUnsatisfiable")
+        seen.add((key, when))
+        domains = constraint.get("minDomains")
+        if domains is not None and (not is_int(domains) or domains < 1 or when != "DoNotSchedule"):
+            raise fail(owner, f"{name}.minDomains", domains, "an int >= 1, with whenUnsatisfiable DoNotSchedule")
+
+    _each(owner, name, value, check)

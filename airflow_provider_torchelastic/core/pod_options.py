@@ -25,7 +25,7 @@ from dataclasses import dataclass, field, fields, replace
 from types import MappingProxyType
 from typing import Any, Final, Literal, TypeAlias, cast
 
-from airflow_provider_torchelastic.core.affinity import check_affinity
+from airflow_provider_torchelastic.core.affinity import check_affinity, check_topology_spread
 from airflow_provider_torchelastic.core.pod_fields import (
     IMAGE_PULL_POLICIES,
     SCHEDULING_POLICY_KEYS,
@@ -159,6 +159,9 @@ class PodOptions:
             template = check_pod_template(owner, self.pod_template)
             if "affinity" in template["spec"]:
                 check_affinity(owner, "pod_template.spec.affinity", template["spec"]["affinity"])
+            if "topologySpreadConstraints" in template["spec"]:
+                constraints = template["spec"]["topologySpreadConstraints"]
+                check_topology_spread(owner, "pod_template.spec.topologySpreadConstraints", constraints)
             normalized["pod_template"] = MappingProxyType(template)
         for name, value in normalized.items():
             object.__setattr__(self, name, value)

@@ -166,6 +166,18 @@ def _required_pods(kind: str, term: dict[str, Any]) -> dict[str, Any]:
     return {"affinity": {kind: {"requiredDuringSchedulingIgnoredDuringExecution": [term]}}}
 
 
+_ZONE: dict[str, Any] = {
+    "maxSkew": 1,
+    "topologyKey": "topology.kubernetes.io/zone",
+    "whenUnsatisfiable": "DoNotSchedule",
+}
+
+
+def _spread(changes: dict[str, Any]) -> dict[str, Any]:
+    # minDomains is left out: kube-apiserver 1.20 predates it (and drops it unchecked).
+    return {"topologySpreadConstraints": [{**_ZONE, **changes}]}
+
+
 def _sidecar_ports(*ports: dict[str, Any]) -> dict[str, Any]:
     return {"containers": [{"name": "metrics", "image": IMAGE, "ports": list(ports)}]}
 
@@ -224,6 +236,14 @@ SPEC_CASES: dict[str, dict[str, Any]] = {
         "initContainers": [{"name": "fetch", "image": IMAGE, "volumeMounts": [{"name": "data", "mountPath": "/d"}]}],
         "volumes": [{"name": "data", "emptyDir": {}}],
     },
+    "a zone spread": _spread({}),
+    "a spread of skew 0": _spread({"maxSkew": 0}),
+    "a spread without a topology key": _spread({"topologyKey": ""}),
+    "a spread that never gives up": _spread({"whenUnsatisfiable": "Never"}),
+    "two spreads of one key": {"topologySpreadConstraints": [_ZONE, {**_ZONE, "maxSkew": 2}]},
+    "two spreads of one key, one of them soft": {
+        "topologySpreadConstraints": [_ZONE, {**_ZONE, "whenUnsatisfiable": "ScheduleAnyway"}]
+    },
     "a known DNS policy": {"dnsPolicy": "ClusterFirstWithHostNet"},
     "an empty DNS policy": {"dnsPolicy": ""},
     "an unknown DNS policy": {"dnsPolicy": "Cluster"},
@@ -232,7 +252,7 @@ SPEC_CASES: dict[str, dict[str, Any]] = {
 }
 
 
-def test_affinity_containers_and_dns_are_refused_at_parse_time_as_the_api_server_refuses_them(
+def test_scheduling_containers_and_dns_are_refused_at_parse_time_as_the_api_server_refuses_them(
     kube_cluster: KubeCluster,
 ) -> None:
     verdicts = {}

@@ -229,3 +229,39 @@ def test_every_containers_mounts_must_name_a_volume_of_the_pod() -> None:
         render({"initContainers": [sidecar]})
     render({"containers": [sidecar]}, volumes=[{"name": "logs", "emptyDir": {}}])  # the volume from PodOptions
     render({"initContainers": [sidecar], "volumes": [{"name": "logs", "emptyDir": {}}]})  # or from the template
+
+
+ZONE_SPREAD: dict[str, Any] = {
+    "maxSkew": 1,
+    "topologyKey": "topology.kubernetes.io/zone",
+    "whenUnsatisfiable": "DoNotSchedule",
+    "labelSelector": {"matchLabels": {"app": "train"}},
+}
+
+
+@pytest.mark.parametrize(
+    ("constraints", "message"),
+    [
+        ([{**ZONE_SPREAD, "maxSkew": 0}], "topologySpreadConstraints[0].maxSkew: expected an int >= 1, got 0"),
+        ([{**ZONE_SPREAD, "topologyKey": ""}], "topologySpreadConstraints[0].topologyKey: expected a node label key"),
+        ([{**ZONE_SPREAD, "whenUnsatisfiable": "Never"}], "whenUnsatisfiable: expected one of DoNotSchedule, Schedule"),
+        ([ZONE_SPREAD, {**ZONE_SPREAD, "maxSkew": 2}], "[1]: expected one constraint per topologyKey and whenUnsat"),
+        ([{**ZONE_SPREAD, "minDomains": 0}], "minDomains: expected an int >= 1, with whenUnsatisfiable DoNotSchedule"),
+        (
+            [{**ZONE_SPREAD, "whenUnsatisfiable": "ScheduleAnyway", "minDomains": 2}],
+            "minDomains: expected an int >= 1, with whenUnsatisfiable DoNotSchedule, got 2",
+        ),
+        (ZONE_SPREAD, "topologySpreadConstraints: expected a list"),
+    ],
+)
+def test_topology_spread_constraints_are_checked_at_parse_time(constraints: Any, message: str) -> None:
+    with pytest.raises((ValueError, TypeError)) as raised:
+        PodOptions(pod_template={"spec": {"topologySpreadConstraints": constraints}})
+    assert message in str(raised.value)
+
+
+def test_valid_topology_spread_constraints_are_kept() -> None:
+    constraints = [ZONE_SPREAD, {**ZONE_SPREAD, "whenUnsatisfiable": "ScheduleAnyway", "maxSkew": 3}]
+    constraints.append({**ZONE_SPREAD, "topologyKey": "kubernetes.io/hostname", "minDomains": 2})
+    template = PodOptions(pod_template={"spec": {"topologySpreadConstraints": constraints}}).template
+    assert template["spec"]["topologySpreadConstraints"] == constraints
