@@ -374,58 +374,62 @@ def phase_of(verdict: Verdict) -> Phase:
 #: stdout and stderr lines in two goroutines and writes them in turn, so across the two streams the log's order and its
 #: times disagree (a line stamped first can be written second), by far less than this.
 LOG_SKEW_SECONDS: Final = 1
-#: Lines a cursor remembers (those printed within ``LOG_SKEW_SECONDS`` of its latest time, the newest ones), each as
-#: its time and its text's hash: a triggerer holds a cursor for every deferred task, and a line may be 64 KiB.
+#: Lines a cursor remembers (the last ones printed within ``LOG_SKEW_SECONDS`` of its latest time, in the log's
+#: order), each as its time and its text's hash: a triggerer holds a cursor for every deferred task, and a line may be
+#: 64 KiB. What it forgets comes before what it remembers in a later read, and is skipped there all the same.
 LOG_RECENT_LINES: Final = 500
 
 
 @dataclass(frozen=True, kw_only=True)
 class LogCursor:
-    """How far a pod's log was printed: its latest time, the lines printed within :data:`LOG_SKEW_SECONDS` of it
-    (``(time, hash of the line)``), and the time before which a read's lines were all printed before (``floor``)."""
+    """How far a pod's log was printed: its latest time, and the last lines printed within :data:`LOG_SKEW_SECONDS`
+    of it (``(time, hash of the line)``, in the log's order)."""
 
     last_time: str = ""
     recent: tuple[tuple[str, int], ...] = ()
-    floor: str = ""
     last_seen: float = 0.0
 
 
 def new_log_lines(cursor: LogCursor, text: str) -> tuple[list[str], LogCursor]:
     """Lines of a timestamped log read that were not printed yet, and the advanced cursor.
 
-    Kubernetes restarts a log read only at a whole second, so a read begins with lines printed before: its overlap.
-    A line belongs to it while it is one of the cursor's recent lines (each consumed once) or lies before the cursor's
-    floor; the first line that is neither ends it, and every line after that is new whatever its time. The read's
-    order is the log's; its times are not in order across stdout and stderr (:data:`LOG_SKEW_SECONDS`), so a line
-    is never dropped for being older than the one before it.
+    Kubernetes restarts a log read only at a whole second (or ``sinceSeconds`` before now), so a read from the API
+    begins with lines printed before: its overlap, in the log's order. A read from a followed stream has none. While
+    the read may still bring one of the cursor's recent lines, a line is printed (and skipped) when it is one of them
+    (each consumed once), lies more than :data:`LOG_SKEW_SECONDS` before the cursor's latest time, or comes before one
+    of them (a printed line the cursor forgot: it remembers the last ones). The lines after the last recent one are
+    new, whatever their times: across stdout and stderr a log's times are not in its order, so a line is never
+    dropped for being older than the one before it.
     """
     fresh: list[str] = []
     remaining = Counter(cursor.recent)
+    left = len(cursor.recent)  # recent lines the read has not brought yet
+    undecided: list[tuple[str, tuple[str, int]]] = []  # new, unless a recent line comes after them
     printed = list(cursor.recent)
-    stamp, overlap = cursor.last_time, bool(cursor.last_time)
+    floor = _seconds_before(cursor.last_time, LOG_SKEW_SECONDS)
+    stamp = cursor.last_time
     for raw in text.splitlines():
         stamp, line = _split_stamp(raw, stamp)
         line = cut_log_line(line)
         key = (stamp, hash(line))
-        if overlap:
-            if remaining[key] > 0:
-                remaining[key] -= 1
-                continue
-            if stamp < cursor.floor:
-                continue
-            overlap = False
+        if left and remaining[key] > 0:
+            remaining[key] -= 1
+            left -= 1
+            undecided.clear()  # only a printed line comes before a printed one
+        elif left and stamp >= floor:
+            undecided.append((line, key))
+        elif not left:
+            fresh.append(line)
+            printed.append(key)
+    for line, key in undecided:
         fresh.append(line)
         printed.append(key)
     last_time = max((s for s, _ in printed), default=cursor.last_time)
     window = _seconds_before(last_time, LOG_SKEW_SECONDS)
-    # Sorted by time (stable: equal times keep the log's order), so a cap keeps the newest.
-    recent = sorted((entry for entry in printed if entry[0] >= window), key=lambda entry: entry[0])
-    floor = window
-    if len(recent) > LOG_RECENT_LINES:
-        recent = recent[-LOG_RECENT_LINES:]
-        floor = recent[0][0]  # what the cap forgot is before the floor: a later overlap skips it as printed
+    # The last ones in the log's order: a later read brings what this forgets before what it remembers.
+    recent = [entry for entry in printed if entry[0] >= window][-LOG_RECENT_LINES:]
     return fresh, LogCursor(
-        last_time=last_time, recent=tuple(recent), floor=floor, last_seen=parse_time(last_time) or cursor.last_seen
+        last_time=last_time, recent=tuple(recent), last_seen=parse_time(last_time) or cursor.last_seen
     )
 
 

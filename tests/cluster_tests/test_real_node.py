@@ -20,6 +20,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -249,7 +250,8 @@ def test_cluster_dns_resolves_headless_services_and_pod_hostnames(real_cluster: 
 def test_lines_written_to_both_streams_at_once_are_each_printed_once(real_cluster: RealCluster) -> None:
     """containerd stamps stdout and stderr lines in two goroutines and writes them in turn: across the streams a log's
     times need not follow its order. The wait's cursor, fed this real log in overlapping reads as the API answers
-    them (from a whole second before the last line printed), prints every line once and in the log's order."""
+    them (from the whole second before the last line printed, as a paced read's ``sinceSeconds`` at least does), prints
+    every line once and in the log's order."""
     from airflow_provider_torchelastic.kubernetes.status import LogCursor, new_log_lines
 
     ns = cp.TEST_NAMESPACE
@@ -266,8 +268,9 @@ def test_lines_written_to_both_streams_at_once_are_each_printed_once(real_cluste
     printed: list[str] = []
     cursor, end = LogCursor(), 0
     while end < len(raw):
-        # A read ends anywhere; the next has the lines from the whole second of the last one read (sinceTime).
-        since = stamps[end - 1][:19] if end else ""
+        # A read ends anywhere; the next has the lines from the whole second before the last one read: a line
+        # written after it may be stamped in the second before (a read from its own second would not bring it).
+        since = (datetime.fromisoformat(stamps[end - 1][:19]) - timedelta(seconds=1)).isoformat() if end else ""
         end = min(len(raw), end + 997)
         lines, cursor = new_log_lines(cursor, "\n".join(line for line in raw[:end] if line[:19] >= since))
         printed += lines

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import datetime
+import random
 from typing import Any
 
 import pytest
@@ -350,9 +352,23 @@ def test_a_cursor_remembers_a_bounded_number_of_lines_and_skips_what_it_forgot(m
     text = "".join(f"2027-01-15T08:00:00.{i}Z line {i}\n" for i in range(1, 6))
     lines, cursor = new_log_lines(LogCursor(), text)
     assert len(lines) == 5 and [line for _, line in cursor.recent] == [hash(f"line {i}") for i in (3, 4, 5)]
-    assert cursor.floor == "2027-01-15T08:00:00.300000000Z"
-    # A read from the whole second: what the cursor forgot is before its floor, the rest it remembers.
+    # A read from the whole second: what the cursor forgot comes before what it remembers.
     assert new_log_lines(cursor, text + "2027-01-15T08:00:00.6Z line 6\n")[0] == ["line 6"]
+
+
+def test_a_line_stamped_among_lines_the_cursor_forgot_is_still_new(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The real node's log of 6,000 lines on two streams lost one this way: the cursor remembered the newest lines by
+    time and skipped, as forgotten, a new stderr line stamped before them."""
+    monkeypatch.setattr(status, "LOG_RECENT_LINES", 3)
+    text = "".join(f"2027-01-15T08:00:00.{i}Z line {i}\n" for i in range(1, 6))
+    _, cursor = new_log_lines(LogCursor(), text)
+    skewed = "2027-01-15T08:00:00.25Z err\n"
+    # From the API (the overlap first), and from a followed stream (only what came since).
+    assert new_log_lines(cursor, text + skewed + "2027-01-15T08:00:00.6Z line 6\n")[0] == ["err", "line 6"]
+    assert new_log_lines(cursor, skewed)[0] == ["err"]
+    # A read that starts after some remembered lines (a whole second later) brings the rest, then what is new.
+    _, later = new_log_lines(cursor, "2027-01-15T08:00:01.2Z line 7\n")
+    assert new_log_lines(later, "2027-01-15T08:00:01.2Z line 7\n2027-01-15T08:00:01.1Z err 8\n")[0] == ["err 8"]
 
 
 def test_log_fractions_compare_numerically_not_as_text() -> None:
@@ -425,3 +441,41 @@ def test_a_pod_preempted_by_the_scheduler_with_only_a_disruption_target_conditio
     d = decide(POD, Snapshot(job=pod, now=T0 + 5), POLICY)
     assert d.phase is Phase.FAILED and d.verdict is not None and d.verdict.recoverable
     assert d.verdict.cause == "preempted", d.verdict
+
+
+def _skewed_log(rnd: random.Random) -> list[tuple[datetime.datetime, str]]:
+    """Lines on stdout and stderr, every other one stamped up to 20 ms before the line written ahead of it."""
+    at, log = datetime.datetime(2027, 1, 15, 8), []
+    for i in range(rnd.randint(50, 400)):
+        at += datetime.timedelta(seconds=rnd.expovariate(1 / rnd.choice((0.0005, 0.005, 0.05))))
+        log.append((at - datetime.timedelta(seconds=rnd.random() * 0.02 * (i % 2)), f"line {i}"))
+    return log
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_every_line_is_printed_once_whatever_the_reads(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Reads end anywhere, and come from the API (the overlap from a whole second before the last line read, or from
+    ``sinceSeconds``, two or three seconds before) or from a followed stream (no overlap), to a cursor that remembers
+    3 to 50 lines: every line is printed once, in the log's order."""
+    rnd = random.Random(seed)
+    monkeypatch.setattr(status, "LOG_RECENT_LINES", rnd.choice((3, 10, 50)))
+    log = _skewed_log(rnd)
+    raw = [f"{at.isoformat()}Z {line}" for at, line in log]
+    printed: list[str] = []
+    cursor, end = LogCursor(), 0
+    while end < len(log):
+        start, end = end, min(len(log), end + rnd.randint(1, 120))
+        last = log[start - 1][0] if start else log[0][0]
+        since = {
+            "second": last.replace(microsecond=0) - datetime.timedelta(seconds=1),
+            "seconds": last - datetime.timedelta(seconds=2 + rnd.random()),
+            "follow": None,
+        }[rnd.choice(("second", "seconds", "follow"))]
+        read = (
+            raw[start:end]
+            if since is None
+            else [r for (at, _), r in zip(log[:end], raw[:end], strict=True) if at >= since]
+        )
+        lines, cursor = new_log_lines(cursor, "\n".join(read))
+        printed += lines
+    assert printed == [line for _, line in log]
