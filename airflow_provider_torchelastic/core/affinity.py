@@ -111,10 +111,14 @@ def _pod_term(owner: str, name: str, term: JsonDict) -> None:
     for index, namespace in enumerate(namespaces):
         if not isinstance(namespace, str) or not DNS_1123_LABEL.match(namespace):
             raise fail(owner, f"{name}.namespaces[{index}]", namespace, "a namespace name (a DNS-1123 label)")
-    topology_key = term.get("topologyKey")
-    if not topology_key:
-        raise fail(owner, f"{name}.topologyKey", topology_key, "a node label key such as 'kubernetes.io/hostname'")
-    check_label_key(owner, f"{name}.topologyKey", topology_key)
+    _topology_key(owner, name, term.get("topologyKey"), "kubernetes.io/hostname")
+
+
+def _topology_key(owner: str, name: str, key: object, example: str) -> str:
+    """A pod term's or spread constraint's ``topologyKey``: required, and a label key."""
+    if not key:
+        raise fail(owner, f"{name}.topologyKey", key, f"a node label key such as {example!r}")
+    return check_label_key(owner, f"{name}.topologyKey", key)
 
 
 def _label_selector(owner: str, name: str, selector: JsonDict) -> None:
@@ -155,10 +159,8 @@ def check_topology_spread(owner: str, name: str, value: object) -> None:
         skew = constraint.get("maxSkew")
         if not is_int(skew) or cast("int", skew) < 1:
             raise fail(owner, f"{name}.maxSkew", skew, "an int >= 1")
-        key, when = constraint.get("topologyKey"), constraint.get("whenUnsatisfiable")
-        if not key:
-            raise fail(owner, f"{name}.topologyKey", key, "a node label key such as 'topology.kubernetes.io/zone'")
-        check_label_key(owner, f"{name}.topologyKey", key)
+        key = _topology_key(owner, name, constraint.get("topologyKey"), "topology.kubernetes.io/zone")
+        when = constraint.get("whenUnsatisfiable")
         if when not in _WHEN_UNSATISFIABLE:
             raise fail(owner, f"{name}.whenUnsatisfiable", when, "one of " + ", ".join(_WHEN_UNSATISFIABLE))
         if (key, when) in seen:
