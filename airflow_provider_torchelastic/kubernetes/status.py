@@ -31,6 +31,7 @@ __all__ = [
     "out_of_patience",
     "phase_of",
     "pods_not_created",
+    "seconds_before",
     "stuck_decision",
     "true_condition",
     "with_pods",
@@ -406,7 +407,7 @@ def new_log_lines(cursor: LogCursor, text: str) -> tuple[list[str], LogCursor]:
     left = len(cursor.recent)  # recent lines the read has not brought yet
     undecided: list[tuple[str, tuple[str, int]]] = []  # new, unless a recent line comes after them
     printed = list(cursor.recent)
-    floor = _seconds_before(cursor.last_time, LOG_SKEW_SECONDS)
+    floor = seconds_before(cursor.last_time, LOG_SKEW_SECONDS)
     stamp = cursor.last_time
     for raw in text.splitlines():
         stamp, line = _split_stamp(raw, stamp)
@@ -425,7 +426,7 @@ def new_log_lines(cursor: LogCursor, text: str) -> tuple[list[str], LogCursor]:
         fresh.append(line)
         printed.append(key)
     last_time = max((s for s, _ in printed), default=cursor.last_time)
-    window = _seconds_before(last_time, LOG_SKEW_SECONDS)
+    window = seconds_before(last_time, LOG_SKEW_SECONDS)
     # The last ones in the log's order: a later read brings what this forgets before what it remembers.
     recent = [entry for entry in printed if entry[0] >= window][-LOG_RECENT_LINES:]
     return fresh, LogCursor(
@@ -433,8 +434,9 @@ def new_log_lines(cursor: LogCursor, text: str) -> tuple[list[str], LogCursor]:
     )
 
 
-def _seconds_before(stamp: str, seconds: int) -> str:
-    """``stamp`` (as :func:`_split_stamp` writes it) ``seconds`` earlier, in the same form; ``""`` for no time."""
+def seconds_before(stamp: str, seconds: int) -> str:
+    """``stamp`` (as :func:`_split_stamp` writes it, or in whole seconds as ``sinceTime`` takes it) ``seconds``
+    earlier, in the same form; ``""`` for no time."""
     base, dot, fraction = stamp.partition(".")
     try:
         moment = datetime.datetime.fromisoformat(base[:19]) - datetime.timedelta(seconds=seconds)

@@ -14,8 +14,10 @@ blocking client (in a thread): a watch that fails never leaves the wait with les
 
 Rank 0's log is followed as a stream (:class:`LogFollower`) once the wait reads it at its pace: the lines wait in a
 bounded buffer until the wait's next read takes them, and a stream that ends (a cut connection, a read timeout, the
-container's end) is opened again from the time of its last line (``sinceTime``). The wait's last read of a pod, when
-the job ended, goes to the API, so it reaches the log's end whatever the stream has delivered.
+container's end) is opened again from the second before the last line the wait took (``sinceTime``), so that the
+wait's log cursor sees an overlap as it does in a read from the API, and alone decides what was printed. The wait's
+last read of a pod, when the job ended, goes to the API, so it reaches the log's end whatever the stream has
+delivered.
 
 Deletions that nobody waits for (:attr:`~.requests.DeleteJob.background`: a succeeded job's) go to
 :class:`BackgroundDeletes`, so the task's result is not held by the API's answers to them.
@@ -28,7 +30,7 @@ import contextlib
 import functools
 import threading
 import time
-from collections import Counter, deque
+from collections import deque
 from collections.abc import AsyncIterator, Callable, Coroutine, Generator, Mapping
 from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING, Any, Final, TypeVar
@@ -38,6 +40,7 @@ from airflow_provider_torchelastic.kubernetes import calls
 from airflow_provider_torchelastic.kubernetes.requests import DeleteJob, JobSource, ReadEvents, ReadLog, Request
 from airflow_provider_torchelastic.kubernetes.retry import retry_sync
 from airflow_provider_torchelastic.kubernetes.shared_source import CLOSE_SECONDS, SharedSource, close_within
+from airflow_provider_torchelastic.kubernetes.status import LOG_SKEW_SECONDS, seconds_before
 from airflow_provider_torchelastic.kubernetes.wait import drive_async
 from airflow_provider_torchelastic.kubernetes.wait_types import JobRef, Snapshot
 from airflow_provider_torchelastic.kubernetes.watch import StreamUpdate, watch_namespace
@@ -211,19 +214,22 @@ def last_stamp(text: str) -> str | None:
 class LogFollower:
     """One pod's log followed as a stream (``follow=true``): its lines wait, at most :data:`FOLLOW_MAX_LINES` and
     ``limit_bytes``, until the wait's next read takes them (:meth:`take`). A stream that ends is opened again from the
-    second of its last line (``sinceTime``), and the lines of that second it sends again are skipped. Refused (401, 403,
-    404): it stops, and the wait reads the log from the API as before.
+    second before the last line taken, and the lines not taken yet are dropped: it sends them again, after the lines
+    the wait printed last, which the wait's cursor skips as it skips a read's overlap. Refused (401, 403, 404): it
+    stops, and the wait reads the log from the API as before.
     """
 
     def __init__(self, kube: AsyncKube, request: ReadLog, since_time: str | None) -> None:
         self.request = request
         self._kube = kube
-        self._since = since_time
+        #: The second of the last line the wait has (``since_time``: what the read that started this brought).
+        self._taken = since_time
         self._lines: deque[str] = deque()
         self._chars = 0  # in the lines kept: at most the request's limit_bytes, as a read from the API brings
         self._dropped = 0
-        #: The lines of the stream's latest second (``_since``): what opening it again from there sends first.
-        self._replay: list[str] = []
+        #: The latest second of a line the streams brought: a stream opened again that brings none later only
+        #: repeats what came (an ended container's), and is opened again less often.
+        self._latest = since_time or ""
         #: Why the stream stopped for good (401, 403, 404, or an error of this code): the wait reads from the API.
         self.refused: Exception | None = None
         self._task = asyncio.create_task(self._run(), name=f"torchelastic-follow-{request.pod}")
@@ -240,6 +246,7 @@ class LogFollower:
         lines = list(self._lines)
         self._lines.clear()
         self._chars = 0
+        self._taken = last_stamp("\n".join(lines[-1:])) or self._taken
         if self._dropped:
             lines.insert(
                 0, f"[... {self._dropped} earlier lines not shown: more came between two reads than one holds]"
@@ -255,19 +262,12 @@ class LogFollower:
     async def _run(self) -> None:
         pause = FOLLOW_RETRY
         while True:
-            came = False
-            # A stream opened again starts with the lines of the second it starts at, which came before: skipped
-            # here, where the stream's exact lines are known, so the wait neither prints them again nor takes a
-            # stream that only repeats its last second (an ended container's) for one that brings lines.
-            repeated = Counter(self._replay)
+            latest = self._latest
+            # A line written after the last one taken may be stamped in the second before it.
+            since = seconds_before(self._taken or "", LOG_SKEW_SECONDS) or None
             try:
-                async for line in self._kube.stream(calls.follow_log(self.request, self._since)):
-                    if repeated and repeated[line] > 0:
-                        repeated[line] -= 1
-                        continue
-                    repeated.clear()
+                async for line in self._kube.stream(calls.follow_log(self.request, since)):
                     self._keep(line)
-                    came = True
             except KubeError as e:
                 if e.status in (401, 403, 404):
                     self.refused = e
@@ -275,8 +275,11 @@ class LogFollower:
             except Exception as e:  # a bug here must not cost the task its log: the wait reads it as before
                 self.refused = e
                 return
-            # Ended: a cut connection, a read timeout, or the container's end (then reopening brings nothing).
-            pause = FOLLOW_RETRY if came else min(pause * 2, FOLLOW_RETRY_MAX)
+            # Ended: a cut connection, a read timeout, or the container's end (then reopening brings nothing new).
+            # What was not taken comes again, after the overlap the wait's cursor expects.
+            self._lines.clear()
+            self._chars = self._dropped = 0
+            pause = FOLLOW_RETRY if self._latest > latest else min(pause * 2, FOLLOW_RETRY_MAX)
             await asyncio.sleep(pause)
 
     def _keep(self, line: str) -> None:
@@ -285,11 +288,7 @@ class LogFollower:
         while len(self._lines) > FOLLOW_MAX_LINES or self._chars > self.request.limit_bytes:
             self._chars -= len(self._lines.popleft())
             self._dropped += 1
-        second = last_stamp(line)
-        if second is not None and second > (self._since or ""):
-            self._since, self._replay = second, []
-        if len(self._replay) < FOLLOW_MAX_LINES:
-            self._replay.append(line)
+        self._latest = max(self._latest, last_stamp(line) or "")
 
 
 class _ThreadedPolls:

@@ -199,8 +199,8 @@ def test_rank_0_log_is_followed_as_a_stream_reopened_from_its_last_line_when_cut
     namespace: Namespace, proxied: Path, fault_proxy: FaultProxy
 ) -> None:
     """Every line once and in order, through a stream the proxy breaks off mid-way, in far fewer requests than a
-    read per interval: the stream is opened again from the time of its last line, and the follower skips the lines
-    of that second that the new stream sends again."""
+    read per interval: the stream is opened again from the second before the last line printed, and the wait's
+    cursor skips the lines that the new stream sends again."""
     count = 40
     pod = printing_pod(namespace, "follow", lines=count, pause=0.25)
     fault_proxy.cut_watch_next(after_bytes=600, match=Match(path_endswith=f"/{pod}/log", query=("follow", "true")))

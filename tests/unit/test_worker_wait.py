@@ -13,6 +13,7 @@ from airflow_provider_torchelastic.core.outcome import encode_success
 from airflow_provider_torchelastic.errors import KubeError
 from airflow_provider_torchelastic.kubernetes import calls, kinds, worker_wait
 from airflow_provider_torchelastic.kubernetes.requests import DeleteJob, ReadLog
+from airflow_provider_torchelastic.kubernetes.status import LogCursor, new_log_lines
 from airflow_provider_torchelastic.kubernetes.wait import drive_sync, wait_for_job
 from airflow_provider_torchelastic.kubernetes.wait_types import JobRef, Phase, WaitPolicy
 from airflow_provider_torchelastic.kubernetes.watch_scope import SELECTOR, intermediate_key, job_scope, namespace_scope
@@ -135,39 +136,55 @@ def test_a_close_that_does_not_end_does_not_hold_the_decided_wait(monkeypatch: p
     assert any("did not close within 0.5 s" in line for line in lines), lines
 
 
-def test_a_followed_log_opened_again_skips_the_lines_of_the_second_it_sends_again(
+def test_a_followed_log_opened_again_brings_a_line_stamped_in_the_second_before_once(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    """A stream that was cut is opened again from the second before the last line the wait took, and the wait's
+    cursor skips what it sends again: a line written after the cut but stamped in that second before (stderr behind
+    stdout) is printed, once. Opened from the last line's own second, the API would not send it."""
     monkeypatch.setattr(worker_wait, "FOLLOW_RETRY", 0.01)
-    first = ["2027-01-15T08:00:00.5Z a", "2027-01-15T08:00:01.1Z b", "2027-01-15T08:00:01.2Z c"]
-    # Opened again from 08:00:01: the API sends that second's lines again, then what came since.
-    again = [
-        "2027-01-15T08:00:01.1Z b",
-        "2027-01-15T08:00:01.2Z c",
-        "2027-01-15T08:00:01.2Z c",
-        "2027-01-15T08:00:02Z d",
-    ]
+    log = ["2027-01-15T08:00:00.5Z a", "2027-01-15T08:00:01.1Z b", "2027-01-15T08:00:01.2Z c"]
+    after_cut = ["2027-01-15T08:00:00.95Z e", "2027-01-15T08:00:02Z d"]
 
     class Kube:
         def __init__(self) -> None:
-            self.streams = [first, again]
             self.since: list[str | None] = []
+            self.sent = 0
+            self.cut = asyncio.Event()
 
         async def stream(self, call: calls.Call[str]) -> AsyncIterator[str]:
-            self.since.append(dict(call.query).get("sinceTime"))
-            for line in self.streams.pop(0) if self.streams else []:
-                yield line
+            since = dict(call.query).get("sinceTime") or ""
+            self.since.append(since)
+            for line in log if len(self.since) == 1 else log + after_cut:
+                if line[:19] >= since[:19]:  # what the API sends: the lines of sinceTime's second on
+                    self.sent += 1
+                    yield line
+            await (self.cut.wait() if len(self.since) == 1 else asyncio.Event().wait())  # open until cut
 
-    async def follow() -> tuple[str, list[str | None]]:
+    async def until(done: Any) -> None:
+        for _ in range(500):
+            if done():
+                return
+            await asyncio.sleep(0.01)
+        raise AssertionError("not reached")
+
+    async def follow() -> tuple[list[str], list[str | None]]:
         kube = Kube()
+        # Started by a read of the API that brought line a: the stream begins a second before it.
         request = ReadLog(pod="p", namespace="ml", since_seconds=5)
         follower = worker_wait.LogFollower(kube, request, "2027-01-15T08:00:00Z")  # type: ignore[arg-type]
-        while kube.streams or len(kube.since) < 3:
-            await asyncio.sleep(0.01)
+        await until(lambda: kube.sent == 3)
+        chunks = [follower.take()]
+        kube.cut.set()
+        await until(lambda: kube.sent == 3 + 5)
+        chunks.append(follower.take())
         await follower.close()
-        return follower.take(), kube.since
+        return chunks, kube.since
 
-    taken, since = asyncio.run(follow())
-    # The third c is a line of its own (the first stream had two of that second, the second three).
-    assert taken.splitlines() == [*first, "2027-01-15T08:00:01.2Z c", "2027-01-15T08:00:02Z d"]
-    assert since[:3] == ["2027-01-15T08:00:00Z", "2027-01-15T08:00:01Z", "2027-01-15T08:00:02Z"]
+    chunks, since = asyncio.run(follow())
+    assert since == ["2027-01-15T07:59:59Z", "2027-01-15T08:00:00Z"]
+    lines, cursor = new_log_lines(LogCursor(), log[0])
+    for chunk in chunks:
+        more, cursor = new_log_lines(cursor, chunk)
+        lines += more
+    assert lines == ["a", "b", "c", "e", "d"]
