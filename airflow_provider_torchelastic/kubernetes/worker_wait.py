@@ -246,13 +246,14 @@ class LogFollower:
         lines = list(self._lines)
         self._lines.clear()
         self._chars = 0
-        self._taken = last_stamp("\n".join(lines[-1:])) or self._taken
         if self._dropped:
             lines.insert(
                 0, f"[... {self._dropped} earlier lines not shown: more came between two reads than one holds]"
             )
             self._dropped = 0
-        return "\n".join(lines)
+        text = "\n".join(lines)
+        self._taken = last_stamp(text) or self._taken
+        return text
 
     async def close(self) -> None:
         self._task.cancel()
