@@ -250,7 +250,7 @@ def read_log(request: ReadLog) -> Call[str]:
     """A container's log, as :class:`~.requests.ReadLog` asks for it (the server's default for what it leaves out)."""
     query = _query(
         container=request.container,
-        sinceSeconds=request.since_seconds,
+        sinceTime=request.since_time,
         tailLines=request.tail_lines,
         limitBytes=request.limit_bytes,
         timestamps=request.timestamps or None,

@@ -44,21 +44,22 @@ class FetchFailed:
     error: str
 
 
-#: :attr:`ReadLog.limit_bytes`: far more than a read of :data:`~.wait.FIRST_READ_TAIL_LINES` ordinary lines.
+#: :attr:`ReadLog.limit_bytes`: far more than a read of :data:`~.wait_logs.FIRST_READ_TAIL_LINES` ordinary lines.
 LOG_READ_LIMIT_BYTES: Final = 1 << 20
 
 
 @dataclass(frozen=True)
 class ReadLog:
-    """Read the training container's log of ``pod`` with timestamps, from ``since_seconds`` ago (None: all), or only
-    its last ``tail_lines`` lines. Answered with the text, ``""`` when it is not available (yet).
+    """Read the training container's log of ``pod`` with timestamps, from the second ``since_time`` (RFC 3339 in whole
+    seconds, compared with the node's stamps; None: all), or only its last ``tail_lines`` lines. Answered with the
+    text, ``""`` when it is not available (yet).
 
     The one description of a log read: the wait core yields it, every source takes it whole, and
     :func:`~.calls.read_log` makes it the API's query."""
 
     pod: str
     namespace: str
-    since_seconds: int | None
+    since_time: str | None
     tail_lines: int | None = None
     #: The kind's training container (``JobKind.log_container``).
     container: str = TRAINING_CONTAINER

@@ -388,19 +388,18 @@ class LogCursor:
 
     last_time: str = ""
     recent: tuple[tuple[str, int], ...] = ()
-    last_seen: float = 0.0
 
 
 def new_log_lines(cursor: LogCursor, text: str) -> tuple[list[str], LogCursor]:
     """Lines of a timestamped log read that were not printed yet, and the advanced cursor.
 
-    Kubernetes restarts a log read only at a whole second (or ``sinceSeconds`` before now), so a read from the API
-    begins with lines printed before: its overlap, in the log's order. A read from a followed stream has none. While
-    the read may still bring one of the cursor's recent lines, a line is printed (and skipped) when it is one of them
-    (each consumed once), lies more than :data:`LOG_SKEW_SECONDS` before the cursor's latest time, or comes before one
-    of them (a printed line the cursor forgot: it remembers the last ones). The lines after the last recent one are
-    new, whatever their times: across stdout and stderr a log's times are not in its order, so a line is never
-    dropped for being older than the one before it.
+    Kubernetes starts a log read only at a whole second (``sinceTime``), so a read from the API begins with lines
+    printed before: its overlap, in the log's order. A read from a followed stream has none. While the read may still
+    bring one of the cursor's recent lines, a line is printed (and skipped) when it is one of them (each consumed
+    once), lies more than :data:`LOG_SKEW_SECONDS` before the cursor's latest time, or comes before one of them (a
+    printed line the cursor forgot: it remembers the last ones). The lines after the last recent one are new, whatever
+    their times: across stdout and stderr a log's times are not in its order, so a line is never dropped for being
+    older than the one before it.
     """
     fresh: list[str] = []
     remaining = Counter(cursor.recent)
@@ -429,9 +428,7 @@ def new_log_lines(cursor: LogCursor, text: str) -> tuple[list[str], LogCursor]:
     window = seconds_before(last_time, LOG_SKEW_SECONDS)
     # The last ones in the log's order: a later read brings what this forgets before what it remembers.
     recent = [entry for entry in printed if entry[0] >= window][-LOG_RECENT_LINES:]
-    return fresh, LogCursor(
-        last_time=last_time, recent=tuple(recent), last_seen=parse_time(last_time) or cursor.last_seen
-    )
+    return fresh, LogCursor(last_time=last_time, recent=tuple(recent))
 
 
 def seconds_before(stamp: str, seconds: int) -> str:

@@ -22,12 +22,12 @@ import functools
 import time
 from collections.abc import Awaitable, Callable, Generator, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, Final
+from typing import Any
 
 from airflow_provider_torchelastic.core import causes, image_pull, pod_creation
 from airflow_provider_torchelastic.core.outcome import Verdict
 from airflow_provider_torchelastic.errors import KubeError
-from airflow_provider_torchelastic.kubernetes import deadline, kinds, queue_limits
+from airflow_provider_torchelastic.kubernetes import deadline, kinds, queue_limits, wait_logs
 from airflow_provider_torchelastic.kubernetes.requests import (
     AsyncJobSource,
     DeleteJob,
@@ -42,13 +42,7 @@ from airflow_provider_torchelastic.kubernetes.requests import (
     Request,
     Sleep,
 )
-from airflow_provider_torchelastic.kubernetes.status import (
-    LogCursor,
-    is_suspended,
-    new_log_lines,
-    parse_time,
-    restarted_run,
-)
+from airflow_provider_torchelastic.kubernetes.status import is_suspended, parse_time
 from airflow_provider_torchelastic.kubernetes.wait_types import JobRef, Phase, Snapshot, WaitDecision, WaitPolicy
 
 # The requests the generators yield, and the sources that answer them, are :mod:`~.requests`' to export.
@@ -62,18 +56,6 @@ __all__ = [
 
 # --- the generators: every decision about waiting, no I/O ---------------------------------------------------------
 
-#: Log reads of a job are paced: one read per interval, which starts at the poll interval, triples while reads bring
-#: nothing to print, and is capped here. So a job costs at most ``60 / poll_interval`` log requests a minute however
-#: many pods it has, a quiet one about one, and a queued one (no pods yet) none.
-LOG_INTERVAL_MAX: Final = 60.0
-#: Lines read from the end of a pod's log on the first read of it: earlier lines are not printed.
-FIRST_READ_TAIL_LINES: Final = 1000
-#: Lines read from the end of a failed pod's log (its log is final; the tail holds the error).
-FAILED_TAIL_LINES: Final = 50
-#: Every worker line starts with ``[rank<global rank>]:`` (the runner's ``LOG_LINE_PREFIX``), so the pod whose log has
-#: ``[rank0]:`` lines holds rank 0; with elastic rendezvous no one knows which pod that is before the workers start.
-RANK0_PREFIX: Final = "[rank0]:"
-
 
 @dataclass(kw_only=True)
 class _WatchState:
@@ -81,18 +63,8 @@ class _WatchState:
     #: of running pods is logged at once.
     last_state: str = ""
     last_logged: float = 0.0
-    cursors: dict[str, LogCursor] = field(default_factory=dict)
-    #: The pod whose log showed rank 0's lines: the one whose log is streamed.
-    rank0_pod: str | None = None
-    #: Round-robin position among the started pods while rank 0's pod is not known.
-    probe: int = 0
-    next_log_at: float = 0.0
-    log_interval: float = 0.0
-    #: Failed pods whose tails were printed (at most ``log_pods`` of them).
-    tails: set[str] = field(default_factory=set)
-    #: Restarted pods: the restart count up to which their previous containers' tails were printed (at most
-    #: ``log_pods`` pods).
-    restarts_read: dict[str, int] = field(default_factory=dict)
+    #: How far the pods' logs were printed (:mod:`.wait_logs`).
+    logs: wait_logs.PodLogs = field(default_factory=wait_logs.PodLogs)
     #: The last snapshot in which the job existed: what a job that vanished is judged by.
     last_seen: Snapshot | None = None
     #: What the Kueue limits remember between looks (:mod:`~.queue_limits`).
@@ -148,7 +120,7 @@ def wait_for_job(
             # On change, and as a heartbeat every progress_interval: a long quiet job still shows it is alive.
             yield EmitLog(decision.progress)
             state.last_state, state.last_logged = current, snapshot.now
-        yield from _stream_logs(ref, kind, snapshot, policy, state, final=decision.phase.is_terminal)
+        yield from wait_logs.print_logs(ref, kind, snapshot, policy, state.logs, final=decision.phase.is_terminal)
         if not decision.phase.is_terminal and policy.lease_seconds is not None and snapshot.job is not None:
             yield from _renew_lease(ref, snapshot.job, policy.lease_seconds, snapshot.now)
         if decision.phase.is_terminal:
@@ -276,114 +248,6 @@ def _delete(ref: JobRef, why: str, *, background: bool = False) -> Generator[Req
         yield EmitLog(f"Could not delete {ref.kind} {ref.namespace}/{ref.name} ({why}): {answer}")
     else:
         yield EmitLog(f"Deleted {ref.kind} {ref.namespace}/{ref.name} ({why}; existed: {answer})")
-
-
-def _stream_logs(
-    ref: JobRef, kind: kinds.JobKind, snapshot: Snapshot, policy: WaitPolicy, state: _WatchState, *, final: bool
-) -> Generator[Request, Any, None]:
-    """Print rank 0's log and the tails of failed pods, at a bounded number of reads per minute.
-
-    The cost does not grow with the number of pods: one paced read of one pod per interval (rank 0's, or while it is
-    not known the next pod in turn, looking for ``[rank0]:`` lines), plus one tail read for each of at most
-    ``log_pods`` failed pods over the whole wait, plus one last read of rank 0 when the job ended.
-    """
-    own_pod = kind.pod_selector(ref.name) is None
-    container = kind.log_container
-    pods = [snapshot.job] if own_pod and snapshot.job is not None else list(snapshot.pods)
-    started = sorted(
-        (p for p in pods if p.get("status", {}).get("phase") in ("Running", "Succeeded", "Failed")),
-        key=lambda p: p.get("metadata", {}).get("name", ""),
-    )
-    names = [p["metadata"]["name"] for p in started]
-    if own_pod and names:
-        state.rank0_pod = names[0]
-    elif state.rank0_pod not in names:
-        state.rank0_pod = None  # deleted, or recreated by a restart: rank 0 may land elsewhere now
-    yield from _previous_tails(ref, container, pods, policy, state)
-    for pod in started:
-        name = pod["metadata"]["name"]
-        failed = pod.get("status", {}).get("phase") == "Failed"
-        if not failed or name in state.tails or name == state.rank0_pod or len(state.tails) >= policy.log_pods:
-            continue
-        state.tails.add(name)
-        text = yield ReadLog(
-            pod=name, namespace=ref.namespace, since_seconds=None, tail_lines=FAILED_TAIL_LINES, container=container
-        )
-        # A fresh cursor: what a probe read of this pod saw was not printed, and the tail holds the error.
-        lines, state.cursors[name] = new_log_lines(LogCursor(), text or "")
-        for line in lines:
-            yield EmitLog(f"[{name}] {line}")
-    if not names or (snapshot.now < state.next_log_at and not final):
-        return
-    # Once the job ended, rank 0's pod must be found now or never: probe up to ``log_pods`` pods in this one pass (a
-    # job shorter than the first paced read ends before any probe ran).
-    probes = 1 if not final or state.rank0_pod is not None else max(1, min(len(names), policy.log_pods))
-    shown: list[str] = []
-    for _ in range(probes):
-        if state.rank0_pod is not None:
-            target = state.rank0_pod
-        else:
-            target = names[state.probe % len(names)]
-            state.probe += 1
-        cursor = state.cursors.get(target, LogCursor())
-        since = None if not cursor.last_seen else max(1, int(snapshot.now - cursor.last_seen) + 2)
-        # A first read (or the first after a triggerer restart) takes the end of the log, not all of it: a pod
-        # that has run for days may have printed gigabytes.
-        first = FIRST_READ_TAIL_LINES if since is None else None
-        text = yield ReadLog(
-            pod=target, namespace=ref.namespace, since_seconds=since, tail_lines=first, container=container, last=final
-        )
-        lines, state.cursors[target] = new_log_lines(cursor, text or "")
-        if target != state.rank0_pod and any(line.startswith(RANK0_PREFIX) for line in lines):
-            state.rank0_pod = target
-        shown = lines if target == state.rank0_pod else []
-        for line in shown:
-            yield EmitLog(f"[{target}] {line}")
-        if state.rank0_pod is not None:
-            break
-    # Back off while reads bring nothing to print (a queued, quiet or hidden rank 0); come back as soon as they do.
-    base = max(policy.poll_interval, 1.0)
-    state.log_interval = base if shown or not state.log_interval else min(state.log_interval * 3, LOG_INTERVAL_MAX)
-    state.next_log_at = snapshot.now + state.log_interval
-
-
-def _previous_tails(
-    ref: JobRef, container: str, pods: list[Mapping[str, Any]], policy: WaitPolicy, state: _WatchState
-) -> Generator[Request, Any, None]:
-    """Print the tail of each restarted container's previous run, once per restart.
-
-    A node restarted in place (a TrainJob's ``OnFailure``, a PyTorchJob replica's ``OnFailure``/``ExitCode``) runs
-    again in the same pod: its phase never becomes Failed, and its current log starts after the restart, so the
-    exception that killed the earlier run is only in the previous container's log. Bounded like the failed pods'
-    tails: at most ``log_pods`` pods, one read per restart seen (the kubelet's back-off spaces restarts out).
-    """
-    for pod in pods:
-        restarted = restarted_run(pod, container)
-        if restarted is None:
-            continue
-        name = pod.get("metadata", {}).get("name", "?")
-        count, terminated = restarted
-        if state.restarts_read.get(name, 0) >= count:
-            continue
-        if name not in state.restarts_read and len(state.restarts_read) >= policy.log_pods:
-            continue
-        state.restarts_read[name] = count
-        text = yield ReadLog(
-            pod=name,
-            namespace=ref.namespace,
-            since_seconds=None,
-            # One line less than a failed pod's tail: with the header below, it fills one tail of the job summary
-            # (core.metrics_format.TAIL_LINES), which would otherwise drop the header.
-            tail_lines=FAILED_TAIL_LINES - 1,
-            container=container,
-            previous=True,
-        )
-        lines, _ = new_log_lines(LogCursor(), text or "")
-        reason = terminated.get("reason") or ""
-        ended = f"exit code {terminated.get('exitCode')}" + (f", {reason}" if reason not in ("", "Error") else "")
-        yield EmitLog(f"[{name}] --- restart {count}: its previous {container} container ended ({ended}); last lines:")
-        for line in lines:
-            yield EmitLog(f"[{name}] {line}")
 
 
 # --- the drivers: I/O only ------------------------------------------------------------------------------------------

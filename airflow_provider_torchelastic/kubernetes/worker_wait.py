@@ -170,11 +170,11 @@ class _WatchedJob(SharedSource):
         if follower is not None and follower.serves(request):
             return follower.take()
         text = await super().read_log(request)
-        # A read at the wait's pace (it has a cursor: since_seconds) of a pod whose stream is not open: follow it
+        # A read at the wait's pace (it has a cursor: since_time) of a pod whose stream is not open: follow it
         # from the last line this read brought. Tails of failed pods and previous runs are read once: not followed.
-        if request.since_seconds is not None and not request.previous and not request.last:
+        if request.since_time is not None and not request.previous and not request.last:
             await self.close()
-            since = last_stamp(text) or _stamp(time.time() - request.since_seconds)
+            since = last_stamp(text) or request.since_time
             self._follower = LogFollower(self._kube, request, since)
         elif request.last and follower is not None and follower.request.pod == request.pod:
             await self.close()
@@ -196,10 +196,6 @@ class _WatchedJob(SharedSource):
             self._quiet = False
             return await self._polls.snapshot(ref)
         return await super().snapshot(ref)
-
-
-def _stamp(at: float) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(at))
 
 
 def last_stamp(text: str) -> str | None:
@@ -238,7 +234,7 @@ class LogFollower:
         """Whether this stream answers ``request``: a paced read of the same pod's container, while not refused."""
         mine = self.request
         same = (request.pod, request.namespace, request.container) == (mine.pod, mine.namespace, mine.container)
-        paced = request.since_seconds is not None and not request.previous and not request.last
+        paced = request.since_time is not None and not request.previous and not request.last
         return same and paced and self.refused is None
 
     def take(self) -> str:

@@ -250,7 +250,7 @@ def test_cluster_dns_resolves_headless_services_and_pod_hostnames(real_cluster: 
 def test_lines_written_to_both_streams_at_once_are_each_printed_once(real_cluster: RealCluster) -> None:
     """containerd stamps stdout and stderr lines in two goroutines and writes them in turn: across the streams a log's
     times need not follow its order. The wait's cursor, fed this real log in overlapping reads as the API answers
-    them (from the whole second before the last line printed, as a paced read's ``sinceSeconds`` at least does), prints
+    them (from the whole second before the last line printed, as a paced read's ``sinceTime``), prints
     every line once and in the log's order."""
     from airflow_provider_torchelastic.kubernetes.status import LogCursor, new_log_lines
 

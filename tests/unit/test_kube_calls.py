@@ -47,11 +47,11 @@ def test_what_not_found_means_is_said_by_the_call() -> None:
 
 
 def test_a_log_read_is_the_readlog_whole_and_bounded() -> None:
-    read = calls.read_log(ReadLog("p", "ml", 30, None, "node", previous=True, limit_bytes=1000))
+    read = calls.read_log(ReadLog("p", "ml", "2027-01-15T08:00:00Z", None, "node", previous=True, limit_bytes=1000))
     assert read.path == "/api/v1/namespaces/ml/pods/p/log" and read.read_limit == 1000
     assert dict(read.query) == {
         "container": "node",
-        "sinceSeconds": "30",
+        "sinceTime": "2027-01-15T08:00:00Z",
         "limitBytes": "1000",
         "timestamps": "true",
         "previous": "true",

@@ -187,7 +187,7 @@ def test_rank_0s_pod_is_found_and_streamed_the_others_are_not() -> None:
 def test_failed_pods_tails_are_read_once_each_and_bounded() -> None:
     pods = [pod(f"j-worker-{i}", "j", "Failed") for i in range(20)]
     reads = drive_minutes(pods, 3, {})
-    from airflow_provider_torchelastic.kubernetes.wait import FAILED_TAIL_LINES
+    from airflow_provider_torchelastic.kubernetes.wait_logs import FAILED_TAIL_LINES
 
     tails = [r for r in reads if r.tail_lines == FAILED_TAIL_LINES]  # a first probe read takes a longer tail
     assert len(tails) == WaitPolicy().log_pods and len({r.pod for r in tails}) == len(tails)
@@ -280,7 +280,7 @@ def test_the_record_of_jobs_gone_is_bounded_in_size_and_age(monkeypatch: pytest.
 
 
 def test_a_first_log_read_takes_the_end_of_the_log_and_later_reads_what_is_new() -> None:
-    from airflow_provider_torchelastic.kubernetes.wait import FIRST_READ_TAIL_LINES
+    from airflow_provider_torchelastic.kubernetes.wait_logs import FIRST_READ_TAIL_LINES
 
     pods = running_pods(1)
     reads, _ = drive(
@@ -297,8 +297,8 @@ def test_a_first_log_read_takes_the_end_of_the_log_and_later_reads_what_is_new()
         {"j-worker-0": "2027-01-15T08:00:01Z [rank0]:hello\n"},
         lambda reads, now: len(reads) >= 2,
     )
-    assert reads[0].tail_lines == FIRST_READ_TAIL_LINES and reads[0].since_seconds is None
-    assert reads[1].tail_lines is None and reads[1].since_seconds is not None
+    assert reads[0].tail_lines == FIRST_READ_TAIL_LINES and reads[0].since_time is None
+    assert reads[1].tail_lines is None and reads[1].since_time is not None
 
 
 # --- why an image pull failed (issue 31, item 3) ----------------------------------------------------------------------

@@ -385,7 +385,7 @@ def test_wait_protocol_logs_progress_streams_logs_cleans_up_and_returns() -> Non
     request = flow.send(Snapshot(job=running, now=T0 + 1))
     assert isinstance(request, EmitLog) and "Running" in request.line
     request = flow.send(None)
-    assert isinstance(request, ReadLog) and request.pod == "train-abc" and request.since_seconds is None
+    assert isinstance(request, ReadLog) and request.pod == "train-abc" and request.since_time is None
     request = flow.send("2027-01-15T08:00:01Z [rank0]:epoch 1\n")
     assert request == EmitLog("[train-abc] [rank0]:epoch 1")
     assert flow.send(None) == Sleep(5)
@@ -394,7 +394,7 @@ def test_wait_protocol_logs_progress_streams_logs_cleans_up_and_returns() -> Non
     request = flow.send(Snapshot(job=done, now=T0 + 3))
     assert isinstance(request, EmitLog) and "Succeeded" in request.line
     request = flow.send(None)
-    assert isinstance(request, ReadLog) and request.since_seconds is not None
+    assert isinstance(request, ReadLog) and request.since_time is not None
     # The same line again is not re-printed; the job succeeded, so on_finish_action=delete_succeeded deletes it.
     assert flow.send("2027-01-15T08:00:01Z [rank0]:epoch 1\n") == DeleteJob(POD, background=True)
     request = flow.send(True)

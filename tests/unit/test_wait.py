@@ -7,6 +7,8 @@ on the local cluster); everything it is asked is recorded, so the tests see exac
 from __future__ import annotations
 
 import asyncio
+import bisect
+import datetime
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -175,6 +177,87 @@ def test_every_log_read_is_bounded_and_a_huge_line_reaches_the_log_cut() -> None
         (printed,) = [line for line in lines if "xxx" in line]
         assert len(printed) < MAX_LOG_LINE + 100, drive
         assert printed.endswith(f"[... {2 * MAX_LOG_LINE + len('[rank0]: ')} more characters cut]"), printed[-80:]
+
+
+@dataclass
+class NodeLog(FakeSource):
+    """A pod that runs until ``ends`` seconds after T0 and prints ``lines`` (seconds after T0 and bytes of each),
+    stamped by its node's clock (``skew`` seconds off the wait's); it answers log reads as the kubelet does: the lines
+    from ``sinceTime``'s second on, the last ``tailLines`` of them, cut at ``limitBytes`` (inside a line too)."""
+
+    lines: list[tuple[float, int]] = field(default_factory=list)
+    ends: float = 60.0
+    skew: float = 0.0
+
+    def snapshot(self, ref: JobRef) -> Snapshot:
+        running = self.clock[0] < T0 + self.ends
+        job = pod() if running else pod("Succeeded", exit_code=0, message=encode_success("1"))
+        return Snapshot(job=job, pods=[], now=self.clock[0])
+
+    def line(self, i: int) -> str:
+        offset, size = self.lines[i]
+        at = datetime.datetime.fromtimestamp(T0 + self.skew + offset, datetime.UTC)
+        return f"{at.isoformat(timespec='microseconds')[:-6]}Z " + f"[rank0]: line {i} ".ljust(size, ".")
+
+    def read_log(self, request: ReadLog) -> str:
+        super().read_log(request)
+        offsets = [offset for offset, _ in self.lines]
+        written = bisect.bisect_right(offsets, min(self.clock[0], T0 + self.ends) - T0)
+        first = 0
+        if request.since_time is not None:
+            since = datetime.datetime.fromisoformat(request.since_time).timestamp()
+            first = bisect.bisect_left(offsets, since - T0 - self.skew)
+        if request.tail_lines is not None:
+            first = max(first, written - request.tail_lines)
+        body, i = b"", first
+        while i < written and len(body) < request.limit_bytes:
+            body += (self.line(i) + "\n").encode()
+            i += 1
+        return body[: request.limit_bytes].decode()
+
+
+def _printed(lines: list[str]) -> list[int]:
+    return [int(line.split(" line ")[1].split()[0]) for line in lines if " line " in line]
+
+
+def _gaps(lines: list[str]) -> list[str]:
+    return [line for line in lines if "not shown: the log grew faster than reads" in line]
+
+
+@pytest.mark.parametrize("skew", [-7.0, 0.0, 7.0])
+def test_a_log_is_read_by_its_nodes_stamps_whatever_the_clocks(skew: float) -> None:
+    """Where a read starts is the node's time of the last line printed: a node whose clock is seconds off the
+    triggerer's (a read counted back from the triggerer's clock missed lines when it lagged) loses nothing."""
+    source = NodeLog([], lines=[(i / 7, 60) for i in range(350)], ends=50, skew=skew)
+    _, lines = run_sync(wait_for_job(POD, WaitPolicy(poll_interval=5)), source)
+    assert _printed(lines) == list(range(350)), lines
+    assert not _gaps(lines)
+
+
+def test_a_log_that_grows_faster_than_reads_bring_is_followed_to_its_end() -> None:
+    """Far more than a read brings is written between two reads, and more than that in a read's overlap alone: read
+    on from a cut read, the task log fell further behind at each read, or read the same overlap for good. A read after
+    a cut one takes the end of the log, the wait's last read is one, and the task log says what they skipped."""
+    source = NodeLog([], lines=[(i / 1500, 1000) for i in range(60_000)], ends=40)
+    _, lines = run_sync(wait_for_job(POD, WaitPolicy(poll_interval=5)), source)
+    printed = _printed(lines)
+    assert printed == sorted(set(printed))  # in order, each once
+    assert printed[-1] == 59_999  # the last line written
+    assert len(printed) < 30_000  # far from all of them: two seconds of log fill a read
+    assert _gaps(lines) and all(line.startswith("[train-abc] [... lines written after 2027-") for line in _gaps(lines))
+    # Paced as ever: a read per poll, and one more at the end.
+    assert len(source.log_reads) <= 40 / 5 + 2, len(source.log_reads)
+
+
+def test_a_burst_that_fills_a_read_loses_no_line_when_the_next_reaches_back_to_it() -> None:
+    """A burst of 1.5 MB cuts a read; the next takes the end of the log, which reaches back to lines printed: no line
+    is lost, and no gap is announced."""
+    quiet = [(i / 10, 60) for i in range(300)]
+    burst = [(12.2 + i / 20_000, 1000) for i in range(1500)]
+    source = NodeLog([], lines=sorted(quiet + burst), ends=30)
+    _, lines = run_sync(wait_for_job(POD, WaitPolicy(poll_interval=5)), source)
+    assert _printed(lines) == list(range(1800)) and not _gaps(lines)
+    assert [read["tail_lines"] for read in source.log_reads].count(None) < len(source.log_reads) - 1  # a tail read
 
 
 # --- the deadline -----------------------------------------------------------------------------------------------------

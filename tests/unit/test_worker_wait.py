@@ -171,7 +171,7 @@ def test_a_followed_log_opened_again_brings_a_line_stamped_in_the_second_before_
     async def follow() -> tuple[list[str], list[str | None]]:
         kube = Kube()
         # Started by a read of the API that brought line a: the stream begins a second before it.
-        request = ReadLog(pod="p", namespace="ml", since_seconds=5)
+        request = ReadLog(pod="p", namespace="ml", since_time="2027-01-15T07:59:59Z")
         follower = worker_wait.LogFollower(kube, request, "2027-01-15T08:00:00Z")  # type: ignore[arg-type]
         await until(lambda: kube.sent == 3)
         chunks = [follower.take()]
