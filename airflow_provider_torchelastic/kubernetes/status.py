@@ -390,7 +390,7 @@ class LogCursor:
     recent: tuple[tuple[str, int], ...] = ()
 
 
-def new_log_lines(cursor: LogCursor, text: str) -> tuple[list[str], LogCursor]:
+def new_log_lines(cursor: LogCursor, text: str, *, cut: bool = False) -> tuple[list[str], LogCursor]:
     """Lines of a timestamped log read that were not printed yet, and the advanced cursor.
 
     Kubernetes starts a log read only at a whole second (``sinceTime``), so a read from the API begins with lines
@@ -399,7 +399,8 @@ def new_log_lines(cursor: LogCursor, text: str) -> tuple[list[str], LogCursor]:
     once), lies more than :data:`LOG_SKEW_SECONDS` before the cursor's latest time, or comes before one of them (a
     printed line the cursor forgot: it remembers the last ones). The lines after the last recent one are new, whatever
     their times: across stdout and stderr a log's times are not in its order, so a line is never dropped for being
-    older than the one before it.
+    older than the one before it. A read ``cut`` short (at ``limitBytes``) may end before a recent line: the lines
+    it leaves undecided are taken as printed (the cursor forgot them), and a later read brings them if they were not.
     """
     fresh: list[str] = []
     remaining = Counter(cursor.recent)
@@ -421,7 +422,7 @@ def new_log_lines(cursor: LogCursor, text: str) -> tuple[list[str], LogCursor]:
         elif not left:
             fresh.append(line)
             printed.append(key)
-    for line, key in undecided:
+    for line, key in [] if cut else undecided:
         fresh.append(line)
         printed.append(key)
     last_time = max((s for s, _ in printed), default=cursor.last_time)

@@ -143,12 +143,13 @@ def _paced_read(
             pod=target, namespace=ref.namespace, since_time=since, tail_lines=tail, container=container, last=final
         )
         text = (yield read) or ""
-        if len(text.encode()) >= read.limit_bytes:
+        cut = len(text.encode()) >= read.limit_bytes
+        if cut:
             if "\n" in text:
                 text = text[: text.rindex("\n") + 1]  # its last line came in part: a later read brings it whole
             # Lines of the end of the log that a read likely holds whole, judged by the lines this one held.
             state.behind[target] = max(1, len(text.splitlines()) * 3 // 4)
-        fresh, state.cursors[target] = new_log_lines(cursor, text)
+        fresh, state.cursors[target] = new_log_lines(cursor, text, cut=cut)
         lines += fresh
         brought = len(text.splitlines())
         if since and tail and fresh and len(fresh) == brought and (brought >= tail or target in state.behind):

@@ -371,6 +371,20 @@ def test_a_line_stamped_among_lines_the_cursor_forgot_is_still_new(monkeypatch: 
     assert new_log_lines(later, "2027-01-15T08:00:01.2Z line 7\n2027-01-15T08:00:01.1Z err 8\n")[0] == ["err 8"]
 
 
+def test_a_read_cut_short_in_its_overlap_prints_none_of_the_lines_the_cursor_forgot(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A read cut at ``limitBytes`` before the cursor's recent lines brings lines it forgot (printed, more than it
+    remembers in a second): taken as new, they were printed twice. A read that reached the log's end and still brings
+    no recent line brings new lines (the log was rotated past them): those are printed."""
+    monkeypatch.setattr(status, "LOG_RECENT_LINES", 3)
+    text = "".join(f"2027-01-15T08:00:00.{i}Z line {i}\n" for i in range(1, 8))
+    _, cursor = new_log_lines(LogCursor(), text)
+    overlap = "".join(f"2027-01-15T08:00:00.{i}Z line {i}\n" for i in range(1, 4))
+    assert new_log_lines(cursor, overlap, cut=True)[0] == []
+    assert new_log_lines(cursor, overlap)[0] == ["line 1", "line 2", "line 3"]
+
+
 def test_log_fractions_compare_numerically_not_as_text() -> None:
     _, cursor = new_log_lines(LogCursor(), "2027-01-15T08:00:00.12345Z x\n")
     lines, _ = new_log_lines(cursor, "2027-01-15T08:00:00.12345Z x\n2027-01-15T08:00:00.1235Z y\n")
