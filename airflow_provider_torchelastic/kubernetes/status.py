@@ -399,8 +399,8 @@ def new_log_lines(cursor: LogCursor, text: str, *, cut: bool = False) -> tuple[l
     once), lies more than :data:`LOG_SKEW_SECONDS` before the cursor's latest time, or comes before one of them (a
     printed line the cursor forgot: it remembers the last ones). The lines after the last recent one are new, whatever
     their times: across stdout and stderr a log's times are not in its order, so a line is never dropped for being
-    older than the one before it. A read ``cut`` short (at ``limitBytes``) may end before a recent line: the lines
-    it leaves undecided are taken as printed (the cursor forgot them), and a later read brings them if they were not.
+    older than the one before it. A read ``cut`` short (at ``limitBytes``) may end before a recent line would have
+    come: the lines it leaves undecided are not printed (most likely the cursor forgot them), and not remembered.
     """
     fresh: list[str] = []
     remaining = Counter(cursor.recent)
