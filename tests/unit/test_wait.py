@@ -259,7 +259,8 @@ def test_a_burst_that_fills_a_read_loses_no_line_when_the_next_reaches_back_to_i
     source = NodeLog([], lines=sorted(quiet + burst), ends=30)
     _, lines = run_sync(wait_for_job(POD, WaitPolicy(poll_interval=5)), source)
     assert _printed(lines) == list(range(1800)) and not _gaps(lines)
-    assert [read["tail_lines"] for read in source.log_reads].count(None) < len(source.log_reads) - 1  # a tail read
+    after_the_first = [read["tail_lines"] for read in source.log_reads[1:]]
+    assert any(after_the_first), after_the_first  # the burst cut a read: the next took the end
 
 
 # --- the deadline -----------------------------------------------------------------------------------------------------
