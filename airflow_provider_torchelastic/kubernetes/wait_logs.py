@@ -144,14 +144,14 @@ def _paced_read(
         )
         text = (yield read) or ""
         cut = len(text.encode()) >= read.limit_bytes
+        if cut and "\n" in text:
+            text = text[: text.rindex("\n") + 1]  # its last line came in part: a later read brings it whole
+        brought = len(text.splitlines())
         if cut:
-            if "\n" in text:
-                text = text[: text.rindex("\n") + 1]  # its last line came in part: a later read brings it whole
             # Lines of the end of the log that a read likely holds whole, judged by the lines this one held.
-            state.behind[target] = max(1, len(text.splitlines()) * 3 // 4)
+            state.behind[target] = max(1, brought * 3 // 4)
         fresh, state.cursors[target] = new_log_lines(cursor, text, cut=cut)
         lines += fresh
-        brought = len(text.splitlines())
         if since and tail and fresh and len(fresh) == brought and (brought >= tail or target in state.behind):
             # A read of the end, none of whose lines was printed, and there were more since the cursor than it brought.
             yield EmitLog(
