@@ -119,7 +119,8 @@ def test_an_oom_killed_pod_is_the_root_cause_not_its_peer_that_failed_because_of
     assert peer_pod.status.phase == "Failed" and ended.exit_code != 0, peer_pod.status
     # It failed because of the kill, not of a timeout (its runner may take a few seconds more to exit). When the kill
     # took one worker, the killed pod's runner reports when its agent found the worker dead (torch's whole seconds,
-    # seconds late on a loaded machine) and may exit well after that.
+    # late on a loaded machine: 11 s after the peer saw the connection close, in one CI run on 2 slow cores) and may
+    # exit well after that. So that time bounds the peer's failure from above; from below only loosely.
     killed_report = decode_outcome(oom.message)
     if one_worker:
         assert killed_report is not None and killed_report.failure is not None, oom
@@ -132,7 +133,7 @@ def test_an_oom_killed_pod_is_the_root_cause_not_its_peer_that_failed_because_of
         # What it reported is a victim's failure (a closed or reset connection, a lost store), seen as one, and
         # it came within moments of the kill (the OOM's time is whole seconds, and a report's may come late).
         assert outcome.failure.is_consequence, outcome.failure
-        earliest = oom_at - (10 if one_worker else 1)
+        earliest = oom_at - (30 if one_worker else 1)
         assert earliest <= outcome.failure.timestamp <= oom_at + 10, (outcome.failure.timestamp, oom_at)
 
 
