@@ -188,6 +188,7 @@ class NodeLog(FakeSource):
     lines: list[tuple[float, int]] = field(default_factory=list)
     ends: float = 60.0
     skew: float = 0.0
+    rank: int = 0
 
     def snapshot(self, ref: JobRef) -> Snapshot:
         running = self.clock[0] < T0 + self.ends
@@ -197,7 +198,7 @@ class NodeLog(FakeSource):
     def line(self, i: int) -> str:
         offset, size = self.lines[i]
         at = datetime.datetime.fromtimestamp(T0 + self.skew + offset, datetime.UTC)
-        return f"{at.isoformat(timespec='microseconds')[:-6]}Z " + f"[rank0]: line {i} ".ljust(size, ".")
+        return f"{at.isoformat(timespec='microseconds')[:-6]}Z " + f"[rank{self.rank}]: line {i} ".ljust(size, ".")
 
     def read_log(self, request: ReadLog) -> str:
         super().read_log(request)
@@ -214,6 +215,31 @@ class NodeLog(FakeSource):
             body += (self.line(i) + "\n").encode()
             i += 1
         return body[: request.limit_bytes].decode()
+
+
+@dataclass
+class JobLogs(FakeSource):
+    """A PyTorchJob whose pods (``logs``: name -> its log, on this source's clock) run until ``ends``, when the job
+    fails and each pod ends as ``ended`` says."""
+
+    logs: dict[str, NodeLog] = field(default_factory=dict)
+    ends: float = 60.0
+    ended: dict[str, str] = field(default_factory=dict)
+
+    def snapshot(self, ref: JobRef) -> Snapshot:
+        running = self.clock[0] < T0 + self.ends
+        job = pytorchjob("Created", "Running") if running else pytorchjob("Created", "Failed")
+        pods = [
+            {"metadata": {"name": name}, "status": {"phase": "Running" if running else self.ended[name]}}
+            for name in self.logs
+        ]
+        return Snapshot(job=job, pods=pods, now=self.clock[0])
+
+    def read_log(self, request: ReadLog) -> str:
+        super().read_log(request)
+        node = self.logs[request.pod]
+        node.clock = self.clock
+        return node.read_log(request)
 
 
 def _printed(lines: list[str]) -> list[int]:
@@ -261,6 +287,23 @@ def test_a_burst_that_fills_a_read_loses_no_line_when_the_next_reaches_back_to_i
     assert _printed(lines) == list(range(1800)) and not _gaps(lines)
     after_the_first = [read["tail_lines"] for read in source.log_reads[1:]]
     assert any(after_the_first), after_the_first  # the burst cut a read: the next took the end
+
+
+def test_a_pod_probed_for_rank_0_announces_no_gap_in_lines_never_shown() -> None:
+    """Rank 0 is quiet for its first half minute, so the wait probes each pod in turn, printing nothing; the other pod
+    writes faster than reads bring. Its lines are never shown, and neither is a gap in them; rank 0's are, from the
+    read that found it on."""
+    fast = NodeLog([], lines=[(i / 1500, 1000) for i in range(60_000)], ends=40, rank=1)
+    rank0 = NodeLog([], lines=[(30 + i / 10, 60) for i in range(80)], ends=40)
+    logs = {"train-abc-worker-0": fast, "train-abc-worker-1": rank0}
+    source = JobLogs([], logs=logs, ends=40, ended={"train-abc-worker-0": "Succeeded", "train-abc-worker-1": "Failed"})
+    _, lines = run_sync(wait_for_job(JOB, WaitPolicy(poll_interval=5)), source)
+    reads = [read["pod"] for read in source.log_reads]
+    assert reads.count("train-abc-worker-0") >= 3, reads  # read on after a cut read, then its end: a gap skipped
+    assert not _gaps(lines), _gaps(lines)
+    assert not [line for line in lines if line.startswith("[train-abc-worker-0]")]
+    printed = _printed(lines)
+    assert printed and printed == list(range(printed[0], 80)), lines  # from the read that found rank 0, each once
 
 
 # --- the deadline -----------------------------------------------------------------------------------------------------
