@@ -105,8 +105,7 @@ def print_logs(
         else:
             target = names[state.probe % len(names)]
             state.probe += 1
-        # A probe's lines are not printed, nor then what its reads skipped.
-        lines = yield from _paced_read(ref, target, container, final, state, announce=target == state.rank0_pod)
+        lines = yield from _paced_read(ref, target, container, final, state)
         if target != state.rank0_pod and any(line.startswith(RANK0_PREFIX) for line in lines):
             state.rank0_pod = target
         shown = lines if target == state.rank0_pod else []
@@ -123,7 +122,7 @@ def print_logs(
 
 
 def _paced_read(
-    ref: JobRef, target: str, container: str, final: bool, state: PodLogs, *, announce: bool
+    ref: JobRef, target: str, container: str, final: bool, state: PodLogs
 ) -> Generator[Request, Any, list[str]]:
     """Read ``target``'s log on from where it was printed to; the lines not printed yet.
 
@@ -133,7 +132,7 @@ def _paced_read(
     printed gigabytes. So does a read after one cut at ``limit_bytes``: more was written than a read brings, and
     reading on from the cut would fall further behind at each read (or, when a read's overlap alone filled it, bring
     the same lines for good). The wait's last read, cut, is followed by one of the end at once. What a read of the
-    end leaves out is said in the task log when ``announce`` (the lines are rank 0's, printed).
+    end leaves out is said in the task log, for rank 0's pod (a probe's lines are not printed, nor what it skipped).
     """
     lines: list[str] = []
     while True:
@@ -155,7 +154,7 @@ def _paced_read(
         lines += fresh
         # A read of the end, none of whose lines was printed, and there were more since the cursor than it brought.
         skipped = since and tail and fresh and len(fresh) == brought and (brought >= tail or target in state.behind)
-        if skipped and announce:
+        if skipped and target == state.rank0_pod:
             yield EmitLog(
                 f"[{target}] [... lines written after {cursor.last_time} not shown: the log grew faster than reads "
                 f"of {read.limit_bytes} bytes every poll bring]"

@@ -235,11 +235,13 @@ class JobLogs(FakeSource):
         ]
         return Snapshot(job=job, pods=pods, now=self.clock[0])
 
+    def __post_init__(self) -> None:
+        for node in self.logs.values():
+            node.clock = self.clock  # one job, one clock
+
     def read_log(self, request: ReadLog) -> str:
         super().read_log(request)
-        node = self.logs[request.pod]
-        node.clock = self.clock
-        return node.read_log(request)
+        return self.logs[request.pod].read_log(request)
 
 
 def _printed(lines: list[str]) -> list[int]:
