@@ -3,12 +3,14 @@
 weight of 0 or an operator's missing values fail while the DAG file is parsed instead of when the pod (or, for a
 PyTorchJob, every pod the training operator tries to create) is refused.
 
-Only the fields Kubernetes validates are checked; fields this module does not know are kept as given (a newer API
-server may take them). Pure and standard library only.
+Only the fields Kubernetes validates are checked (the API server, and the scheduler for the node terms' values it
+must parse); fields this module does not know are kept as given (a newer API server may take them). Pure and standard
+library only.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Any, Final, TypeAlias, cast
@@ -18,6 +20,7 @@ from airflow_provider_torchelastic.core.pod_fields import (
     JsonDict,
     check_keys,
     check_label_key,
+    check_label_value,
     check_labels,
     check_mapping,
 )
@@ -39,6 +42,9 @@ _NODE_OPERATORS: Final = {**_LABEL_OPERATORS, "Gt": _ONE, "Lt": _ONE}
 #: A node field selector takes one field, the node's name, and exactly one value.
 _FIELD_OPERATORS: Final = {"In": _ONE, "NotIn": _ONE}
 _WHEN_UNSATISFIABLE: Final = ("DoNotSchedule", "ScheduleAnyway")
+#: A ``Gt``/``Lt`` value: what Go's ``strconv.ParseInt(value, 10, 64)`` takes.
+_INTEGER: Final = re.compile(r"[+-]?[0-9]+\Z")
+_INT64: Final = range(-(2**63), 2**63)
 
 
 def check_affinity(owner: str, name: str, value: object) -> Mapping[str, Any]:
@@ -146,13 +152,26 @@ def _requirement(operators: Mapping[str, tuple[int, int | None, str]], *, fields
                 raise fail(owner, f"{name}.values[0]", values[0], "a node name (a DNS subdomain)")
         else:
             check_label_key(owner, f"{name}.key", key)
+            for index, value in enumerate(values):
+                _requirement_value(owner, f"{name}.values[{index}]", operator, value)
 
     return check
 
 
+def _requirement_value(owner: str, name: str, operator: str, value: str) -> None:
+    """A value the scheduler can compare with a label. The API server lets a node term's through, but the scheduler
+    parses every term into a label selector and a term it cannot parse matches no node: a required one leaves the pod
+    Pending for good. A pod term's values the API server itself checks (1.27 and later)."""
+    if operator not in ("Gt", "Lt"):
+        check_label_value(owner, name, value)
+    elif not _INTEGER.match(value) or int(value) not in _INT64:
+        raise fail(owner, name, value, f"an integer (operator {operator} compares a node label's value as a number)")
+
+
 def check_topology_spread(owner: str, name: str, value: object) -> None:
-    """Each constraint's ``maxSkew`` (> 0), ``topologyKey``, ``whenUnsatisfiable`` and ``minDomains`` (> 0, with
-    DoNotSchedule only); no two of one key and one ``whenUnsatisfiable``."""
+    """Each constraint's ``maxSkew`` (> 0), ``topologyKey``, ``whenUnsatisfiable``, ``labelSelector``,
+    ``matchLabelKeys`` and ``minDomains`` (> 0, with DoNotSchedule only); no two of one key and one
+    ``whenUnsatisfiable``."""
     seen: set[tuple[str, str]] = set()
 
     def check(owner: str, name: str, constraint: JsonDict) -> None:
@@ -166,6 +185,14 @@ def check_topology_spread(owner: str, name: str, value: object) -> None:
         if (key, when) in seen:
             raise fail(owner, name, constraint, "one constraint per topologyKey and whenUnsatisfiable")
         seen.add((key, when))
+        if "labelSelector" in constraint:  # the API server checks it since 1.27, by the pod terms' rules
+            where = f"{name}.labelSelector"
+            _label_selector(owner, where, _dict(owner, where, constraint["labelSelector"]))
+        keys = constraint.get("matchLabelKeys", [])
+        if not isinstance(keys, list):
+            raise fail(owner, f"{name}.matchLabelKeys", keys, "a list of label keys", TypeError)
+        for index, label_key in enumerate(keys):
+            check_label_key(owner, f"{name}.matchLabelKeys[{index}]", label_key)
         domains = constraint.get("minDomains")
         if domains is not None and (not is_int(domains) or domains < 1 or when != "DoNotSchedule"):
             raise fail(owner, f"{name}.minDomains", domains, "an int >= 1, with whenUnsatisfiable DoNotSchedule")

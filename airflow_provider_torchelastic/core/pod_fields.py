@@ -193,8 +193,12 @@ def check_labels(owner: str, name: str, value: object, *, reserved_ok: bool = Fa
         check_label_key(owner, name, key)
         if not reserved_ok and is_reserved_key(key):
             raise fail(owner, f"{name}[{key!r}]", key, "a key the provider and the training operator do not set")
-        _check_str(owner, f"{name}[{key!r}]", label, LABEL_VALUE, _LABEL_VALUE_EXPECTED)
+        check_label_value(owner, f"{name}[{key!r}]", label)
     return MappingProxyType(labels)
+
+
+def check_label_value(owner: str, name: str, value: object) -> str:
+    return _check_str(owner, name, value, LABEL_VALUE, _LABEL_VALUE_EXPECTED)
 
 
 def check_annotations(owner: str, name: str, value: object) -> Mapping[str, str]:
@@ -314,7 +318,7 @@ def check_tolerations(owner: str, value: object) -> tuple[JsonDict, ...]:
         if item.get("key"):
             check_label_key(owner, f"{label}.key", item["key"])
         if item.get("value"):  # the API server holds a toleration's value to a label value's rules
-            _check_str(owner, f"{label}.value", item["value"], LABEL_VALUE, _LABEL_VALUE_EXPECTED)
+            check_label_value(owner, f"{label}.value", item["value"])
         if operator == "Exists" and item.get("value"):
             raise fail(owner, f"{label}.value", item["value"], "no value with operator 'Exists'")
         if not item.get("key") and operator != "Exists":

@@ -35,6 +35,9 @@ VALID: dict[str, dict[str, Any]] = {
             }
         ]
     ),
+    "Lt with a signed value": _node(
+        [{"matchExpressions": [{"key": "gpu-count", "operator": "Lt", "values": ["+16"]}]}]
+    ),
     "pods spread over hosts": {
         "podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 1, "podAffinityTerm": HOST}]}
     },
@@ -126,6 +129,43 @@ INVALID: dict[str, tuple[dict[str, Any], str]] = {
             }
         },
         "labelSelector.matchLabels['a']: expected a label value",
+    ),
+    # The API server lets a node term's values through, but the scheduler parses each term into a label selector and
+    # one it cannot parse matches no node: the pod would stay Pending for good.
+    "a node term value that is no label value": (
+        _node([{"matchExpressions": [{"key": "gpu", "operator": "NotIn", "values": ["a100", "h100 sxm"]}]}]),
+        "nodeSelectorTerms[0].matchExpressions[0].values[1]: expected a label value",
+    ),
+    "a Gt value that is no integer": (
+        _node(
+            preferred=[
+                {
+                    "weight": 1,
+                    "preference": {"matchExpressions": [{"key": "cores", "operator": "Gt", "values": ["8 cores"]}]},
+                }
+            ]
+        ),
+        "preference.matchExpressions[0].values[0]: expected an integer (operator Gt compares a node label's value as "
+        "a number), got '8 cores'",
+    ),
+    "an Lt value past int64": (
+        _node([{"matchExpressions": [{"key": "memory-gib", "operator": "Lt", "values": [str(2**63)]}]}]),
+        "matchExpressions[0].values[0]: expected an integer (operator Lt",
+    ),
+    "an Lt value with an underscore": (
+        _node([{"matchExpressions": [{"key": "memory-gib", "operator": "Lt", "values": ["1_000"]}]}]),
+        "matchExpressions[0].values[0]: expected an integer (operator Lt",
+    ),
+    # The API server checks a pod term's selector values itself (1.27 and later).
+    "a label selector expression value that is no label value": (
+        {
+            "podAntiAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": [
+                    {**HOST, "labelSelector": {"matchExpressions": [{"key": "a", "operator": "In", "values": ["x/y"]}]}}
+                ]
+            }
+        },
+        "labelSelector.matchExpressions[0].values[0]: expected a label value",
     ),
     "an unknown kind of affinity": ({"nodeAffinities": {}}, "affinity: expected only the keys nodeAffinity"),
     "terms not in a list": (
@@ -252,6 +292,19 @@ ZONE_SPREAD: dict[str, Any] = {
             "minDomains: expected an int >= 1, with whenUnsatisfiable DoNotSchedule, got 2",
         ),
         (ZONE_SPREAD, "topologySpreadConstraints: expected a list"),
+        (
+            [{**ZONE_SPREAD, "labelSelector": {"matchLabels": {"app": "train job"}}}],
+            "topologySpreadConstraints[0].labelSelector.matchLabels['app']: expected a label value",
+        ),
+        (
+            [{**ZONE_SPREAD, "labelSelector": {"matchExpressions": [{"key": "app", "operator": "In"}]}}],
+            "labelSelector.matchExpressions[0].values: expected at least one value with operator In, got []",
+        ),
+        ([{**ZONE_SPREAD, "matchLabelKeys": "pod-template-hash"}], "matchLabelKeys: expected a list of label keys"),
+        (
+            [{**ZONE_SPREAD, "matchLabelKeys": ["a b"]}],
+            "topologySpreadConstraints[0].matchLabelKeys[0]: expected a label",
+        ),
     ],
 )
 def test_topology_spread_constraints_are_checked_at_parse_time(constraints: Any, message: str) -> None:
@@ -263,5 +316,8 @@ def test_topology_spread_constraints_are_checked_at_parse_time(constraints: Any,
 def test_valid_topology_spread_constraints_are_kept() -> None:
     constraints = [ZONE_SPREAD, {**ZONE_SPREAD, "whenUnsatisfiable": "ScheduleAnyway", "maxSkew": 3}]
     constraints.append({**ZONE_SPREAD, "topologyKey": "kubernetes.io/hostname", "minDomains": 2})
+    constraints.append({**ZONE_SPREAD, "topologyKey": "rack", "matchLabelKeys": ["pod-template-hash"]})
+    selector = {"matchExpressions": [{"key": "app", "operator": "NotIn", "values": ["eval", ""]}]}
+    constraints.append({**ZONE_SPREAD, "topologyKey": "node.kubernetes.io/instance-type", "labelSelector": selector})
     template = PodOptions(pod_template={"spec": {"topologySpreadConstraints": constraints}}).template
     assert template["spec"]["topologySpreadConstraints"] == constraints
