@@ -410,7 +410,7 @@ def new_log_lines(cursor: LogCursor, text: str, *, cut: bool = False) -> tuple[l
     floor = seconds_before(cursor.last_time, LOG_SKEW_SECONDS)
     stamp = cursor.last_time
     for raw in text.splitlines():
-        stamp, line = _split_stamp(raw, stamp)
+        stamp, line = split_stamp(raw, stamp)
         line = cut_log_line(line)
         key = (stamp, hash(line))
         if left and remaining[key] > 0:
@@ -433,7 +433,7 @@ def new_log_lines(cursor: LogCursor, text: str, *, cut: bool = False) -> tuple[l
 
 
 def seconds_before(stamp: str, seconds: int) -> str:
-    """``stamp`` (as :func:`_split_stamp` writes it, or in whole seconds as ``sinceTime`` takes it) ``seconds``
+    """``stamp`` (as :func:`split_stamp` writes it, or in whole seconds as ``sinceTime`` takes it) ``seconds``
     earlier, in the same form; ``""`` for no time."""
     base, dot, fraction = stamp.partition(".")
     try:
@@ -443,7 +443,7 @@ def seconds_before(stamp: str, seconds: int) -> str:
     return moment.strftime("%Y-%m-%dT%H:%M:%S") + (dot + fraction if dot else "Z")
 
 
-def _split_stamp(raw: str, previous: str) -> tuple[str, str]:
+def split_stamp(raw: str, previous: str) -> tuple[str, str]:
     """``"2026-11-29T17:40:19.1234Z line"`` -> (a sortable stamp, the line).
 
     The API writes RFC 3339 with nanoseconds *without trailing zeros*, so the fractions are padded before any

@@ -40,7 +40,7 @@ from airflow_provider_torchelastic.kubernetes import calls
 from airflow_provider_torchelastic.kubernetes.requests import DeleteJob, JobSource, ReadEvents, ReadLog, Request
 from airflow_provider_torchelastic.kubernetes.retry import retry_sync
 from airflow_provider_torchelastic.kubernetes.shared_source import CLOSE_SECONDS, SharedSource, close_within
-from airflow_provider_torchelastic.kubernetes.status import LOG_SKEW_SECONDS, seconds_before
+from airflow_provider_torchelastic.kubernetes.status import LOG_SKEW_SECONDS, seconds_before, split_stamp
 from airflow_provider_torchelastic.kubernetes.wait import drive_async
 from airflow_provider_torchelastic.kubernetes.wait_types import JobRef, Snapshot
 from airflow_provider_torchelastic.kubernetes.watch import StreamUpdate, watch_namespace
@@ -211,7 +211,8 @@ class LogFollower:
     """One pod's log followed as a stream (``follow=true``): its lines wait, at most :data:`FOLLOW_MAX_LINES` and
     ``limit_bytes``, until the wait's next read takes them (:meth:`take`). A stream that ends is opened again from the
     second before the last line taken, and the lines not taken yet are dropped: it sends them again, after the lines
-    the wait printed last, which the wait's cursor skips as it skips a read's overlap. Refused (401, 403, 404): it
+    the wait printed last, which the wait's cursor skips as it skips a read's overlap (and which, if they give way,
+    are not counted as lines not shown). Refused (401, 403, 404): it
     stops, and the wait reads the log from the API as before.
     """
 
@@ -223,6 +224,10 @@ class LogFollower:
         self._lines: deque[str] = deque()
         self._chars = 0  # in the lines kept: at most the request's limit_bytes, as a read from the API brings
         self._dropped = 0
+        #: The latest time of a line taken (sortable, :func:`~.status.split_stamp`'s): a line that gives way is counted
+        #: as not shown only when it is later, not when a stream opened again sent it again. (A new line stamped
+        #: before it, stderr behind stdout, is not counted either: the note may say too few, never lines printed.)
+        self._newest_taken = ""
         #: The latest second of a line the streams brought: a stream opened again that brings none later only
         #: repeats what came (an ended container's), and is opened again less often.
         self._latest = since_time or ""
@@ -249,6 +254,7 @@ class LogFollower:
             self._dropped = 0
         text = "\n".join(lines)
         self._taken = last_stamp(text) or self._taken
+        self._newest_taken = max([self._newest_taken, *(split_stamp(line, "")[0] for line in lines)])
         return text
 
     async def close(self) -> None:
@@ -283,8 +289,10 @@ class LogFollower:
         self._lines.append(line)
         self._chars += len(line)
         while len(self._lines) > FOLLOW_MAX_LINES or self._chars > self.request.limit_bytes:
-            self._chars -= len(self._lines.popleft())
-            self._dropped += 1
+            dropped = self._lines.popleft()
+            self._chars -= len(dropped)
+            if split_stamp(dropped, "")[0] > self._newest_taken:
+                self._dropped += 1
         self._latest = max(self._latest, last_stamp(line) or "")
 
 

@@ -188,3 +188,51 @@ def test_a_followed_log_opened_again_brings_a_line_stamped_in_the_second_before_
         more, cursor = new_log_lines(cursor, chunk)
         lines += more
     assert lines == ["a", "b", "c", "e", "d"]
+
+
+def test_lines_a_reopened_stream_sends_again_are_not_counted_as_not_shown(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stream opened again sends the lines the wait took before; when more come than a read holds, those give way
+    first. Only the lines the wait never had are counted in the note: here 2 of the 5 that gave way."""
+    monkeypatch.setattr(worker_wait, "FOLLOW_RETRY", 0.01)
+    monkeypatch.setattr(worker_wait, "FOLLOW_MAX_LINES", 3)
+    first = [f"2027-01-15T08:00:00.{i}Z {name}" for i, name in enumerate("abc", 1)]
+    later = [f"2027-01-15T08:00:01.{i}Z {name}" for i, name in enumerate("defgh", 1)]
+
+    class Kube:
+        def __init__(self) -> None:
+            self.opened = 0
+            self.sent = 0
+            self.cut = asyncio.Event()
+
+        async def stream(self, call: calls.Call[str]) -> AsyncIterator[str]:
+            self.opened += 1
+            for line in first if self.opened == 1 else first + later:  # opened again: from the second before
+                self.sent += 1
+                yield line
+            await (self.cut.wait() if self.opened == 1 else asyncio.Event().wait())
+
+    async def until(done: Any) -> None:
+        for _ in range(500):
+            if done():
+                return
+            await asyncio.sleep(0.01)
+        raise AssertionError("not reached")
+
+    async def follow() -> list[str]:
+        kube = Kube()
+        request = ReadLog(pod="p", namespace="ml", since_time="2027-01-15T07:59:59Z")
+        follower = worker_wait.LogFollower(kube, request, "2027-01-15T08:00:00Z")  # type: ignore[arg-type]
+        await until(lambda: kube.sent == 3)
+        chunks = [follower.take()]
+        kube.cut.set()
+        await until(lambda: kube.sent == 3 + 8)
+        chunks.append(follower.take())
+        await follower.close()
+        return chunks
+
+    chunks = asyncio.run(follow())
+    assert chunks[0].splitlines() == first
+    assert chunks[1].splitlines() == [
+        "[... 2 earlier lines not shown: more came between two reads than one holds]",
+        *later[2:],
+    ]
