@@ -4,7 +4,7 @@ what a private stream watches (tests/e2e/test_worker_watch.py drives it against 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
@@ -136,6 +136,50 @@ def test_a_close_that_does_not_end_does_not_hold_the_decided_wait(monkeypatch: p
     assert any("did not close within 0.5 s" in line for line in lines), lines
 
 
+class CutStream:
+    """The API's followed log of one pod: the first stream sends ``first`` and stays open until :attr:`cut` is set; a
+    stream opened again sends ``first + later``, each from ``sinceTime``'s second on, as the API does."""
+
+    def __init__(self, first: list[str], later: list[str]) -> None:
+        self.first, self.later = first, later
+        self.since: list[str | None] = []
+        self.sent = 0
+        self.cut = asyncio.Event()
+
+    async def stream(self, call: calls.Call[str]) -> AsyncIterator[str]:
+        since = dict(call.query).get("sinceTime") or ""
+        self.since.append(since)
+        for line in self.first if len(self.since) == 1 else self.first + self.later:
+            if line[:19] >= since[:19]:
+                self.sent += 1
+                yield line
+        await (self.cut.wait() if len(self.since) == 1 else asyncio.Event().wait())  # open until cut
+
+    def follow(self, lines_before_cut: int, lines_after: int) -> list[str]:
+        """The two takes of a follower started by a read of the API that brought ``first[0]``: once the first stream
+        sent ``lines_before_cut`` lines, and once the stream opened again after the cut sent ``lines_after``."""
+
+        async def until(done: Callable[[], bool]) -> None:
+            for _ in range(500):
+                if done():
+                    return
+                await asyncio.sleep(0.01)
+            raise AssertionError("not reached")
+
+        async def follow() -> list[str]:
+            request = ReadLog(pod="p", namespace="ml", since_time="2027-01-15T07:59:59Z")
+            follower = worker_wait.LogFollower(self, request, "2027-01-15T08:00:00Z")  # type: ignore[arg-type]
+            await until(lambda: self.sent == lines_before_cut)
+            chunks = [follower.take()]
+            self.cut.set()
+            await until(lambda: self.sent == lines_before_cut + lines_after)
+            chunks.append(follower.take())
+            await follower.close()
+            return chunks
+
+        return asyncio.run(follow())
+
+
 def test_a_followed_log_opened_again_brings_a_line_stamped_in_the_second_before_once(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -144,45 +188,9 @@ def test_a_followed_log_opened_again_brings_a_line_stamped_in_the_second_before_
     stdout) is printed, once. Opened from the last line's own second, the API would not send it."""
     monkeypatch.setattr(worker_wait, "FOLLOW_RETRY", 0.01)
     log = ["2027-01-15T08:00:00.5Z a", "2027-01-15T08:00:01.1Z b", "2027-01-15T08:00:01.2Z c"]
-    after_cut = ["2027-01-15T08:00:00.95Z e", "2027-01-15T08:00:02Z d"]
-
-    class Kube:
-        def __init__(self) -> None:
-            self.since: list[str | None] = []
-            self.sent = 0
-            self.cut = asyncio.Event()
-
-        async def stream(self, call: calls.Call[str]) -> AsyncIterator[str]:
-            since = dict(call.query).get("sinceTime") or ""
-            self.since.append(since)
-            for line in log if len(self.since) == 1 else log + after_cut:
-                if line[:19] >= since[:19]:  # what the API sends: the lines of sinceTime's second on
-                    self.sent += 1
-                    yield line
-            await (self.cut.wait() if len(self.since) == 1 else asyncio.Event().wait())  # open until cut
-
-    async def until(done: Any) -> None:
-        for _ in range(500):
-            if done():
-                return
-            await asyncio.sleep(0.01)
-        raise AssertionError("not reached")
-
-    async def follow() -> tuple[list[str], list[str | None]]:
-        kube = Kube()
-        # Started by a read of the API that brought line a: the stream begins a second before it.
-        request = ReadLog(pod="p", namespace="ml", since_time="2027-01-15T07:59:59Z")
-        follower = worker_wait.LogFollower(kube, request, "2027-01-15T08:00:00Z")  # type: ignore[arg-type]
-        await until(lambda: kube.sent == 3)
-        chunks = [follower.take()]
-        kube.cut.set()
-        await until(lambda: kube.sent == 3 + 5)
-        chunks.append(follower.take())
-        await follower.close()
-        return chunks, kube.since
-
-    chunks, since = asyncio.run(follow())
-    assert since == ["2027-01-15T07:59:59Z", "2027-01-15T08:00:00Z"]
+    api = CutStream(log, ["2027-01-15T08:00:00.95Z e", "2027-01-15T08:00:02Z d"])
+    chunks = api.follow(3, 5)
+    assert api.since == ["2027-01-15T07:59:59Z", "2027-01-15T08:00:00Z"]
     lines, cursor = new_log_lines(LogCursor(), log[0])
     for chunk in chunks:
         more, cursor = new_log_lines(cursor, chunk)
@@ -197,40 +205,9 @@ def test_lines_a_reopened_stream_sends_again_are_not_counted_as_not_shown(monkey
     monkeypatch.setattr(worker_wait, "FOLLOW_MAX_LINES", 3)
     first = [f"2027-01-15T08:00:00.{i}Z {name}" for i, name in enumerate("abc", 1)]
     later = [f"2027-01-15T08:00:01.{i}Z {name}" for i, name in enumerate("defgh", 1)]
-
-    class Kube:
-        def __init__(self) -> None:
-            self.opened = 0
-            self.sent = 0
-            self.cut = asyncio.Event()
-
-        async def stream(self, call: calls.Call[str]) -> AsyncIterator[str]:
-            self.opened += 1
-            for line in first if self.opened == 1 else first + later:  # opened again: from the second before
-                self.sent += 1
-                yield line
-            await (self.cut.wait() if self.opened == 1 else asyncio.Event().wait())
-
-    async def until(done: Any) -> None:
-        for _ in range(500):
-            if done():
-                return
-            await asyncio.sleep(0.01)
-        raise AssertionError("not reached")
-
-    async def follow() -> list[str]:
-        kube = Kube()
-        request = ReadLog(pod="p", namespace="ml", since_time="2027-01-15T07:59:59Z")
-        follower = worker_wait.LogFollower(kube, request, "2027-01-15T08:00:00Z")  # type: ignore[arg-type]
-        await until(lambda: kube.sent == 3)
-        chunks = [follower.take()]
-        kube.cut.set()
-        await until(lambda: kube.sent == 3 + 8)
-        chunks.append(follower.take())
-        await follower.close()
-        return chunks
-
-    chunks = asyncio.run(follow())
+    api = CutStream(first, later)
+    chunks = api.follow(3, 8)
+    assert api.since == ["2027-01-15T07:59:59Z", "2027-01-15T07:59:59Z"]  # the second before the last line taken
     assert chunks[0].splitlines() == first
     assert chunks[1].splitlines() == [
         "[... 2 earlier lines not shown: more came between two reads than one holds]",
