@@ -111,6 +111,8 @@ def _pod_term(owner: str, name: str, term: JsonDict) -> None:
     for key in ("labelSelector", "namespaceSelector"):
         if key in term:
             _label_selector(owner, f"{name}.{key}", _dict(owner, f"{name}.{key}", term[key]))
+    for key in ("matchLabelKeys", "mismatchLabelKeys"):
+        _label_keys(owner, f"{name}.{key}", term.get(key, []))
     namespaces = term.get("namespaces", [])
     if not isinstance(namespaces, list):
         raise fail(owner, f"{name}.namespaces", namespaces, "a list of namespace names", TypeError)
@@ -131,6 +133,14 @@ def _label_selector(owner: str, name: str, selector: JsonDict) -> None:
     if "matchLabels" in selector:
         check_labels(owner, f"{name}.matchLabels", selector["matchLabels"], reserved_ok=True)
     _each(owner, f"{name}.matchExpressions", selector.get("matchExpressions", []), _requirement(_LABEL_OPERATORS))
+
+
+def _label_keys(owner: str, name: str, keys: object) -> None:
+    """A ``matchLabelKeys`` (or ``mismatchLabelKeys``): the keys of the pod's own labels a selector adds."""
+    if not isinstance(keys, list):
+        raise fail(owner, name, keys, "a list of label keys", TypeError)
+    for index, key in enumerate(keys):
+        check_label_key(owner, f"{name}[{index}]", key)
 
 
 def _requirement(operators: Mapping[str, tuple[int, int | None, str]], *, fields: bool = False) -> _Check:
@@ -188,11 +198,7 @@ def check_topology_spread(owner: str, name: str, value: object) -> None:
         if "labelSelector" in constraint:  # the API server checks it since 1.27, by the pod terms' rules
             where = f"{name}.labelSelector"
             _label_selector(owner, where, _dict(owner, where, constraint["labelSelector"]))
-        keys = constraint.get("matchLabelKeys", [])
-        if not isinstance(keys, list):
-            raise fail(owner, f"{name}.matchLabelKeys", keys, "a list of label keys", TypeError)
-        for index, label_key in enumerate(keys):
-            check_label_key(owner, f"{name}.matchLabelKeys[{index}]", label_key)
+        _label_keys(owner, f"{name}.matchLabelKeys", constraint.get("matchLabelKeys", []))
         domains = constraint.get("minDomains")
         if domains is not None and (not is_int(domains) or domains < 1 or when != "DoNotSchedule"):
             raise fail(owner, f"{name}.minDomains", domains, "an int >= 1, with whenUnsatisfiable DoNotSchedule")

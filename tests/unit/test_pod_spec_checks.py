@@ -38,6 +38,11 @@ VALID: dict[str, dict[str, Any]] = {
     "Lt with a signed value": _node(
         [{"matchExpressions": [{"key": "gpu-count", "operator": "Lt", "values": ["+16"]}]}]
     ),
+    "pods of one version apart": {
+        "podAntiAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": [{**HOST, "matchLabelKeys": ["pod-template-hash"]}]
+        }
+    },
     "pods spread over hosts": {
         "podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 1, "podAffinityTerm": HOST}]}
     },
@@ -166,6 +171,14 @@ INVALID: dict[str, tuple[dict[str, Any], str]] = {
             }
         },
         "labelSelector.matchExpressions[0].values[0]: expected a label value",
+    ),
+    "a pod term's mismatchLabelKeys that are no label keys": (
+        {
+            "podAntiAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": [{**HOST, "mismatchLabelKeys": ["a b"]}]
+            }
+        },
+        "requiredDuringSchedulingIgnoredDuringExecution[0].mismatchLabelKeys[0]: expected a label key",
     ),
     "an unknown kind of affinity": ({"nodeAffinities": {}}, "affinity: expected only the keys nodeAffinity"),
     "terms not in a list": (
