@@ -28,20 +28,20 @@ def sleep_then_return(seconds: float, value: str) -> dict:
 
 
 def return_once_released(flag: str, value: str) -> dict:
-    """Wait (at most 60 s) until the test creates ``flag``: the pods run on the test's machine (the simulated
+    """Wait (at most 5 minutes) until the test creates ``flag``: the pods run on the test's machine (the simulated
     kubelet), so a file is the test's way to say that what it does during the run is done."""
     import os
     import time
     from pathlib import Path
 
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 300
     while not Path(flag).exists() and time.monotonic() < deadline:
         time.sleep(0.2)
     return {"value": value, "rank": int(os.environ["RANK"])}
 
 
 def _dag(dag_id: str) -> DAG:
-    args = {"retries": 0, "on_failure_callback": record_failure, "execution_timeout": timedelta(minutes=2)}
+    args = {"retries": 0, "on_failure_callback": record_failure, "execution_timeout": timedelta(minutes=7)}
     return DAG(dag_id, schedule=None, start_date=START, catchup=False, default_args=args)
 
 
