@@ -212,8 +212,8 @@ class LogFollower:
     ``limit_bytes``, until the wait's next read takes them (:meth:`take`). A stream that ends is opened again from the
     second before the last line taken, and the lines not taken yet are dropped: it sends them again, after the lines
     the wait printed last, which the wait's cursor skips as it skips a read's overlap (and which, if they give way,
-    are not counted as lines not shown). Refused (401, 403, 404): it
-    stops, and the wait reads the log from the API as before.
+    are not counted as lines not shown). Refused (401, 403, 404): it stops, and the wait reads the log from the API as
+    before.
     """
 
     def __init__(self, kube: AsyncKube, request: ReadLog, since_time: str | None) -> None:
