@@ -55,13 +55,6 @@ MAX_METRICS: Final = 32
 #: The longest metric name kept; a longer one is cut here, when the line is parsed (rank 0 writes the names, and
 #: every event, summary and chart carries them).
 MAX_METRIC_NAME: Final = 128
-#: Lines of each pod's (or node's) log kept for the job summary, and the longest line kept.
-TAIL_LINES: Final = 50
-TAIL_LINE_CHARS: Final = 1000
-#: Log sources whose tails are kept (pods streamed into the task log; the wait core streams at most 8).
-TAIL_SOURCES: Final = 16
-#: The most ``MetricsTap.to_json()`` takes: it travels in a trigger event, which Airflow keeps in its database.
-EVENT_MAX_BYTES: Final = 64 * 1024
 #: The longest log line read as a metrics line: rank 0 prints at most MAX_METRICS names of 64 points each, far less.
 MAX_LINE_CHARS: Final = 1024 * 1024
 #: The longest log line the wait passes on (the task log, trigger events and summary tails hold it; a pod writes it).

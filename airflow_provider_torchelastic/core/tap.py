@@ -12,17 +12,21 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Final
 
 from airflow_provider_torchelastic.core.metrics_format import (
-    EVENT_MAX_BYTES,
-    TAIL_LINE_CHARS,
-    TAIL_LINES,
-    TAIL_SOURCES,
     MetricSeries,
     format_metrics,
     parse_metrics_line,
     split_glued,
 )
 
-__all__ = ["MetricsTap"]
+__all__ = ["EVENT_MAX_BYTES", "TAIL_LINES", "TAIL_LINE_CHARS", "TAIL_SOURCES", "MetricsTap"]
+
+#: Lines of each pod's (or node's) log kept for the job summary, and the longest line kept.
+TAIL_LINES: Final = 50
+TAIL_LINE_CHARS: Final = 1000
+#: Log sources whose tails are kept (pods streamed into the task log; the wait core streams at most 8).
+TAIL_SOURCES: Final = 16
+#: The most :meth:`MetricsTap.to_json` takes: it travels in a trigger event, which Airflow keeps in its database.
+EVENT_MAX_BYTES: Final = 64 * 1024
 
 # --- the Airflow side: the log callable's wrapper ---------------------------------------------------------------------
 

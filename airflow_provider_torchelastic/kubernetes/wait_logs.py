@@ -194,7 +194,7 @@ def _previous_tails(
             namespace=ref.namespace,
             since_time=None,
             # One line less than a failed pod's tail: with the header below, it fills one tail of the job summary
-            # (core.metrics_format.TAIL_LINES), which would otherwise drop the header.
+            # (core.tap.TAIL_LINES), which would otherwise drop the header.
             tail_lines=FAILED_TAIL_LINES - 1,
             container=container,
             previous=True,

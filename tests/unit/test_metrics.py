@@ -21,7 +21,13 @@ from airflow_provider_torchelastic.core.metrics_format import (
     parse_metrics_line,
     split_glued,
 )
-from airflow_provider_torchelastic.core.tap import MetricsTap
+from airflow_provider_torchelastic.core.tap import (
+    EVENT_MAX_BYTES,
+    TAIL_LINE_CHARS,
+    TAIL_LINES,
+    TAIL_SOURCES,
+    MetricsTap,
+)
 from airflow_provider_torchelastic.worker import metrics
 from airflow_provider_torchelastic.worker.metrics import Reporter
 
@@ -303,9 +309,9 @@ def test_tap_tails_are_bounded() -> None:
     for index in range(200):
         tap(f"[pod-{index % 40}] line {index} " + "x" * 5000)
     tails = tap.tails()
-    assert len(tails) == metrics_format.TAIL_SOURCES
-    assert all(len(text.splitlines()) <= metrics_format.TAIL_LINES for text in tails.values())
-    assert all(len(line) <= metrics_format.TAIL_LINE_CHARS for text in tails.values() for line in text.splitlines())
+    assert len(tails) == TAIL_SOURCES
+    assert all(len(text.splitlines()) <= TAIL_LINES for text in tails.values())
+    assert all(len(line) <= TAIL_LINE_CHARS for text in tails.values() for line in text.splitlines())
 
 
 def test_tap_state_for_a_trigger_event_is_bounded() -> None:
@@ -317,7 +323,7 @@ def test_tap_state_for_a_trigger_event_is_bounded() -> None:
         for row in range(50):
             tap(f"[pod-{index}] {row} " + "z" * 900)
     doc = tap.to_json()
-    assert len(json.dumps(doc)) <= metrics_format.EVENT_MAX_BYTES
+    assert len(json.dumps(doc)) <= EVENT_MAX_BYTES
     again = MetricsTap.from_json(json.loads(json.dumps(doc)), lambda line: None)
     assert again.summary_line() == tap.summary_line(), "the last values survive any trimming"
     points = again.series.points("m0")

@@ -222,7 +222,7 @@ def test_a_restarted_containers_previous_run_is_read_once_per_restart_and_printe
     )
     previous = [r for r in reads if r.previous]
     assert [(r.pod, r.container) for r in previous] == [("j-worker-0", "pytorch")] * 2, previous
-    from airflow_provider_torchelastic.core.metrics_format import TAIL_LINES
+    from airflow_provider_torchelastic.core.tap import TAIL_LINES
 
     # Bounded like every read, and with its header it fits one tail of the job summary (the header is not dropped).
     assert all(r.tail_lines is not None and r.tail_lines + 1 <= TAIL_LINES for r in previous), previous
