@@ -447,10 +447,11 @@ def split_stamp(raw: str, previous: str) -> tuple[str, str]:
     """``"2026-11-29T17:40:19.1234Z line"`` -> (a sortable stamp, the line).
 
     The API writes RFC 3339 with nanoseconds *without trailing zeros*, so the fractions are padded before any
-    comparison: ``.1234Z`` would otherwise sort after ``.12345Z``.
+    comparison: ``.1234Z`` would otherwise sort after ``.12345Z``. A stamp is at least a whole second
+    (``YYYY-MM-DDTHH:MM:SSZ``); :func:`~.worker_wait.last_stamp` reads a log's last one here too.
     """
     stamp, _, line = raw.partition(" ")
-    if not (stamp[:4].isdigit() and stamp.endswith("Z")):
+    if not (len(stamp) >= 20 and stamp[:4].isdigit() and stamp.endswith("Z")):
         return previous, raw  # a line without a timestamp keeps its place after the previous one
     base, _, fraction = stamp[:-1].partition(".")
     return f"{base}.{fraction.ljust(9, '0')[:9]}Z", line

@@ -201,8 +201,8 @@ class _WatchedJob(SharedSource):
 def last_stamp(text: str) -> str | None:
     """The timestamp of the last line of a timestamped log read, in whole seconds (what ``sinceTime`` takes)."""
     for line in reversed(text.splitlines()):
-        stamp = line.partition(" ")[0]
-        if len(stamp) >= 20 and stamp[:4].isdigit() and stamp.endswith("Z"):
+        stamp = split_stamp(line, "")[0]
+        if stamp:
             return stamp[:19] + "Z"
     return None
 

@@ -213,3 +213,14 @@ def test_lines_a_reopened_stream_sends_again_are_not_counted_as_not_shown(monkey
         "[... 2 earlier lines not shown: more came between two reads than one holds]",
         *later[2:],
     ]
+
+
+def test_a_line_stamp_is_read_one_way_for_sorting_and_for_since_time() -> None:
+    from airflow_provider_torchelastic.kubernetes.status import split_stamp
+
+    text = "2026-11-29T17:40:19.1234Z a\n2026-11-29T17:40:21Z b\n2026Z not a stamp\nno stamp"
+    assert worker_wait.last_stamp(text) == "2026-11-29T17:40:21Z"
+    assert split_stamp("2026-11-29T17:40:19.1234Z a", "") == ("2026-11-29T17:40:19.123400000Z", "a")
+    # What is no whole second of RFC 3339 is no stamp for either: the line keeps its place, and no read starts there.
+    assert split_stamp("2026Z not a stamp", "before") == ("before", "2026Z not a stamp")
+    assert worker_wait.last_stamp("2026Z x\nno stamp") is None
