@@ -250,22 +250,17 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    # Every option but --json is the run_preflight() parameter of its name: a new option is one add_argument().
+    options = vars(_parser().parse_args(argv))
+    as_json = options.pop("json")
     try:
         # stdout is the report's alone (``--json | jq``): whatever Airflow logs while it loads goes to stderr.
         with contextlib.redirect_stdout(sys.stderr):
-            report = run_preflight(
-                conn_id=args.conn_id,
-                namespace=args.namespace,
-                smoke=args.smoke,
-                image=args.image,
-                queue=args.queue,
-                smoke_timeout=args.smoke_timeout,
-            )
+            report = run_preflight(**options)
     except PreflightError as e:
         print(f"preflight: {e}", file=sys.stderr)
         return decide.EXIT_MISSING
-    sys.stdout.write(report.to_json() + "\n" if args.json else report.to_table())
+    sys.stdout.write(report.to_json() + "\n" if as_json else report.to_table())
     return report.exit_code
 
 

@@ -177,6 +177,30 @@ def test_bad_usage_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert "usage: python -m airflow_provider_torchelastic.preflight" in capsys.readouterr().err
 
 
+def test_every_command_line_option_reaches_run_preflight(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import inspect
+
+    from airflow_provider_torchelastic import preflight
+
+    parameters = inspect.signature(preflight.run_preflight).parameters
+    asked: list[dict[str, object]] = []
+
+    def run_preflight(**options: object) -> Report:
+        assert set(options) <= set(parameters), "main() passes each option as the parameter of its name"
+        asked.append(options)
+        return Report(namespace="ml")
+
+    monkeypatch.setattr(preflight, "run_preflight", run_preflight)
+    argv = ["--conn-id", "k8s", "--namespace", "ml", "--smoke", "--image", "repo/img:1", "--smoke-timeout", "60"]
+    assert preflight.main([*argv, "--queue", "q", "--json"]) == 0
+    assert asked == [
+        {"conn_id": "k8s", "namespace": "ml", "smoke": True, "image": "repo/img:1", "smoke_timeout": 60.0, "queue": "q"}
+    ]
+    assert json.loads(capsys.readouterr().out)["namespace"] == "ml"
+
+
 def test_a_refused_submission_names_what_serves_its_kind_not_another_kinds_controller(tmp_path) -> None:
     from airflow_provider_torchelastic.errors import KubeError
     from airflow_provider_torchelastic.kubernetes.submit import refusal
