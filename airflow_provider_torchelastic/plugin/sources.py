@@ -45,16 +45,17 @@ _log = logging.getLogger(__name__)
 LIST_TTL: Final = 5.0
 #: Seconds a pod's log tail is reused.
 LOG_TTL: Final = 10.0
-#: Lines and bytes of a pod's log tail: what the page shows, and a bound on what one read may cost.
-LOG_TAIL_LINES: Final = 200
-LOG_TAIL_BYTES: Final = 64 * 1024
+#: Lines and bytes of a pod's live log tail: what the page shows, and a bound on what one read may cost (the job
+#: summary's own, smaller tails are :data:`~airflow_provider_torchelastic.core.summary.LOG_TAIL_LINES`).
+PAGE_LOG_LINES: Final = 200
+PAGE_LOG_BYTES: Final = 64 * 1024
 #: Pods of one job whose logs the detail view reads (the first ones: the master, then workers by index).
 LOG_PODS: Final = 8
 #: The most summaries one request reads from the database (a bound on a page's database cost).
 MAX_SUMMARIES: Final = 500
 #: Namespaces whose lists (and locks) are kept, and pods whose log tails are: the least recently used go first.
 MAX_NAMESPACES: Final = 64
-MAX_LOG_TAILS: Final = 1024
+MAX_CACHED_LOGS: Final = 1024
 #: Summary rows whose keys one detail view reads to resolve a job's name to its task instance (newest first, in the
 #: DAGs the user may read). Keys only, no values: a bound on cost, not a page. Rows of DAGs the user may not read are
 #: filtered out before it, and a live job is resolved by the identity its object carries, whatever rows name it.
@@ -129,7 +130,7 @@ class KubeJobs:
         self._default_namespace: str | None = None
         self._listings: _Lru[str, _Listing] = _Lru(MAX_NAMESPACES)
         self._namespace_locks: _Lru[str, threading.Lock] = _Lru(MAX_NAMESPACES)
-        self._logs: _Lru[tuple[str, str], tuple[float, str]] = _Lru(MAX_LOG_TAILS)
+        self._logs: _Lru[tuple[str, str], tuple[float, str]] = _Lru(MAX_CACHED_LOGS)
         #: API calls made (lists and log reads), for tests and for the bound above.
         self.calls = 0
 
@@ -168,7 +169,7 @@ class KubeJobs:
         with self._guard:
             self.calls += 1
         # Without timestamps: the page shows the lines as the container wrote them.
-        read = ReadLog(pod, namespace, None, LOG_TAIL_LINES, container, limit_bytes=LOG_TAIL_BYTES, timestamps=False)
+        read = ReadLog(pod, namespace, None, PAGE_LOG_LINES, container, limit_bytes=PAGE_LOG_BYTES, timestamps=False)
         return kube.read_log(read)
 
     def _lock_of(self, namespace: str) -> threading.Lock:

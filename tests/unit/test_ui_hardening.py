@@ -393,9 +393,9 @@ def test_the_caches_stay_bounded_whatever_is_asked() -> None:
         kube.jobs(f"ns-{index}")
     assert len(kube._listings) == sources.MAX_NAMESPACES
     assert len(kube._namespace_locks) == sources.MAX_NAMESPACES
-    for index in range(sources.MAX_LOG_TAILS + 20):
+    for index in range(sources.MAX_CACHED_LOGS + 20):
         kube._logs.put(("ml", f"pod-{index}"), (0.0, ""))
-    assert len(kube._logs) == sources.MAX_LOG_TAILS
+    assert len(kube._logs) == sources.MAX_CACHED_LOGS
 
 
 # --- 5. a summary counts only for its own task's job --------------------------------------------------------------

@@ -276,8 +276,8 @@ def test_the_pages_list_jobs_and_read_log_tails_through_the_providers_client(
     [log] = [request for request in api.requests if request.path == f"{pods_path}/{pod}/log"]
     assert log.query == {
         "container": "pytorch",
-        "tailLines": str(sources.LOG_TAIL_LINES),
-        "limitBytes": str(sources.LOG_TAIL_BYTES),
+        "tailLines": str(sources.PAGE_LOG_LINES),
+        "limitBytes": str(sources.PAGE_LOG_BYTES),
     }
 
 
