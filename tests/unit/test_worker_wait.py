@@ -13,7 +13,7 @@ from airflow_provider_torchelastic.core.outcome import encode_success
 from airflow_provider_torchelastic.errors import KubeError
 from airflow_provider_torchelastic.kubernetes import calls, kinds, worker_wait
 from airflow_provider_torchelastic.kubernetes.requests import DeleteJob, ReadLog
-from airflow_provider_torchelastic.kubernetes.status import LogCursor, new_log_lines
+from airflow_provider_torchelastic.kubernetes.status import LogCursor, new_log_lines, split_stamp
 from airflow_provider_torchelastic.kubernetes.wait import drive_sync, wait_for_job
 from airflow_provider_torchelastic.kubernetes.wait_types import JobRef, Phase, WaitPolicy
 from airflow_provider_torchelastic.kubernetes.watch_scope import SELECTOR, intermediate_key, job_scope, namespace_scope
@@ -216,8 +216,6 @@ def test_lines_a_reopened_stream_sends_again_are_not_counted_as_not_shown(monkey
 
 
 def test_a_line_stamp_is_read_one_way_for_sorting_and_for_since_time() -> None:
-    from airflow_provider_torchelastic.kubernetes.status import split_stamp
-
     text = "2026-11-29T17:40:19.1234Z a\n2026-11-29T17:40:21Z b\n2026Z not a stamp\nno stamp"
     assert worker_wait.last_stamp(text) == "2026-11-29T17:40:21Z"
     assert split_stamp("2026-11-29T17:40:19.1234Z a", "") == ("2026-11-29T17:40:19.123400000Z", "a")
