@@ -17,7 +17,6 @@ __all__ = [
     "AsyncJobSource",
     "DeleteJob",
     "EmitLog",
-    "FetchFailed",
     "FetchJob",
     "JobSource",
     "LOG_READ_LIMIT_BYTES",
@@ -32,16 +31,10 @@ __all__ = [
 
 @dataclass(frozen=True)
 class FetchJob:
-    """Get the job and its pods; answered with a :class:`~.wait_types.Snapshot`, or :class:`FetchFailed`."""
+    """Get the job and its pods; answered with a :class:`~.wait_types.Snapshot` (or, when the source failed, with
+    the driver's own marker of that failure, :mod:`~.wait`'s to make and to read)."""
 
     ref: JobRef
-
-
-@dataclass(frozen=True)
-class FetchFailed:
-    """The job could not be observed (the API refused, or stayed unreachable through the retries)."""
-
-    error: str
 
 
 #: :attr:`ReadLog.limit_bytes`: far more than a read of :data:`~.wait_logs.FIRST_READ_TAIL_LINES` ordinary lines.

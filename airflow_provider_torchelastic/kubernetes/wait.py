@@ -32,7 +32,6 @@ from airflow_provider_torchelastic.kubernetes.requests import (
     AsyncJobSource,
     DeleteJob,
     EmitLog,
-    FetchFailed,
     FetchJob,
     JobSource,
     ReadEvents,
@@ -55,6 +54,14 @@ __all__ = [
 ]
 
 # --- the generators: every decision about waiting, no I/O ---------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _FetchFailed:
+    """The driver's answer to a :class:`~.requests.FetchJob` whose source failed (the API refused, or stayed
+    unreachable through the retries): the job could not be observed."""
+
+    error: str
 
 
 @dataclass(kw_only=True)
@@ -86,7 +93,7 @@ def wait_for_job(
     state = _WatchState()
     while True:
         answer = yield FetchJob(ref)
-        if isinstance(answer, FetchFailed):
+        if isinstance(answer, _FetchFailed):
             yield from _delete(ref, "waiting for it failed")
             return _failed(
                 ref,
@@ -323,7 +330,7 @@ def _step(
     log: Callable[[str], None],
 ) -> _Step:
     if isinstance(request, FetchJob):
-        return _Step(functools.partial(source.snapshot, request.ref), True, lambda e: FetchFailed(str(e)))
+        return _Step(functools.partial(source.snapshot, request.ref), True, lambda e: _FetchFailed(str(e)))
     if isinstance(request, ReadLog):
         return _Step(functools.partial(source.read_log, request), False, functools.partial(_no_log_text, log=log))
     if isinstance(request, ReadEvents):
