@@ -216,11 +216,18 @@ def test_a_malformed_reference_names_its_field(tmp_path: Path, field: str, value
         ArtifactRef.from_json({**ref, field: value})
 
 
-def test_the_workers_name_the_context_and_the_marker_as_the_core_does() -> None:
-    from airflow_provider_torchelastic.core import artifact_ref, run_context
+def test_the_worker_names_what_it_does_not_import_as_the_package_does() -> None:
+    # The spawned worker keeps its own copies so that it imports none of these modules; a rename or a changed bound
+    # on the other side would otherwise pass unnoticed (the worker finds a module in sys.modules by this name).
+    from airflow_provider_torchelastic import errors
+    from airflow_provider_torchelastic.core import artifact_ref, outcome, run_context
+    from airflow_provider_torchelastic.worker import metrics
 
     assert runner_worker._CONTEXT_ENV == run_context.CONTEXT_ENV
     assert artifact_ref.__name__ == runner_worker._PINNED_MODULE and artifact_ref.PinnedRef.__name__ == "PinnedRef"
+    assert runner_worker._MAX_BASES == outcome.MAX_BASES
+    assert errors.__name__ == runner_worker._ERRORS_MODULE and callable(errors.RecoverableError)
+    assert metrics.__name__ == runner_worker._METRICS_MODULE and callable(metrics.flush)
 
 
 def test_no_pickle_opcode_in_a_reference() -> None:
