@@ -343,3 +343,12 @@ def test_a_value_of_many_artifacts_lists_the_first_and_counts_the_rest() -> None
     assert len(summary.artifacts) == MAX_ARTIFACTS and summary.artifacts_omitted == 7
     assert summary.artifacts[-1].path == f"[{MAX_ARTIFACTS - 1}]"
     assert len(summary.to_json()) < MAX_SUMMARY_BYTES
+
+
+def test_the_tap_keeps_at_least_what_a_summary_shows() -> None:
+    # Two modules of one layer, which may not import each other: the tap keeps the tails a summary then cuts to its
+    # own bounds, so keeping fewer lines or sources would silently shorten every finished job's log tails.
+    from airflow_provider_torchelastic.core import summary, tap
+
+    assert tap.TAIL_LINES >= summary.LOG_TAIL_LINES
+    assert tap.TAIL_SOURCES >= summary.MAX_LOG_TAILS
