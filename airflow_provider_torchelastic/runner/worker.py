@@ -20,6 +20,9 @@ from collections.abc import Callable, Coroutine, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
 
+#: The package this module belongs to: the worker finds its other modules in ``sys.modules`` (never importing them) by
+#: names made from it, so that a copy of the package under another name finds its own.
+_PACKAGE: Final = __name__.split(".")[0]
 #: Beside a worker's ``TORCHELASTIC_ERROR_FILE``: the worker's exception was a ``RecoverableError``. A file, not the
 #: exception's class name, because the agent only sees the exception as text, and a name would miss subclasses.
 RECOVERABLE_MARKER: Final = "recoverable_error"
@@ -30,13 +33,13 @@ EXCEPTION_MARKER: Final = "exception"
 _MARKER_MESSAGE_CHARS: Final = 4096
 #: :data:`airflow_provider_torchelastic.core.outcome.MAX_BASES`: the classes of an exception its report names.
 _MAX_BASES: Final = 8
-_METRICS_MODULE: Final = "airflow_provider_torchelastic.worker.metrics"
-_ERRORS_MODULE: Final = "airflow_provider_torchelastic.errors"
+_METRICS_MODULE: Final = f"{_PACKAGE}.worker.metrics"
+_ERRORS_MODULE: Final = f"{_PACKAGE}.errors"
 #: The run context's variable (:data:`airflow_provider_torchelastic.core.run_context.CONTEXT_ENV`), named here so that
 #: a worker that needs no context imports nothing to find out.
 _CONTEXT_ENV: Final = "TORCHELASTIC_CONTEXT"
 #: Where the pinned references' class lives (:func:`_pinned_class`).
-_PINNED_MODULE: Final = "airflow_provider_torchelastic.core.artifact_ref"
+_PINNED_MODULE: Final = f"{_PACKAGE}.core.artifact_ref"
 _MAX_DEPTH: Final = 64
 
 
