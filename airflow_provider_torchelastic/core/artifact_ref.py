@@ -81,14 +81,16 @@ class TensorInfo:
 
 @dataclass(frozen=True, kw_only=True)
 class ArtifactRef:
-    url: str
+    """One artifact; its fields in its JSON document's order (:meth:`to_json`), which :meth:`from_json` checks."""
+
     kind: str
+    url: str
     bytes: int
     sha256: str
-    #: Tensor name -> dtype and shape, in the file's order (the state dict's order), for safetensors artifacts.
-    tensors: Mapping[str, TensorInfo] = field(default_factory=dict)
     #: ``module.qualname`` of a Module's class (``module`` and ``pickled_module`` artifacts).
     class_path: str | None = None
+    #: Tensor name -> dtype and shape, in the file's order (the state dict's order), for safetensors artifacts.
+    tensors: Mapping[str, TensorInfo] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         doc: dict[str, Any] = {
@@ -130,12 +132,12 @@ class ArtifactRef:
         if class_path is not None and (not isinstance(class_path, str) or not _CLASS_PATH.match(class_path)):
             raise ArtifactRefError(f"artifact reference class: expected a dotted class path, got {_short(class_path)}")
         return cls(
-            url=url,
             kind=kind,
+            url=url,
             bytes=size,
             sha256=digest,
-            tensors=_tensors(doc.get("tensors", {})),
             class_path=class_path,
+            tensors=_tensors(doc.get("tensors", {})),
         )
 
 
